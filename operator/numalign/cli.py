@@ -1,0 +1,52 @@
+"""The ``numalign`` command: one subcommand per module in ``numalign.commands``."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+SUBCOMMANDS: dict[str, str] = {
+    "merge": "merge JSON lines of provider hints as the Topology Manager does",
+    "admit": "admit pods in order against a machine file",
+    "discover": "discover a machine's NUMA topology from sysfs",
+    "explain": "show why a pod got its NUMA affinity",
+    "agent": "run the node agent (real node or emulated nodes)",
+    "operator": "run the operator (Kopf)",
+    "dev": "local control plane for the demo and the tests (up, down, kubeconfig)",
+}
+
+
+def usage() -> str:
+    lines = ["usage: numalign COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:<10} {text}" for name, text in SUBCOMMANDS.items()]
+    lines += ["", "'numalign COMMAND --help' shows a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    if args[0] in ("--version", "version"):
+        from numalign import __version__
+
+        print(f"numalign {__version__}")
+        return 0
+    name = args[0]
+    if name not in SUBCOMMANDS:
+        print(f"numalign: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    try:
+        module = importlib.import_module(f"numalign.commands.{name}")
+    except ModuleNotFoundError as e:
+        if e.name == f"numalign.commands.{name}":
+            print(f"numalign: command {name!r} is not available in this build", file=sys.stderr)
+            return 2
+        raise
+    code: int = module.main(args[1:])
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
