@@ -1,0 +1,41 @@
+# numalign developer entry points. `make demo` and `make test` are the README's two commands.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test lint unit cluster bench crds down clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+# Build (or reuse) the control plane, start it with emulated nodes and sample workloads.
+demo: $(BIN)/.installed
+	$(BIN)/numalign dev up --demo
+
+down: $(BIN)/.installed
+	$(BIN)/numalign dev down
+
+# Everything CI runs: lint, types, unit tests, tests against the real API server.
+test: $(BIN)/.installed
+	$(BIN)/numalign dev build
+	$(BIN)/ruff check operator tests bench
+	$(BIN)/mypy
+	$(BIN)/pytest -q -p no:cacheprovider
+
+unit: $(BIN)/.installed
+	$(BIN)/pytest -q tests/unit
+
+cluster: $(BIN)/.installed
+	$(BIN)/pytest -q tests/cluster tests/e2e
+
+bench: $(BIN)/.installed
+	$(BIN)/python bench/run.py
+
+crds: $(BIN)/.installed
+	$(BIN)/python -m numalign.api.crdgen
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

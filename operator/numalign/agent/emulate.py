@@ -1,0 +1,455 @@
+"""Emulated nodes: many kubelets in one asyncio process.
+
+Each emulated node registers its Node (capacity from a machine file), keeps it Ready
+(Lease renewals, periodic status), and plays the kubelet's part for the pods bound to
+it: admission with the pod's resolved policy, then Running (conditions, container
+statuses, IPs, ``numalign.io/allocation``) or Failed with ``TopologyAffinityError`` and a
+Warning event; deletion releases the allocation. One pod watch serves every node.
+NodeTopology status is published per node, coalesced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from numalign.topology.machine import Machine
+
+from .annotations import ALLOCATION, resolve_pod
+from .kube import MERGE_PATCH, NT_BASE, ApiError, Kube, nt_path, pod_path, q
+from .kubelet_status import (
+    MACHINE_LABEL,
+    TOPOLOGY_MESSAGE,
+    TOPOLOGY_REASON,
+    lease_object,
+    node_addresses,
+    node_object,
+    node_status,
+    pod_event,
+    rejected_status,
+    running_status,
+    scheduled_at,
+)
+from .publish import Publisher
+from .state import NodeState, pod_uid
+
+log = logging.getLogger(__name__)
+
+JSON = dict[str, Any]
+
+POD_SELECTOR = "spec.nodeName!="
+INVALID_POLICY_REASON = "InvalidTopologyPolicy"
+
+
+@dataclass
+class Stats:
+    admitted: int = 0
+    rejected: int = 0
+    released: int = 0
+    restored: int = 0
+    write_errors: int = 0
+    latencies: list[float] = field(default_factory=list)  # seen bound -> decision written
+
+
+@dataclass
+class NodeSpec:
+    name: str
+    machine: Machine
+    source: str = ""
+
+
+def expand(machines: Sequence[tuple[Machine, int]], start: int = 0) -> list[NodeSpec]:
+    """Node names ``<machine name>-<i>`` for every (machine, count)."""
+    out: list[NodeSpec] = []
+    for machine, count in machines:
+        for i in range(count):
+            out.append(NodeSpec(f"{machine.name}-{start + i}", machine))
+    return out
+
+
+class Emulator:
+    def __init__(self, kube: Kube, nodes: Sequence[NodeSpec], *,
+                 lease_interval: float = 10.0, status_interval: float = 60.0,
+                 publish_delay: float = 0.2, publish_interval: float = 1.0,
+                 concurrency: int = 24, index_offset: int = 0) -> None:
+        self.kube = kube
+        self.states: dict[str, NodeState] = {}
+        for i, n in enumerate(nodes):
+            if n.name in self.states:
+                raise ValueError(f"node {n.name} is emulated twice")
+            self.states[n.name] = NodeState(n.name, n.machine, index=index_offset + i)
+        self.lease_interval = lease_interval
+        self.status_interval = status_interval
+        self.publisher = Publisher(kube, self.states, delay=publish_delay,
+                                   min_interval=publish_interval,
+                                   labels=lambda st: {MACHINE_LABEL: st.machine.name})
+        self._sem = asyncio.Semaphore(concurrency)
+        self._node_uids: dict[str, str] = {}
+        self._ip_seq: dict[str, int] = {}
+        self._finalizing: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._seen: dict[str, float] = {}
+        self.stats = Stats()
+        self.ready = asyncio.Event()
+
+    # -- start-up -----------------------------------------------------------------------
+
+    async def register(self) -> None:
+        sem = asyncio.Semaphore(16)
+
+        async def one(st: NodeState) -> None:
+            async with sem:
+                await self._register_node(st)
+
+        await asyncio.gather(*(one(st) for st in self.states.values()))
+
+    async def _register_node(self, st: NodeState) -> None:
+        obj = node_object(st.name, st.machine, st.index)
+        try:
+            created = await self.kube.create("/api/v1/nodes", obj)
+            self._node_uids[st.name] = str(created["metadata"]["uid"])
+        except ApiError as e:
+            if e.status != 409:
+                raise
+            patched = await self.kube.patch(f"/api/v1/nodes/{q(st.name)}",
+                                            {"metadata": {"labels": obj["metadata"]["labels"]}})
+            self._node_uids[st.name] = str(patched["metadata"]["uid"])
+            await self._post_node_status(st)
+        await self._renew_lease(st)
+
+    async def _post_node_status(self, st: NodeState) -> None:
+        body = {"status": node_status(st.name, st.machine, st.index)}
+        try:
+            await self.kube.patch(f"/api/v1/nodes/{q(st.name)}/status", body)
+        except ApiError as e:
+            if e.status != 404:
+                raise
+            await self._register_node(st)
+
+    async def _renew_lease(self, st: NodeState) -> None:
+        path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{q(st.name)}"
+        lease = lease_object(st.name, self._node_uids.get(st.name))
+        try:
+            await self.kube.patch(path, {"spec": lease["spec"]})
+        except ApiError as e:
+            if e.status != 404:
+                raise
+            try:
+                await self.kube.create(
+                    "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases", lease)
+            except ApiError as e2:
+                if e2.status != 409:
+                    raise
+
+    async def restore(self) -> tuple[str, str]:
+        """Rebuild every node's state from NodeTopology status and the pods; returns the
+        resourceVersions to watch NodeTopologies and pods from."""
+        nts, nt_rv = await self.kube.list_all(NT_BASE)
+        existing = {str(o["metadata"]["name"]): o for o in nts}
+        sem = asyncio.Semaphore(16)
+
+        async def ensure(name: str) -> None:
+            async with sem:
+                await self.publisher.ensure(name, existing.get(name))
+
+        await asyncio.gather(*(ensure(n) for n in self.states))
+        pods, pod_rv = await self.kube.list_all("/api/v1/pods", {"fieldSelector": POD_SELECTOR})
+        by_node: dict[str, list[JSON]] = {}
+        for p in pods:
+            node = (p.get("spec") or {}).get("nodeName")
+            if node in self.states:
+                by_node.setdefault(str(node), []).append(p)
+        pending: list[JSON] = []
+        for name, st in self.states.items():
+            report = st.restore(existing.get(name), by_node.get(name, []))
+            self.stats.restored += len(report.restored)
+            if report.restored or report.dropped or report.conflicts:
+                log.info("%s: restored %d pods, dropped %d gone, %d conflicts, %d to decide",
+                         name, len(report.restored), len(report.dropped),
+                         len(report.conflicts), len(report.pending))
+            pending.extend(report.pending)
+        self.publisher.mark_all()
+        await self.publisher.flush()
+        for p in pending:
+            self.on_pod("ADDED", p)
+        # Pods already marked for deletion while we were away.
+        for p in pods:
+            if (p.get("metadata") or {}).get("deletionTimestamp"):
+                self.on_pod("MODIFIED", p)
+        return nt_rv, pod_rv
+
+    # -- the loops ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        await self.kube.open()
+        await self.register()
+        nt_rv, pod_rv = await self.restore()
+        loops = [
+            asyncio.create_task(self._pod_loop(pod_rv), name="pods"),
+            asyncio.create_task(self._nt_loop(nt_rv), name="nodetopologies"),
+            asyncio.create_task(self._lease_loop(), name="leases"),
+            asyncio.create_task(self._status_loop(), name="node-status"),
+            asyncio.create_task(self.publisher.run(), name="publisher"),
+        ]
+        self.ready.set()
+        log.info("emulating %d nodes", len(self.states))
+        try:
+            done, _ = await asyncio.wait(loops, return_when=asyncio.FIRST_EXCEPTION)
+            for t in done:
+                t.result()
+        finally:
+            for t in loops:
+                t.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
+            if self._tasks:
+                await asyncio.gather(*list(self._tasks), return_exceptions=True)
+            try:
+                if self.publisher.pending():
+                    await asyncio.wait_for(self.publisher.flush(), 10)
+            except Exception as e:  # best effort on the way out
+                log.debug("final publish failed: %s", e)
+
+    async def _lease_loop(self) -> None:
+        names = list(self.states)
+        while True:
+            start = time.monotonic()
+            sem = asyncio.Semaphore(8)
+
+            async def one(n: str) -> None:
+                async with sem:
+                    try:
+                        await self._renew_lease(self.states[n])
+                    except Exception as e:  # try again next round
+                        log.warning("lease %s: %s", n, e)
+
+            await asyncio.gather(*(one(n) for n in names))
+            await asyncio.sleep(max(0.5, self.lease_interval - (time.monotonic() - start)))
+
+    async def _status_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.status_interval)
+            for st in self.states.values():
+                try:
+                    await self._post_node_status(st)
+                except Exception as e:  # try again next round
+                    log.warning("node status %s: %s", st.name, e)
+
+    async def _watch(self, path: str, params: dict[str, str], rv: str,
+                     handle: Any, relist: Any) -> None:
+        while True:
+            try:
+                async for ev in self.kube.watch(path, {**params, "resourceVersion": rv}):
+                    typ = ev.get("type")
+                    obj = ev.get("object") or {}
+                    if typ == "ERROR":
+                        if obj.get("code") == 410:
+                            raise ApiError(410, obj, "WATCH", path)
+                        log.warning("watch %s: %s", path, obj.get("message"))
+                        continue
+                    new_rv = (obj.get("metadata") or {}).get("resourceVersion")
+                    if new_rv:
+                        rv = str(new_rv)
+                    if typ == "BOOKMARK":
+                        continue
+                    handle(typ, obj)
+            except ApiError as e:
+                if e.status != 410:
+                    log.warning("watch %s: %s", path, e)
+                    await asyncio.sleep(1)
+                    continue
+                rv = await relist()
+            except (TimeoutError, OSError, ValueError) as e:
+                log.warning("watch %s interrupted: %s", path, e)
+                await asyncio.sleep(1)
+            except Exception as e:
+                if type(e).__module__.startswith("aiohttp"):
+                    log.warning("watch %s interrupted: %s", path, e)
+                    await asyncio.sleep(1)
+                    continue
+                raise
+
+    async def _pod_loop(self, rv: str) -> None:
+        await self._watch("/api/v1/pods", {"fieldSelector": POD_SELECTOR}, rv, self.on_pod,
+                          self._relist_pods)
+
+    async def _relist_pods(self) -> str:
+        pods, rv = await self.kube.list_all("/api/v1/pods", {"fieldSelector": POD_SELECTOR})
+        alive: dict[str, set[str]] = {}
+        for p in pods:
+            node = str((p.get("spec") or {}).get("nodeName") or "")
+            if node in self.states:
+                alive.setdefault(node, set()).add(pod_uid(p))
+                self.on_pod("MODIFIED", p)
+        for name, st in self.states.items():
+            for uid in list(st.decided):
+                if uid not in alive.get(name, set()) and st.release(uid):
+                    self.stats.released += 1
+                    self.publisher.mark(name)
+        return rv
+
+    async def _nt_loop(self, rv: str) -> None:
+        await self._watch(NT_BASE, {}, rv, self.on_nodetopology, self._relist_nts)
+
+    async def _relist_nts(self) -> str:
+        items, rv = await self.kube.list_all(NT_BASE)
+        seen = set()
+        for o in items:
+            seen.add(str(o["metadata"]["name"]))
+            self.on_nodetopology("MODIFIED", o)
+        for name in self.states:
+            if name not in seen:
+                self.on_nodetopology("DELETED", {"metadata": {"name": name}})
+        return rv
+
+    # -- events ---------------------------------------------------------------------------
+
+    def on_nodetopology(self, typ: str, obj: Mapping[str, Any]) -> None:
+        name = str((obj.get("metadata") or {}).get("name") or "")
+        st = self.states.get(name)
+        if st is None:
+            return
+        if typ == "DELETED":
+            self._spawn(self.publisher.ensure(name, None))
+            self.publisher.mark(name)
+            return
+        if st.set_spec(obj.get("spec")):
+            log.info("%s: node default policy %s/%s (generation %s)", name, st.default.policy,
+                     st.default.scope, st.observed_generation)
+            self.publisher.mark(name)
+
+    def on_pod(self, typ: str, pod: Mapping[str, Any]) -> None:
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        st = self.states.get(node)
+        if st is None:
+            return
+        uid = pod_uid(pod)
+        meta = pod.get("metadata") or {}
+        if typ == "DELETED":
+            self._seen.pop(uid, None)
+            self._finalizing.discard(uid)
+            if st.release(uid):
+                self.stats.released += 1
+            self.publisher.mark(node)
+            return
+        if meta.get("deletionTimestamp"):
+            if uid not in self._finalizing:
+                self._finalizing.add(uid)
+                if st.release(uid):
+                    self.stats.released += 1
+                self.publisher.mark(node)
+                self._spawn(self._finalize(pod))
+            return
+        if uid in st.decided:
+            return
+        phase = (pod.get("status") or {}).get("phase")
+        if phase in ("Succeeded", "Failed"):
+            st.decided[uid] = False
+            return
+        self._seen.setdefault(uid, time.monotonic())
+        resolved, problem = resolve_pod(pod, st.default)
+        try:
+            decision = st.decide(pod, resolved)
+        except Exception as e:  # a pod the engine cannot read is rejected
+            log.exception("%s: cannot admit %s/%s", node, meta.get("namespace"), meta.get("name"))
+            st.decided[uid] = False
+            st.rejected_total += 1
+            self._spawn(self._write_rejected(st, pod, "UnexpectedAdmissionError", str(e), problem))
+            return
+        self.publisher.mark(node)
+        if decision.admit:
+            self.stats.admitted += 1
+            self._spawn(self._write_running(st, pod, decision.allocation, problem))
+        else:
+            self.stats.rejected += 1
+            self._spawn(self._write_rejected(st, pod, decision.reason or TOPOLOGY_REASON,
+                                             decision.message or TOPOLOGY_MESSAGE, problem))
+
+    def _spawn(self, coro: Any) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- writes ---------------------------------------------------------------------------
+
+    async def _event(self, st: NodeState, pod: Mapping[str, Any], reason: str,
+                     message: str) -> None:
+        ns = str((pod.get("metadata") or {}).get("namespace"))
+        try:
+            await self.kube.create(f"/api/v1/namespaces/{q(ns)}/events",
+                                   pod_event(pod, st.name, "Warning", reason, message))
+        except ApiError as e:
+            log.warning("event on %s/%s: %s", ns, (pod.get("metadata") or {}).get("name"), e)
+
+    def _pod_ip(self, st: NodeState) -> str:
+        n = self._ip_seq.get(st.name, 0)
+        self._ip_seq[st.name] = n + 1
+        _, prefix = node_addresses(st.index)
+        return f"{prefix}{2 + n % 252}"
+
+    async def _write_running(self, st: NodeState, pod: Mapping[str, Any], alloc: Any,
+                             problem: str | None) -> None:
+        meta = pod.get("metadata") or {}
+        ns, name, uid = str(meta.get("namespace")), str(meta.get("name")), pod_uid(pod)
+        host_ip, _ = node_addresses(st.index)
+        body = {
+            "metadata": {"uid": uid, "annotations": {ALLOCATION: alloc.to_annotation()}},
+            "status": running_status(pod, host_ip, self._pod_ip(st), scheduled_at(pod)),
+        }
+        async with self._sem:
+            if problem:
+                await self._event(st, pod, INVALID_POLICY_REASON,
+                                  f"{problem}; using the node default policy "
+                                  f"{st.default.policy} (scope {st.default.scope})")
+            await self._patch_pod(st, pod, body)
+
+    async def _write_rejected(self, st: NodeState, pod: Mapping[str, Any], reason: str,
+                              message: str, problem: str | None) -> None:
+        uid = pod_uid(pod)
+        body = {"metadata": {"uid": uid},
+                "status": rejected_status(pod, reason, message, scheduled_at(pod))}
+        async with self._sem:
+            if problem:
+                await self._event(st, pod, INVALID_POLICY_REASON,
+                                  f"{problem}; using the node default policy "
+                                  f"{st.default.policy} (scope {st.default.scope})")
+            await self._event(st, pod, reason, message.removeprefix("Pod was rejected: "))
+            await self._patch_pod(st, pod, body)
+
+    async def _patch_pod(self, st: NodeState, pod: Mapping[str, Any], body: JSON) -> None:
+        meta = pod.get("metadata") or {}
+        ns, name, uid = str(meta.get("namespace")), str(meta.get("name")), pod_uid(pod)
+        try:
+            await self.kube.patch(pod_path(ns, name, "status"), body, MERGE_PATCH)
+        except ApiError as e:
+            if e.status in (404, 409):
+                # Gone (or replaced by a pod of the same name): nothing to hold for it.
+                if st.release(uid):
+                    self.stats.released += 1
+                    self.publisher.mark(st.name)
+                return
+            self.stats.write_errors += 1
+            log.warning("pod %s/%s: status write failed: %s", ns, name, e)
+            return
+        seen = self._seen.pop(uid, None)
+        if seen is not None:
+            self.stats.latencies.append(time.monotonic() - seen)
+
+    async def _finalize(self, pod: Mapping[str, Any]) -> None:
+        """The kubelet's last step for a deleted pod: delete it for good (grace 0)."""
+        meta = pod.get("metadata") or {}
+        ns, name, uid = str(meta.get("namespace")), str(meta.get("name")), pod_uid(pod)
+        async with self._sem:
+            try:
+                await self.kube.delete(pod_path(ns, name), {
+                    "apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0,
+                    "preconditions": {"uid": uid}})
+            except ApiError as e:
+                if e.status not in (404, 409):
+                    log.warning("pod %s/%s: final delete failed: %s", ns, name, e)
+
+    def nodetopology_path(self, name: str) -> str:
+        return nt_path(name)

@@ -1,0 +1,121 @@
+"""The agent's one seam to the alignment engine (``numalign.topology``): admit a pod on a
+node's ledger, release it, and put a known allocation back after a restart."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from numalign.topology.hints import mask_of
+from numalign.topology.ledger import MEMORY, ContainerAllocation, Ledger, LedgerError
+from numalign.topology.machine import Machine
+from numalign.topology.pod import HUGEPAGES_PREFIX, pod_from_dict
+
+from .annotations import Allocation, Resolved
+from .annotations import ContainerAllocation as AnnotatedContainer
+from .kubelet_status import TOPOLOGY_MESSAGE, TOPOLOGY_REASON
+
+
+class RestoreConflict(Exception):
+    """A published allocation that the ledger cannot take (it would double-allocate)."""
+
+
+@dataclass
+class EngineResult:
+    admit: bool
+    reason: str | None = None
+    message: str | None = None
+    allocation: Allocation | None = None
+
+
+def new_ledger(machine: Machine) -> Ledger:
+    return Ledger(machine)
+
+
+def _annotated(held: ContainerAllocation, numa: list[int] | None) -> AnnotatedContainer:
+    memory: dict[str, int] = {}
+    hugepages: dict[str, dict[str, int]] = {}
+    for kind, per_node in held.memory.items():
+        if kind == MEMORY:
+            memory = {str(n): b for n, b in sorted(per_node.items()) if b}
+        elif kind.startswith(HUGEPAGES_PREFIX):
+            hp = {str(n): b for n, b in sorted(per_node.items()) if b}
+            if hp:
+                hugepages[kind.removeprefix(HUGEPAGES_PREFIX)] = hp
+    return AnnotatedContainer(
+        cpus=sorted(held.cpus), memory=memory,
+        devices={r: list(ids) for r, ids in sorted(held.devices.items()) if ids},
+        numa_nodes=numa, hugepages=hugepages)
+
+
+def _ledger_container(a: AnnotatedContainer, reusable: bool) -> ContainerAllocation:
+    memory: dict[str, dict[int, int]] = {}
+    if a.memory:
+        memory[MEMORY] = {int(z): b for z, b in a.memory.items()}
+    for size, per_zone in a.hugepages.items():
+        memory[HUGEPAGES_PREFIX + size] = {int(z): b for z, b in per_zone.items()}
+    mask = None
+    if memory:
+        nodes = a.numa_nodes if a.numa_nodes is not None else sorted(
+            {n for per in memory.values() for n in per})
+        mask = mask_of(nodes)
+    return ContainerAllocation(cpus=tuple(a.cpus), memory=memory, memory_mask=mask,
+                               devices={r: tuple(ids) for r, ids in a.devices.items()},
+                               reusable=reusable)
+
+
+def admit(machine: Machine, ledger: Ledger, pod: Mapping[str, Any], resolved: Resolved,
+          uid: str) -> EngineResult:
+    """Admit ``pod`` with ``resolved``; on success the ledger holds its allocation."""
+    from numalign.topology import admit as admission
+
+    model = pod_from_dict(pod)
+    result = admission.admit_pod(machine, ledger, model, resolved.policy, resolved.scope,
+                                 dict(resolved.options))
+    if not result.admit:
+        return EngineResult(False, reason=result.reason or TOPOLOGY_REASON,
+                            message=result.message or TOPOLOGY_MESSAGE)
+    return EngineResult(True, allocation=_allocation_of(ledger, uid, result))
+
+
+def _allocation_of(ledger: Ledger, uid: str, result: Any) -> Allocation:
+    rec = ledger.pods.get(uid)
+    containers: dict[str, AnnotatedContainer] = {}
+    numa_of: dict[str, list[int] | None] = {}
+    for name, c in (getattr(result, "containers", None) or {}).items():
+        nodes = getattr(c, "numa_nodes", None)
+        if nodes is None and isinstance(c, Mapping):
+            nodes = c.get("numaNodes")
+        numa_of[str(name)] = None if nodes is None else [int(n) for n in nodes]
+    if rec is not None:
+        for name, held in rec.containers.items():
+            containers[name] = _annotated(held, numa_of.get(name))
+    pod_numa = sorted({n for v in numa_of.values() if v for n in v})
+    hint = getattr(result, "hint", None)
+    if not pod_numa and hint is not None and getattr(hint, "mask", None) is not None:
+        from numalign.topology.hints import mask_ids
+
+        pod_numa = mask_ids(hint.mask)
+    gpus = {str(k): [str(i) for i in v] for k, v in (getattr(result, "gpus", None) or {}).items()}
+    return Allocation(numa_nodes=pod_numa, containers=containers, gpus=gpus)
+
+
+def commit(machine: Machine, ledger: Ledger, uid: str, pod: Mapping[str, Any],
+           alloc: Allocation) -> None:
+    """Put a known allocation back in the ledger (after a restart)."""
+    spec = pod.get("spec") or {}
+    plain_init = {str(c.get("name")) for c in spec.get("initContainers") or []
+                  if c.get("restartPolicy") != "Always"}
+    meta = pod.get("metadata") or {}
+    items = [(name, _ledger_container(a, name in plain_init))
+             for name, a in alloc.containers.items()]
+    try:
+        ledger.allocate_many(uid, items, pod_name=str(meta.get("name") or uid),
+                             namespace=str(meta.get("namespace") or "default"))
+    except LedgerError as e:
+        raise RestoreConflict(str(e)) from None
+
+
+def release(ledger: Ledger, uid: str) -> None:
+    ledger.release(uid)

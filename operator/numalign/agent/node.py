@@ -1,0 +1,86 @@
+"""The agent on a real node: discover the machine, publish its NodeTopology status and
+acknowledge the node default policy the operator pushes. A real kubelet admits the pods
+there, so this agent holds no allocations of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from numalign.topology.machine import Machine
+
+from .kube import NT_BASE, Kube
+from .kubelet_status import MACHINE_LABEL
+from .publish import Publisher
+from .state import NodeState
+
+log = logging.getLogger(__name__)
+
+
+def discover_machine(name: str, root: str = "/") -> Machine:
+    """The machine under ``root`` (sysfs, and nvidia-smi on a live node)."""
+    from numalign.agent import discovery
+
+    dm = discovery.discover(root)
+    for w in getattr(dm, "warnings", []) or []:
+        log.warning("discovery: %s", w)
+    return discovery.to_machine(dm, name, description=f"discovered on {name}")
+
+
+class RealNode:
+    def __init__(self, kube: Kube, name: str, machine: Machine, *,
+                 resync: float = 300.0) -> None:
+        self.kube = kube
+        self.state = NodeState(name, machine, admits=False)
+        self.states = {name: self.state}
+        self.publisher = Publisher(kube, self.states,
+                                   labels=lambda st: {MACHINE_LABEL: st.machine.name})
+        self.resync = resync
+
+    def on_nodetopology(self, typ: str, obj: Mapping[str, Any]) -> None:
+        if typ == "DELETED":
+            self.publisher.mark(self.state.name)
+            return
+        if self.state.set_spec(obj.get("spec")):
+            self.publisher.mark(self.state.name)
+
+    async def run(self) -> None:
+        await self.kube.open()
+        name = self.state.name
+        selector = {"fieldSelector": f"metadata.name={name}"}
+        items, rv = await self.kube.list_all(NT_BASE, selector)
+        existing = items[0] if items else None
+        await self.publisher.ensure(name, existing)
+        if existing is not None:
+            self.state.restore(existing, [])
+        self.publisher.mark(name)
+        await self.publisher.flush()
+        writer = asyncio.create_task(self.publisher.run())
+        ticker = asyncio.create_task(self._tick())
+        try:
+            while True:
+                try:
+                    async for ev in self.kube.watch(NT_BASE, {**selector, "resourceVersion": rv}):
+                        obj = ev.get("object") or {}
+                        if ev.get("type") == "ERROR":
+                            raise RuntimeError(str(obj.get("message")))
+                        rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
+                        if ev.get("type") != "BOOKMARK":
+                            self.on_nodetopology(str(ev.get("type")), obj)
+                except Exception as e:  # relist and watch again
+                    log.warning("watch NodeTopology %s: %s", name, e)
+                    await asyncio.sleep(1)
+                    items, rv = await self.kube.list_all(NT_BASE, selector)
+                    for o in items:
+                        self.on_nodetopology("MODIFIED", o)
+        finally:
+            writer.cancel()
+            ticker.cancel()
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(self.resync)
+            self.publisher.mark(self.state.name)

@@ -1,0 +1,310 @@
+"""NodeTopology status: what the agent publishes about its node (``build_status`` is pure)
+and the writer that keeps it current (``Publisher``: coalesced, one write per node per
+interval however many pods changed, retried on conflicts and transient errors).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from numalign.api.common import API_VERSION
+from numalign.api.nodetopology import KIND, POLICY_APPLIED, READY
+from numalign.topology.machine import Machine
+from numalign.topology.quantity import format_cpulist
+
+from .kube import JSON_PATCH, ApiError, Kube, nt_path
+from .kubelet_status import now_iso
+from .state import NodeState
+
+log = logging.getLogger(__name__)
+
+JSON = dict[str, Any]
+
+
+def _zone_key(z: str) -> int:
+    return int(z) if z.lstrip("-").isdigit() else 1 << 30
+
+
+def zone_capacity(machine: Machine) -> dict[int, dict[str, int]]:
+    """Per NUMA node: cpu count, memory and hugepages bytes, device counts."""
+    out: dict[int, dict[str, int]] = {}
+    for n in machine.numa_nodes:
+        res: dict[str, int] = {"cpu": len(n.cpus), "memory": n.memory}
+        for size, total in sorted(n.hugepages.items()):
+            res[f"hugepages-{size}"] = total
+        out[n.id] = res
+    for d in machine.devices:
+        if d.numa_node is not None:
+            zone = out[d.numa_node]
+            zone[d.resource] = zone.get(d.resource, 0) + 1
+    return out
+
+
+def zone_used(state: NodeState) -> dict[int, dict[str, int]]:
+    """Per NUMA node: exclusive CPUs, memory (by kind) and devices held by admitted pods."""
+    m = state.machine
+    cpu_numa = {c.id: c.numa for c in m.cpus.values()}
+    dev_numa = {(d.resource, d.id): d.numa_node for d in m.devices}
+    used: dict[int, dict[str, int]] = {n.id: {} for n in m.numa_nodes}
+    for held in state.admitted.values():
+        for ca in held.allocation.containers.values():
+            for c in ca.cpus:
+                z = cpu_numa.get(c)
+                if z is not None:
+                    used[z]["cpu"] = used[z].get("cpu", 0) + 1
+            for zone, b in ca.memory.items():
+                if zone.isdigit() and int(zone) in used:
+                    u = used[int(zone)]
+                    u["memory"] = u.get("memory", 0) + b
+            for kind, per_zone in ca.hugepages.items():
+                for zone, b in per_zone.items():
+                    if zone.isdigit() and int(zone) in used:
+                        u = used[int(zone)]
+                        key = f"hugepages-{kind}"
+                        u[key] = u.get(key, 0) + b
+            for res, ids in ca.devices.items():
+                for i in ids:
+                    dz = dev_numa.get((res, i))
+                    if dz is not None:
+                        used[dz][res] = used[dz].get(res, 0) + 1
+    return used
+
+
+def _resources(res: Mapping[str, int]) -> dict[str, int | str]:
+    return {k: v for k, v in res.items()}
+
+
+def admitted_entries(state: NodeState) -> list[JSON]:
+    out: list[JSON] = []
+    for held in sorted(state.admitted.values(), key=lambda h: (h.namespace, h.name, h.uid)):
+        a = held.allocation
+        entry: JSON = {
+            "pod": held.name, "namespace": held.namespace, "uid": held.uid,
+            "policy": held.resolved.policy, "scope": held.resolved.scope,
+            "source": held.resolved.source, "numaNodes": list(a.numa_nodes),
+        }
+        cpus = a.cpus
+        if cpus:
+            entry["cpus"] = format_cpulist(cpus)
+        if a.memory:
+            entry["memory"] = dict(a.memory)
+        if a.devices:
+            entry["devices"] = a.devices
+        if a.gpus:
+            entry["gpus"] = {k: list(v) for k, v in a.gpus.items()}
+        containers = []
+        for name, ca in a.containers.items():
+            c: JSON = {"name": name}
+            if ca.numa_nodes is not None:
+                c["numaNodes"] = list(ca.numa_nodes)
+            if ca.cpus:
+                c["cpus"] = format_cpulist(ca.cpus)
+            if ca.memory:
+                c["memory"] = dict(sorted(ca.memory.items(), key=lambda kv: _zone_key(kv[0])))
+            if ca.devices:
+                c["devices"] = {k: list(v) for k, v in ca.devices.items()}
+            containers.append(c)
+        if containers:
+            entry["containers"] = containers
+        out.append(entry)
+    return out
+
+
+def build_status(state: NodeState, previous: Mapping[str, Any] | None = None,
+                 ready: bool = True, message: str = "") -> JSON:
+    """The NodeTopology status of ``state`` (``previous`` keeps condition transition times)."""
+    m = state.machine
+    cap = zone_capacity(m)
+    used = zone_used(state)
+    zones: list[JSON] = []
+    free_cpus = total_cpus = 0
+    for n in m.numa_nodes:
+        c = cap[n.id]
+        avail = {k: max(0, v - used[n.id].get(k, 0)) for k, v in c.items()}
+        total_cpus += c["cpu"]
+        free_cpus += avail["cpu"]
+        zone: JSON = {"id": n.id, "cpus": format_cpulist(list(n.cpus)), "memory": n.memory,
+                      "capacity": _resources(c), "allocatable": _resources(c),
+                      "available": _resources(avail)}
+        if n.hugepages:
+            zone["hugepages"] = dict(sorted(n.hugepages.items()))
+        zones.append(zone)
+    distances = None
+    if m.distances is not None:
+        distances = {str(a): {str(b): d for b, d in row.items()} for a, row in m.distances.items()}
+    devices: list[JSON] = []
+    for d in m.devices:
+        dev: JSON = {"resource": d.resource, "id": d.id}
+        if d.numa_node is not None:
+            dev["numaNode"] = d.numa_node
+        if d.memory is not None:
+            dev["memory"] = d.memory
+        if d.groups:
+            dev["groups"] = [{"level": lvl, "id": gid} for lvl, gid in d.groups]
+        devices.append(dev)
+    admitted = admitted_entries(state)
+    used_devices = {(r, i) for h in state.admitted.values()
+                    for r, ids in h.allocation.devices.items() for i in ids}
+    gpu_ids = {i for h in state.admitted.values() for ids in h.allocation.gpus.values()
+               for i in ids}
+    used_devices |= {(d.resource, d.id) for d in m.devices if d.id in gpu_ids}
+    known = {(d.resource, d.id) for d in m.devices}
+    n_used = len(used_devices & known)
+
+    prev_conds = {c.get("type"): c for c in (previous or {}).get("conditions") or []
+                  if isinstance(c, Mapping)}
+    t = now_iso()
+
+    def cond(type_: str, ok: bool, reason: str, msg: str) -> JSON:
+        status = "True" if ok else "False"
+        old = prev_conds.get(type_)
+        since = old.get("lastTransitionTime") if old and old.get("status") == status else None
+        return {"type": type_, "status": status, "reason": reason, "message": msg,
+                "lastTransitionTime": since or t}
+
+    applied = state.observed_generation == state.spec_generation
+    status: JSON = {
+        "zones": zones,
+        "devices": devices,
+        "admitted": admitted,
+        "rejected": state.rejected_total,
+        "conditions": [
+            cond(READY, ready, "AgentReady" if ready else "AgentNotReady",
+                 message or ("the agent publishes this node's topology"
+                             + (" and admits its pods" if state.admits else ""))),
+            cond(POLICY_APPLIED, applied, "Applied" if applied else "Pending",
+                 f"node default policy {state.default.policy}, scope {state.default.scope}"),
+        ],
+        "summary": {"numaNodes": len(zones), "cpus": f"{free_cpus}/{total_cpus}",
+                    "devices": f"{len(devices) - n_used}/{len(devices)}",
+                    "pods": len(admitted)},
+    }
+    if distances is not None:
+        status["distances"] = distances
+    if state.observed_generation is not None:
+        status["observedPolicyGeneration"] = state.observed_generation
+    return status
+
+
+def nodetopology_object(name: str, labels: Mapping[str, str] | None = None) -> JSON:
+    return {"apiVersion": API_VERSION, "kind": KIND,
+            "metadata": {"name": name, "labels": dict(labels or {})}, "spec": {}}
+
+
+class Publisher:
+    """Writes NodeTopology status for many nodes, coalescing changes.
+
+    ``mark(name)`` asks for a write; the writer waits ``delay`` to gather more changes,
+    and writes a node at most once per ``min_interval``, so a burst of pod decisions
+    costs one write per node rather than one per pod.
+    """
+
+    def __init__(self, kube: Kube, states: Mapping[str, NodeState], *,
+                 delay: float = 0.2, min_interval: float = 1.0, concurrency: int = 8,
+                 labels: Callable[[NodeState], Mapping[str, str]] | None = None) -> None:
+        self.kube = kube
+        self.states = states
+        self.delay = delay
+        self.min_interval = min_interval
+        self.concurrency = concurrency
+        self.labels = labels
+        self._dirty: set[str] = set()
+        self._event = asyncio.Event()
+        self._last_write: dict[str, float] = {}
+        self._published_version: dict[str, int] = {}
+        self._previous: dict[str, JSON] = {}
+        self.writes = 0
+        self.errors = 0
+
+    def mark(self, name: str) -> None:
+        self._dirty.add(name)
+        self._event.set()
+
+    def mark_all(self) -> None:
+        self._dirty.update(self.states)
+        self._event.set()
+
+    async def ensure(self, name: str, existing: Mapping[str, Any] | None) -> None:
+        """Create the node's NodeTopology when it does not exist yet."""
+        if existing is not None:
+            self._previous[name] = dict(existing.get("status") or {})
+            return
+        st = self.states[name]
+        labels = self.labels(st) if self.labels else {}
+        try:
+            await self.kube.create("/apis/numalign.io/v1alpha1/nodetopologies",
+                                   nodetopology_object(name, labels))
+        except ApiError as e:
+            if e.status != 409:
+                raise
+
+    async def write(self, name: str) -> None:
+        st = self.states[name]
+        version = st.version
+        status = build_status(st, self._previous.get(name))
+        body = [{"op": "add", "path": "/status", "value": status}]
+        for attempt in range(6):
+            try:
+                await self.kube.patch(nt_path(name, "status"), body, JSON_PATCH)
+                break
+            except ApiError as e:
+                if e.status == 404 and attempt < 5:
+                    await self.ensure(name, None)
+                    continue
+                if e.status == 409 and attempt < 5:
+                    await asyncio.sleep(0.1 * (attempt + 1))
+                    continue
+                raise
+        self.writes += 1
+        self._previous[name] = status
+        self._published_version[name] = version
+        self._last_write[name] = time.monotonic()
+
+    def pending(self) -> bool:
+        return bool(self._dirty)
+
+    async def flush(self) -> None:
+        """Write every node marked dirty now (ignores the interval)."""
+        names = sorted(self._dirty)
+        self._dirty.clear()
+        await self._write_many(names)
+
+    async def _write_many(self, names: list[str]) -> None:
+        sem = asyncio.Semaphore(self.concurrency)
+
+        async def one(n: str) -> None:
+            async with sem:
+                try:
+                    await self.write(n)
+                except Exception as e:  # keep publishing the other nodes
+                    self.errors += 1
+                    log.warning("NodeTopology %s: status write failed: %s", n, e)
+                    self._dirty.add(n)
+
+        await asyncio.gather(*(one(n) for n in names))
+
+    async def run(self) -> None:
+        while True:
+            await self._event.wait()
+            self._event.clear()
+            await asyncio.sleep(self.delay)
+            now = time.monotonic()
+            ready: list[str] = []
+            wait = None
+            for n in sorted(self._dirty):
+                due = self._last_write.get(n, 0.0) + self.min_interval
+                if due <= now:
+                    ready.append(n)
+                else:
+                    wait = due - now if wait is None else min(wait, due - now)
+            self._dirty.difference_update(ready)
+            if ready:
+                await self._write_many(ready)
+            if self._dirty:
+                if wait is not None:
+                    await asyncio.sleep(wait)
+                self._event.set()

@@ -1,0 +1,263 @@
+"""One emulated node's allocation state (pure: no I/O).
+
+The state is what the kubelet's resource managers hold: the engine's ledger, and for
+each admitted pod what it got. It decides pods (admit / reject), releases them, and
+rebuilds itself after a restart from what the agent published (NodeTopology status) and
+wrote on the pods (``numalign.io/allocation``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from numalign.topology.machine import Machine
+from numalign.topology.quantity import parse_cpulist, quantity_bytes
+
+from . import engine
+from .annotations import (
+    ALLOCATION,
+    NONE,
+    Allocation,
+    AnnotationError,
+    Resolved,
+    allocation_from_json,
+    parse_allocation,
+    resolved_from_spec,
+)
+from .kubelet_status import TOPOLOGY_REASON
+
+log = logging.getLogger(__name__)
+
+JSON = dict[str, Any]
+
+
+@dataclass
+class AdmittedPod:
+    namespace: str
+    name: str
+    uid: str
+    resolved: Resolved
+    allocation: Allocation
+
+
+@dataclass
+class Decision:
+    admit: bool
+    reason: str | None = None
+    message: str | None = None
+    allocation: Allocation | None = None
+    resolved: Resolved = NONE
+
+
+@dataclass
+class RestoreReport:
+    restored: list[str] = field(default_factory=list)  # uids put back in the ledger
+    rejected: list[str] = field(default_factory=list)  # uids already rejected
+    pending: list[JSON] = field(default_factory=list)  # pods still to decide, in order
+    dropped: list[str] = field(default_factory=list)  # published pods that are gone
+    conflicts: list[str] = field(default_factory=list)  # allocations that could not be restored
+
+
+def pod_uid(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("uid") or "")
+
+
+def pod_key(pod: Mapping[str, Any]) -> tuple[str, str]:
+    meta = pod.get("metadata") or {}
+    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+
+def is_terminal(pod: Mapping[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
+class NodeState:
+    """Allocation state of one node."""
+
+    def __init__(self, name: str, machine: Machine, index: int = 0, admits: bool = True) -> None:
+        self.name = name
+        self.admits = admits
+        self.machine = machine
+        self.index = index
+        self.ledger = engine.new_ledger(machine)
+        self.admitted: dict[str, AdmittedPod] = {}
+        self.decided: dict[str, bool] = {}  # uid -> admitted?
+        self.rejected_total = 0
+        self.default: Resolved = NONE
+        self.spec_generation: int | None = None
+        self.observed_generation: int | None = None
+        self.version = 0  # bumped on every change worth publishing
+        self.pod_seq = 0
+
+    # -- policy pushed by the operator ------------------------------------------------
+
+    def set_spec(self, spec: Mapping[str, Any] | None) -> bool:
+        """Take the node default from ``NodeTopology.spec``; True when anything changed."""
+        spec = spec or {}
+        default = resolved_from_spec(spec)
+        gen = spec.get("policyGeneration")
+        gen_i = gen if isinstance(gen, int) and not isinstance(gen, bool) else None
+        changed = default != self.default or gen_i != self.observed_generation
+        self.default = default
+        self.spec_generation = gen_i
+        self.observed_generation = gen_i
+        if changed:
+            self.version += 1
+        return changed
+
+    # -- decisions ---------------------------------------------------------------------
+
+    def decide(self, pod: Mapping[str, Any], resolved: Resolved) -> Decision:
+        """Admit or reject ``pod`` (once: a decided pod gets its first answer again)."""
+        uid = pod_uid(pod)
+        if uid in self.decided:
+            held = self.admitted.get(uid)
+            return Decision(admit=self.decided[uid],
+                            allocation=held.allocation if held else None,
+                            resolved=held.resolved if held else resolved)
+        result = engine.admit(self.machine, self.ledger, pod, resolved, uid)
+        self.decided[uid] = result.admit
+        self.version += 1
+        if result.admit:
+            alloc = result.allocation or Allocation()
+            ns, name = pod_key(pod)
+            self.admitted[uid] = AdmittedPod(ns, name, uid, resolved, alloc)
+            return Decision(True, allocation=alloc, resolved=resolved)
+        self.rejected_total += 1
+        return Decision(False, reason=result.reason or TOPOLOGY_REASON, message=result.message,
+                        resolved=resolved)
+
+    def release(self, uid: str) -> bool:
+        """Forget a pod (deleted or finished); True if it held resources."""
+        was_decided = self.decided.pop(uid, None) is not None
+        held = self.admitted.pop(uid, None)
+        if held is not None:
+            engine.release(self.ledger, uid)
+        if held is not None or was_decided:
+            self.version += 1
+        return held is not None
+
+    # -- restart -----------------------------------------------------------------------
+
+    def restore(self, published: Mapping[str, Any] | None, pods: Iterable[Mapping[str, Any]]
+                ) -> RestoreReport:
+        """Rebuild the ledger after a restart.
+
+        ``published`` is the NodeTopology object (or None); ``pods`` are the pods bound to
+        this node now. A pod that is Running with an allocation (its annotation, else the
+        published entry with its uid) gets that allocation back; a pod already rejected
+        stays rejected; a pod still Pending is returned to be decided; published pods that
+        are gone are dropped.
+        """
+        report = RestoreReport()
+        status = (published or {}).get("status") or {}
+        spec = (published or {}).get("spec")
+        if spec:
+            self.set_spec(spec)
+        by_uid: dict[str, Mapping[str, Any]] = {}
+        for entry in status.get("admitted") or []:
+            if isinstance(entry, Mapping) and entry.get("uid"):
+                by_uid[str(entry["uid"])] = entry
+        present: set[str] = set()
+        pending: list[Mapping[str, Any]] = []
+        for pod in pods:
+            uid = pod_uid(pod)
+            if not uid or uid in self.decided:
+                continue
+            present.add(uid)
+            meta = pod.get("metadata") or {}
+            st = pod.get("status") or {}
+            phase = st.get("phase")
+            ann = (meta.get("annotations") or {}).get(ALLOCATION)
+            if phase == "Failed" or phase == "Succeeded":
+                self.decided[uid] = False
+                if phase == "Failed" and st.get("reason") == TOPOLOGY_REASON:
+                    report.rejected.append(uid)
+                continue
+            if meta.get("deletionTimestamp") and phase != "Running":
+                continue
+            if phase == "Running" or ann is not None:
+                alloc, resolved = self._allocation_of(pod, ann, by_uid.get(uid))
+                if alloc is None:
+                    # Running without anything to restore from (not ours): hold nothing.
+                    self.decided[uid] = True
+                    continue
+                ns, name = pod_key(pod)
+                try:
+                    engine.commit(self.machine, self.ledger, uid, pod, alloc)
+                except engine.RestoreConflict as e:
+                    log.warning("%s: cannot restore %s/%s: %s", self.name, ns, name, e)
+                    report.conflicts.append(uid)
+                    self.decided[uid] = True
+                    continue
+                self.decided[uid] = True
+                self.admitted[uid] = AdmittedPod(ns, name, uid, resolved, alloc)
+                report.restored.append(uid)
+                continue
+            pending.append(pod)
+        report.dropped = [u for u in by_uid if u not in present]
+        prev = status.get("rejected")
+        if isinstance(prev, int) and not isinstance(prev, bool):
+            self.rejected_total = max(prev, len(report.rejected))
+        else:
+            self.rejected_total = len(report.rejected)
+        pending.sort(key=_bind_order)
+        report.pending = [dict(p) for p in pending]
+        self.version += 1
+        return report
+
+    def _allocation_of(self, pod: Mapping[str, Any], ann: Any,
+                       entry: Mapping[str, Any] | None) -> tuple[Allocation | None, Resolved]:
+        resolved = NONE
+        if entry is not None:
+            resolved = Resolved(policy=str(entry.get("policy") or "none"),
+                                scope=str(entry.get("scope") or "container"),
+                                options=dict(entry.get("options") or {}),
+                                source=str(entry.get("source") or "none"))
+        if ann is not None:
+            try:
+                return parse_allocation(str(ann)), resolved
+            except AnnotationError as e:
+                log.warning("%s: %s", self.name, e)
+        if entry is not None:
+            try:
+                return allocation_from_entry(entry), resolved
+            except (AnnotationError, ValueError) as e:
+                log.warning("%s: NodeTopology entry of %s: %s", self.name, entry.get("pod"), e)
+        return None, resolved
+
+
+def allocation_from_entry(entry: Mapping[str, Any]) -> Allocation:
+    """An allocation from a published ``status.admitted`` entry (per-container detail when
+    present, else the whole pod as one container)."""
+    containers: dict[str, Any] = {}
+    for c in entry.get("containers") or []:
+        if not isinstance(c, Mapping) or not c.get("name"):
+            continue
+        containers[str(c["name"])] = {
+            "cpus": parse_cpulist(str(c.get("cpus") or "")),
+            "memory": {str(z): quantity_bytes(b) for z, b in (c.get("memory") or {}).items()},
+            "devices": c.get("devices") or {},
+            "numaNodes": c.get("numaNodes"),
+        }
+    if not containers:
+        containers[""] = {
+            "cpus": parse_cpulist(str(entry.get("cpus") or "")),
+            "memory": {str(z): quantity_bytes(b) for z, b in (entry.get("memory") or {}).items()},
+            "devices": entry.get("devices") or {},
+        }
+    return allocation_from_json({"numaNodes": entry.get("numaNodes") or [],
+                                 "containers": containers, "gpus": entry.get("gpus") or {}},
+                                "NodeTopology status.admitted entry")
+
+
+def _bind_order(pod: Mapping[str, Any]) -> tuple[str, str]:
+    meta = pod.get("metadata") or {}
+    sched = ""
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "PodScheduled":
+            sched = str(c.get("lastTransitionTime") or "")
+    return sched or str(meta.get("creationTimestamp") or ""), str(meta.get("name") or "")

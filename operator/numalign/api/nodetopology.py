@@ -1,0 +1,245 @@
+"""NodeTopology (``nt``): one per node, named after it. The operator writes ``spec``
+(the node's default policy, pushed to its agent); the node agent writes ``status``
+(zones, distances, devices, admitted pods)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field
+
+from ..topology.quantity import parse_cpulist, parse_quantity
+from .common import (
+    API_VERSION,
+    CONDITIONS_LIST,
+    Condition,
+    Count,
+    CpuList,
+    Model,
+    NumaId,
+    Policy,
+    Quantity,
+    Scope,
+    TopologyOptions,
+)
+
+KIND = "NodeTopology"
+PLURAL = "nodetopologies"
+SINGULAR = "nodetopology"
+SHORT_NAMES = ("nt",)
+
+# Condition types in status.conditions.
+READY = "Ready"  # the agent publishes this node's topology and admits its pods
+POLICY_APPLIED = "PolicyApplied"  # status.observedPolicyGeneration == spec.policyGeneration
+
+ResourceList = dict[str, Quantity]
+
+
+class NodeTopologySpec(Model):
+    """The node's default policy, from the TopologyPolicies whose nodeSelector selects it."""
+
+    policy: Policy | None = None
+    """The default policy for pods on this node that no TopologyPolicy selects."""
+    scope: Scope | None = None
+    """The default scope: container or pod."""
+    options: TopologyOptions | None = None
+    """The default policy options."""
+    source: str | None = None
+    """Where the default came from: TopologyPolicy/<name> or node-default."""
+    policy_generation: Count | None = None
+    """Bumped by the operator on every change; the agent echoes it in
+    status.observedPolicyGeneration once applied."""
+
+
+class Zone(Model):
+    """One NUMA node and its resources."""
+
+    id: NumaId
+    """The NUMA node id (sparse ids allowed, 0-255)."""
+    cpus: CpuList = ""
+    """The node's CPUs as a Linux cpulist, e.g. 0-15,32-47."""
+    memory: Quantity | None = None
+    """Memory of the NUMA node."""
+    hugepages: dict[str, Quantity] | None = None
+    """Hugepage memory by page size (2Mi, 1Gi)."""
+    capacity: ResourceList | None = None
+    """Capacity per resource (cpu, memory, hugepages-2Mi, devices) in this zone."""
+    allocatable: ResourceList | None = None
+    """Allocatable per resource (capacity less the reserved part)."""
+    available: ResourceList | None = None
+    """Allocatable not yet given to admitted pods."""
+
+
+class DeviceGroup(Model):
+    """One level of a device's grouping, e.g. level nvlink, id nv1."""
+
+    level: Annotated[str, Field(min_length=1, max_length=63)]
+    id: Annotated[str, Field(min_length=1, max_length=253)]
+
+
+class Device(Model):
+    """A device of an extended resource (GPUs, NICs, ...)."""
+
+    resource: Annotated[str, Field(min_length=1, max_length=317)]
+    """The extended resource, e.g. nvidia.com/gpu."""
+    id: Annotated[str, Field(min_length=1, max_length=253)]
+    """The device id."""
+    numa_node: NumaId | None = None
+    """The device's NUMA node; unset: no NUMA preference."""
+    memory: Quantity | None = None
+    """Device memory (GPUs)."""
+    groups: list[DeviceGroup] | None = None
+    """The device's groups, outermost level first (socket, nvlink, pcie ...)."""
+
+
+class AdmittedContainer(Model):
+    """What one container was given."""
+
+    name: str
+    """The container's name."""
+    numa_nodes: list[NumaId] | None = None
+    """The container's NUMA affinity."""
+    cpus: CpuList | None = None
+    """Exclusive CPUs (static CPU policy), as a cpulist."""
+    memory: dict[str, Quantity] | None = None
+    """Memory per NUMA node id (the key)."""
+    devices: dict[str, list[str]] | None = None
+    """Device ids per resource."""
+
+
+class AdmittedPod(Model):
+    """A pod the agent admitted, with its NUMA affinity and allocation."""
+
+    pod: str
+    """The pod's name."""
+    namespace: str
+    """The pod's namespace."""
+    uid: str
+    """The pod's uid."""
+    policy: Policy
+    """The policy it was admitted under."""
+    scope: Scope
+    """The scope it was admitted under."""
+    source: str
+    """Where the policy came from: pod, TopologyPolicy/<name>, node-default or none."""
+    numa_nodes: list[NumaId] | None = None
+    """The pod's NUMA affinity (the union over its containers)."""
+    cpus: CpuList | None = None
+    """Exclusive CPUs, as a cpulist."""
+    memory: dict[str, Quantity] | None = None
+    """Memory per NUMA node id (the key)."""
+    devices: dict[str, list[str]] | None = None
+    """Device ids per resource."""
+    gpus: dict[str, list[str]] | None = None
+    """numalign.io/gpus requests mapped to device ids."""
+    containers: list[AdmittedContainer] | None = None
+    """Per-container detail."""
+
+
+class NodeTopologySummary(Model):
+    """Totals shown by kubectl get nt."""
+
+    numa_nodes: Count | None = None
+    """NUMA nodes."""
+    cpus: str | None = None
+    """Allocatable CPUs free/total, e.g. 12/16."""
+    devices: str | None = None
+    """Devices free/total."""
+    pods: Count | None = None
+    """Admitted pods."""
+
+
+class NodeTopologyStatus(Model):
+    """The node's topology and allocations, published by its agent."""
+
+    zones: Annotated[
+        list[Zone],
+        Field(
+            json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["id"]}
+        ),
+    ] | None = None
+    """One entry per NUMA node."""
+    distances: dict[str, dict[str, int]] | None = None
+    """NUMA distances: distances[from][to], keys are NUMA node ids."""
+    devices: list[Device] | None = None
+    """Devices with their NUMA node, memory and groups."""
+    admitted: list[AdmittedPod] | None = None
+    """Pods admitted on the node with their affinity and allocation."""
+    rejected: Count | None = None
+    """Pods rejected with TopologyAffinityError since the agent started."""
+    observed_policy_generation: Count | None = None
+    """The spec.policyGeneration the agent applies."""
+    conditions: Annotated[list[Condition], Field(json_schema_extra=CONDITIONS_LIST)] | None = None
+    """Ready, PolicyApplied."""
+    summary: NodeTopologySummary | None = None
+    """Totals shown by kubectl get nt (written by the agent with the rest of the status)."""
+
+
+def _cpu_count(resources: ResourceList | None) -> int | None:
+    if resources and "cpu" in resources:
+        return int(parse_quantity(resources["cpu"]))
+    return None
+
+
+def summarize(status: NodeTopologyStatus) -> NodeTopologySummary:
+    """The printer-column totals of a status: NUMA nodes, free/total CPUs and devices,
+    admitted pods. Free CPUs come from the zones' ``available`` (else all allocatable),
+    used devices from the admitted pods' device and GPU ids."""
+    zones = status.zones or []
+    total = free = 0
+    for zone in zones:
+        z_total = _cpu_count(zone.allocatable)
+        if z_total is None:
+            z_total = len(parse_cpulist(zone.cpus))
+        z_free = _cpu_count(zone.available)
+        total += z_total
+        free += z_total if z_free is None else z_free
+    devices = status.devices or []
+    used: set[tuple[str, str]] = set()
+    known = {(d.resource, d.id) for d in devices}
+    for pod in status.admitted or []:
+        for resource, ids in (pod.devices or {}).items():
+            used.update((resource, i) for i in ids)
+        for ids in (pod.gpus or {}).values():
+            used.update((d.resource, d.id) for d in devices if d.id in ids)
+    n_used = len(used & known)
+    return NodeTopologySummary(
+        numa_nodes=len(zones),
+        cpus=f"{free}/{total}",
+        devices=f"{len(devices) - n_used}/{len(devices)}",
+        pods=len(status.admitted or []),
+    )
+
+
+class NodeTopology(Model):
+    """A NodeTopology object as a whole (metadata kept as a plain mapping)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    api_version: Literal["numalign.io/v1alpha1"] = API_VERSION
+    kind: Literal["NodeTopology"] = KIND
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: NodeTopologySpec = Field(default_factory=NodeTopologySpec)
+    status: NodeTopologyStatus | None = None
+
+    @property
+    def name(self) -> str:
+        return str(self.metadata.get("name", ""))
+
+
+PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {"name": "Policy", "type": "string", "jsonPath": ".spec.policy"},
+    {"name": "Scope", "type": "string", "jsonPath": ".spec.scope"},
+    {"name": "NUMA", "type": "integer", "jsonPath": ".status.summary.numaNodes",
+     "description": "NUMA nodes"},
+    {"name": "CPUs", "type": "string", "jsonPath": ".status.summary.cpus",
+     "description": "allocatable CPUs free/total"},
+    {"name": "Devices", "type": "string", "jsonPath": ".status.summary.devices",
+     "description": "devices free/total"},
+    {"name": "Pods", "type": "integer", "jsonPath": ".status.summary.pods",
+     "description": "admitted pods"},
+    {"name": "Rejected", "type": "integer", "jsonPath": ".status.rejected",
+     "description": "pods rejected with TopologyAffinityError"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+SELECTABLE_FIELDS = [".spec.policy"]

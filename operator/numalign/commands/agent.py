@@ -1,0 +1,146 @@
+"""``numalign agent``: the node agent.
+
+- ``numalign agent --emulate MACHINE.yaml[=COUNT]...``: many emulated nodes in one process,
+  named ``<machine name>-<i>``, admitting the pods bound to them as a kubelet would.
+- ``numalign agent --node NAME [--root /]``: a real node; discovery and NodeTopology
+  publishing only (the node's kubelet admits its pods).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Coroutine
+from typing import Any
+
+from numalign.topology.errors import TopologyError
+from numalign.topology.machine import Machine, load_machine
+
+PROG = "numalign agent"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--emulate", action="append", metavar="MACHINE.yaml[=COUNT]",
+                      help="emulate COUNT (default 1) nodes of this machine file; repeatable")
+    mode.add_argument("--node", metavar="NAME",
+                      help="run on the real node NAME (default: $NODE_NAME)")
+    p.add_argument("--root", default="/", help="sysfs root for discovery (--node); default /")
+    p.add_argument("--kubeconfig", help="kubeconfig (default: $KUBECONFIG, ~/.kube/config, "
+                                        "else in-cluster)")
+    p.add_argument("--context", help="kubeconfig context")
+    p.add_argument("--start", type=int, default=0,
+                   help="number of the first emulated node of each machine (default 0)")
+    p.add_argument("--lease-interval", type=float, default=10.0,
+                   help="seconds between node Lease renewals (default 10)")
+    p.add_argument("--publish-interval", type=float, default=1.0,
+                   help="at most one NodeTopology status write per node per this many "
+                        "seconds (default 1)")
+    p.add_argument("--concurrency", type=int, default=24,
+                   help="concurrent pod writes (default 24)")
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="serve Prometheus metrics on this port (default: off)")
+    p.add_argument("--log-level", default=os.environ.get("NUMALIGN_LOG_LEVEL", "INFO"))
+    return p
+
+
+def parse_emulate(items: list[str]) -> list[tuple[Machine, int]]:
+    """``FILE[=COUNT]`` arguments -> machines; TopologyError names the file and field."""
+    out: list[tuple[Machine, int]] = []
+    for item in items:
+        path, sep, count_s = item.rpartition("=")
+        if not sep or not count_s.isdigit():
+            path, count = item, 1
+        else:
+            count = int(count_s)
+            if count < 1:
+                raise TopologyError(item, "COUNT must be at least 1")
+        out.append((load_machine(path), count))
+    return out
+
+
+async def _serve(coro: Coroutine[Any, Any, None]) -> int:
+    task = asyncio.ensure_future(coro)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, task.cancel)
+    try:
+        await task
+    except asyncio.CancelledError:
+        return 0
+    return 0
+
+
+def _metrics(port: int, emulator: Any) -> None:
+    from prometheus_client import Gauge, start_http_server
+
+    g = Gauge("numalign_agent_pods", "pods decided by the agent", ["result"])
+    g.labels("admitted").set_function(lambda: emulator.stats.admitted)
+    g.labels("rejected").set_function(lambda: emulator.stats.rejected)
+    g.labels("released").set_function(lambda: emulator.stats.released)
+    Gauge("numalign_agent_nodes", "emulated nodes").set_function(lambda: len(emulator.states))
+    start_http_server(port)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from numalign.agent.kube import Kube, load_config
+
+    try:
+        if args.emulate:
+            machines = parse_emulate(args.emulate)
+        else:
+            name = args.node or os.environ.get("NODE_NAME", "")
+            if not name:
+                print(f"{PROG}: error: --node NAME (or $NODE_NAME) is required", file=sys.stderr)
+                return 2
+            from numalign.agent.node import discover_machine
+
+            machine = discover_machine(name, args.root)
+    except TopologyError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # discovery errors: one line
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+    try:
+        config = load_config(args.kubeconfig, args.context)
+    except Exception as e:  # one line, no traceback
+        print(f"{PROG}: error: cannot load Kubernetes credentials: {e}", file=sys.stderr)
+        return 1
+
+    kube = Kube(config, max_connections=max(8, args.concurrency + 8))
+
+    async def run() -> None:
+        try:
+            if args.emulate:
+                from numalign.agent.emulate import Emulator, expand
+
+                emulator = Emulator(kube, expand(machines, args.start),
+                                    lease_interval=args.lease_interval,
+                                    publish_interval=args.publish_interval,
+                                    concurrency=args.concurrency)
+                if args.metrics_port:
+                    _metrics(args.metrics_port, emulator)
+                await emulator.run()
+            else:
+                from numalign.agent.node import RealNode
+
+                await RealNode(kube, name, machine).run()
+        finally:
+            await kube.close()
+
+    try:
+        return asyncio.run(_serve(run()))
+    except KeyboardInterrupt:
+        return 0

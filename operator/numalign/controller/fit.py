@@ -1,0 +1,97 @@
+"""Which nodes cannot fit a pod, judged from their NodeTopology status.
+
+A coarse, fast check (no provider hints): the pod's effective request (max of the
+largest init container and the sum of app containers) against what each NUMA zone
+reports ``available``. Under ``single-numa-node`` one zone must hold every requested
+resource that the zones report; otherwise the zones' sum must. Resources that no zone
+reports (or nodes without zones) are not judged: the node is not avoided.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any
+
+from numalign.topology.quantity import parse_quantity
+
+from . import kube, metrics
+from .resolution import ANN_RESOLVED, parse_resolved
+
+
+def _requests(container: Mapping[str, Any]) -> dict[str, Decimal]:
+    res = (container.get("resources") or {})
+    req = dict(res.get("limits") or {})
+    req.update(res.get("requests") or {})  # requests win; limits default them
+    out: dict[str, Decimal] = {}
+    for k, v in req.items():
+        try:
+            out[str(k)] = parse_quantity(v)
+        except (ValueError, ArithmeticError):
+            continue
+    return out
+
+
+def pod_requests(pod: Mapping[str, Any]) -> dict[str, Decimal]:
+    """The pod's effective request per resource, as the Topology Manager's pod scope."""
+    spec = pod.get("spec") or {}
+    total: dict[str, Decimal] = {}
+    for c in spec.get("containers") or []:
+        for k, v in _requests(c).items():
+            total[k] = total.get(k, Decimal(0)) + v
+    for c in spec.get("initContainers") or []:
+        r = _requests(c)
+        if c.get("restartPolicy") == "Always":  # sidecar: runs alongside the app
+            for k, v in r.items():
+                total[k] = total.get(k, Decimal(0)) + v
+        else:
+            for k, v in r.items():
+                total[k] = max(total.get(k, Decimal(0)), v)
+    return {k: v for k, v in total.items() if v > 0}
+
+
+def node_fits(requests: Mapping[str, Decimal], zones: list[Mapping[str, Any]],
+              single_zone: bool) -> bool | None:
+    """True/False, or None when the zones say nothing about the requested resources."""
+    avail: list[dict[str, Decimal]] = []
+    for z in zones:
+        a: dict[str, Decimal] = {}
+        for k, v in ((z.get("available") if isinstance(z, Mapping) else None) or {}).items():
+            try:
+                a[str(k)] = parse_quantity(v)
+            except (ValueError, ArithmeticError):
+                continue
+        avail.append(a)
+    known = {k for a in avail for k in a}
+    judged = {k: v for k, v in requests.items() if k in known}
+    if not judged:
+        return None
+    if single_zone:
+        return any(all(a.get(k, Decimal(0)) >= v for k, v in judged.items()) for a in avail)
+    return all(sum((a.get(k, Decimal(0)) for a in avail), Decimal(0)) >= v
+               for k, v in judged.items())
+
+
+def unfit_nodes(pod: Mapping[str, Any], skip: list[str] | None = None) -> list[str]:
+    """Names of nodes whose NodeTopology shows they cannot fit ``pod`` now."""
+    start = time.perf_counter()
+    try:
+        requests = pod_requests(pod)
+        if not requests:
+            return []
+        ann = ((pod.get("metadata") or {}).get("annotations") or {})
+        res = parse_resolved(ann.get(ANN_RESOLVED))
+        out: list[str] = []
+        for nt in kube.list_node_topologies():
+            name = str((nt.get("metadata") or {}).get("name", ""))
+            if not name or name in (skip or []):
+                continue
+            policy = res.policy if res is not None and res.policy else (
+                (nt.get("spec") or {}).get("policy"))
+            zones = (nt.get("status") or {}).get("zones") or []
+            if node_fits(requests, list(zones), policy == "single-numa-node") is False:
+                out.append(name)
+        return sorted(out)
+    finally:
+        metrics.FIT_LATENCY.observe(time.perf_counter() - start)

@@ -1,0 +1,400 @@
+"""Redeploy of pods rejected with ``TopologyAffinityError``.
+
+A pod with ``status.phase: Failed`` and ``status.reason: TopologyAffinityError`` (from a
+numalign agent or a real kubelet) is redeployed:
+
+- controller-owned (ReplicaSet, StatefulSet, Job, ...): deleted, so that its controller
+  creates a replacement; the mutating pod webhook adds a required node affinity
+  (``NotIn`` the nodes that rejected the workload recently and the nodes whose
+  NodeTopology shows they cannot fit it) to that replacement;
+- bare: recreated from its spec under a deterministic fresh name (``<base>-r<attempt>``),
+  without ``nodeName`` and with that node affinity, then the failed pod is deleted.
+
+**Durable state.** One ConfigMap ``numalign-redeploy`` per namespace holds a JSON record
+per workload (key ``owner-<controller uid>`` or ``pod-<base name>``): the attempt count,
+the nodes that rejected it and when, and per rejected pod uid what was decided. The
+decision for a rejected pod is written there (optimistic concurrency on the
+ConfigMap's resourceVersion) *before* anything is deleted or created, and the
+replacement name is part of it, so a crash and restart replays the same decision: the
+create hits AlreadyExists, the delete hits NotFound — never two replacements for one
+rejection, and the failed pod is deleted only after its replacement exists.
+
+**Limits.** Attempt ``k`` (from 0) waits ``backoffSeconds * 2**k`` after the operator
+first saw the rejection; after ``maxAttempts`` redeploys of a workload, a further
+rejection is left Failed with a ``RedeployGaveUp`` Warning event and counted in the
+governing TopologyPolicy's ``RedeployExhausted`` condition. A workload's count resets
+after :data:`RESET_AFTER_S` without a rejection; nodes are avoided for
+:data:`AVOID_FOR_S` after they rejected it.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+from kubernetes.client.exceptions import ApiException
+
+from . import kube, metrics
+from .fit import unfit_nodes
+from .resolution import (
+    ANN_RESOLVED,
+    NODE_UNKNOWN,
+    PodMeta,
+    RedeploySettings,
+    policy_refs,
+    redeploy_settings,
+    resolve,
+)
+
+REASON = "TopologyAffinityError"
+STATE_CONFIGMAP = "numalign-redeploy"
+STATE_LABEL = "numalign.io/state"
+ANN_REDEPLOY_OF = "numalign.io/redeploy-of"
+ANN_BASE = "numalign.io/redeploy-base"
+ANN_WORKLOAD = "numalign.io/workload"
+RESET_AFTER_S = 3600.0
+AVOID_FOR_S = 1800.0
+MAX_HANDLED = 64
+MAX_NAME = 253
+
+log = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------------
+# Pure helpers (unit-tested)
+
+
+def is_topology_rejected(pod: Mapping[str, Any]) -> bool:
+    status = pod.get("status") or {}
+    return bool(status.get("phase") == "Failed" and status.get("reason") == REASON)
+
+
+def backoff_delay(backoff_seconds: float, attempt: int) -> float:
+    """Delay before redeploy attempt ``attempt`` (0-based): backoff * 2**attempt,
+    capped at one hour."""
+    return float(min(3600.0, backoff_seconds * (2 ** max(0, min(attempt, 30)))))
+
+
+def controller_ref(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    for ref in (pod.get("metadata") or {}).get("ownerReferences") or []:
+        if isinstance(ref, Mapping) and ref.get("controller"):
+            return ref
+    return None
+
+
+def base_name(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    ann = meta.get("annotations") or {}
+    return str(ann.get(ANN_BASE) or meta.get("name") or "pod")
+
+
+def workload_key(pod: Mapping[str, Any]) -> str:
+    """The ConfigMap key of the pod's workload: controller uid, else the bare pod's
+    base name (the name of the first pod of its lineage). Valid ConfigMap key."""
+    ref = controller_ref(pod)
+    raw = f"owner-{ref.get('uid')}" if ref is not None else f"pod-{base_name(pod)}"
+    key = re.sub(r"[^-._a-zA-Z0-9]", "_", raw)
+    if len(key) > 200:
+        key = key[:180] + "-" + hashlib.sha256(raw.encode()).hexdigest()[:12]
+    return key
+
+
+def replacement_name(base: str, attempt: int) -> str:
+    """Deterministic name of the bare-pod replacement for redeploy ``attempt`` (1-based)."""
+    suffix = f"-r{attempt}"
+    return base[: MAX_NAME - len(suffix)].rstrip("-.") + suffix
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _ts(text: Any) -> float:
+    try:
+        return datetime.strptime(str(text), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return 0.0
+
+
+@dataclass
+class WorkloadState:
+    """The durable record of one workload's rejections and redeploys."""
+
+    attempts: int = 0
+    rejections: dict[str, str] | None = None  # node -> last rejection (ISO time)
+    handled: dict[str, dict[str, Any]] | None = None  # pod uid -> decision
+    gave_up: dict[str, str] | None = None  # pod uid -> when
+    policy: str | None = None
+
+    @classmethod
+    def parse(cls, text: str | None) -> WorkloadState:
+        try:
+            doc = json.loads(text) if text else {}
+        except ValueError:
+            doc = {}
+        if not isinstance(doc, dict):
+            doc = {}
+        att = doc.get("attempts")
+        return cls(
+            attempts=att if isinstance(att, int) and att >= 0 else 0,
+            rejections={str(k): str(v) for k, v in (doc.get("rejections") or {}).items()},
+            handled={str(k): dict(v) for k, v in (doc.get("handled") or {}).items()
+                     if isinstance(v, dict)},
+            gave_up={str(k): str(v) for k, v in (doc.get("gaveUp") or {}).items()},
+            policy=doc.get("policy") if isinstance(doc.get("policy"), str) else None,
+        )
+
+    def dump(self) -> str:
+        handled = self.handled or {}
+        if len(handled) > MAX_HANDLED:  # keep the newest decisions
+            keep = sorted(handled.items(), key=lambda kv: str(kv[1].get("at", "")))[-MAX_HANDLED:]
+            handled = dict(keep)
+        gave_up = dict(sorted((self.gave_up or {}).items(), key=lambda kv: kv[1])[-MAX_HANDLED:])
+        return json.dumps({"attempts": self.attempts, "rejections": self.rejections or {},
+                           "handled": handled, "gaveUp": gave_up, "policy": self.policy},
+                          sort_keys=True, separators=(",", ":"))
+
+    def last_rejection(self) -> float:
+        return max((_ts(v) for v in (self.rejections or {}).values()), default=0.0)
+
+    def expire(self, now: float) -> None:
+        """Reset the count after a quiet period; forget old rejecting nodes."""
+        if self.attempts and now - self.last_rejection() > RESET_AFTER_S:
+            self.attempts = 0
+        self.rejections = {n: t for n, t in (self.rejections or {}).items()
+                           if now - _ts(t) <= AVOID_FOR_S}
+
+    def avoid_nodes(self, now: float) -> list[str]:
+        return sorted(n for n, t in (self.rejections or {}).items() if now - _ts(t) <= AVOID_FOR_S)
+
+
+def with_node_avoidance(spec: Mapping[str, Any], avoid: list[str]) -> dict[str, Any]:
+    """A copy of a pod spec whose required node affinity excludes ``avoid`` nodes (by
+    ``metadata.name`` field; added to every nodeSelectorTerm, since terms are ORed)."""
+    out = copy.deepcopy(dict(spec))
+    if not avoid:
+        return out
+    req = {"key": "metadata.name", "operator": "NotIn", "values": sorted(set(avoid))}
+    affinity = out.setdefault("affinity", {}) or {}
+    out["affinity"] = affinity
+    node_aff = affinity.setdefault("nodeAffinity", {}) or {}
+    affinity["nodeAffinity"] = node_aff
+    required = node_aff.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {}) or {}
+    node_aff["requiredDuringSchedulingIgnoredDuringExecution"] = required
+    terms = required.get("nodeSelectorTerms") or [{}]
+    new_terms = []
+    for term in terms:
+        term = dict(term)
+        fields = [f for f in term.get("matchFields") or []
+                  if not (f.get("key") == "metadata.name" and f.get("operator") == "NotIn")]
+        fields.append(req)
+        term["matchFields"] = fields
+        new_terms.append(term)
+    required["nodeSelectorTerms"] = new_terms
+    return out
+
+
+_DROP_ANNOTATIONS = (ANN_RESOLVED, "numalign.io/allocation")
+
+
+def build_replacement(pod: Mapping[str, Any], name: str, avoid: list[str]) -> dict[str, Any]:
+    """The bare-pod replacement: same labels, annotations (minus what the operator and
+    the agent wrote) and spec, without nodeName, with node avoidance."""
+    meta = pod.get("metadata") or {}
+    ann = {k: v for k, v in (meta.get("annotations") or {}).items()
+           if k not in _DROP_ANNOTATIONS and not k.startswith("kopf.zalando.org/")}
+    ann[ANN_REDEPLOY_OF] = str(meta.get("name", ""))
+    ann[ANN_BASE] = base_name(pod)
+    spec = dict(pod.get("spec") or {})
+    spec.pop("nodeName", None)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": meta.get("namespace"),
+                     "labels": dict(meta.get("labels") or {}), "annotations": ann},
+        "spec": with_node_avoidance(spec, avoid),
+    }
+
+
+# ---------------------------------------------------------------------------
+# Durable state in a ConfigMap
+
+
+def load_state(namespace: str) -> tuple[dict[str, str], str | None]:
+    """The ConfigMap's data and resourceVersion (None when it does not exist yet)."""
+    try:
+        cm = kube.core().read_namespaced_config_map(STATE_CONFIGMAP, namespace)
+    except ApiException as e:
+        if e.status == 404:
+            return {}, None
+        raise
+    return dict(cm.data or {}), cm.metadata.resource_version
+
+
+def save_state(namespace: str, data: dict[str, str], resource_version: str | None) -> None:
+    """Write the ConfigMap; raises ApiException 409 when someone else wrote it first."""
+    body = {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": STATE_CONFIGMAP, "namespace": namespace,
+                         "labels": {STATE_LABEL: "redeploy"}},
+            "data": data}
+    if resource_version is None:
+        kube.core().create_namespaced_config_map(namespace, body)
+    else:
+        body["metadata"]["resourceVersion"] = resource_version
+        kube.core().replace_namespaced_config_map(STATE_CONFIGMAP, namespace, body)
+
+
+def workload_state(namespace: str, key: str) -> WorkloadState:
+    data, _ = load_state(namespace)
+    return WorkloadState.parse(data.get(key))
+
+
+# ---------------------------------------------------------------------------
+# The redeploy step
+
+
+def _governing(pod: Mapping[str, Any]) -> tuple[str | None, RedeploySettings]:
+    meta = PodMeta.from_object(pod)
+    policies = policy_refs(kube.list_policies())
+    res = resolve(meta, kube.namespace_labels(meta.namespace), policies, NODE_UNKNOWN)
+    spec = next((p.spec for p in policies if p.name == res.governing), None)
+    return res.governing, redeploy_settings(spec)
+
+
+def _delete_pod(namespace: str, name: str, uid: str) -> None:
+    try:
+        kube.core().delete_namespaced_pod(
+            name, namespace, body={"preconditions": {"uid": uid}, "gracePeriodSeconds": 0})
+    except ApiException as e:
+        if e.status not in (404, 409):  # gone, or a different pod now has that name
+            raise
+
+
+def _finish(pod: Mapping[str, Any], decision: Mapping[str, Any]) -> str:
+    """Carry out a recorded decision; idempotent."""
+    meta = pod.get("metadata") or {}
+    ns, name, uid = str(meta["namespace"]), str(meta["name"]), str(meta["uid"])
+    if decision.get("action") == "recreate":
+        new = build_replacement(pod, str(decision["replacement"]),
+                                list(decision.get("avoid") or []))
+        try:
+            kube.core().create_namespaced_pod(ns, new)
+        except ApiException as e:
+            if e.status != 409:  # AlreadyExists: created before a crash/retry
+                raise
+    _delete_pod(ns, name, uid)
+    return str(decision.get("action"))
+
+
+def step(pod: Mapping[str, Any], first_seen: float, now: float | None = None) -> float | None:
+    """One pass over a rejected pod: None when done, else seconds to wait."""
+    now = time.time() if now is None else now
+    meta = pod.get("metadata") or {}
+    ns, name, uid = str(meta["namespace"]), str(meta["name"]), str(meta["uid"])
+    node = str((pod.get("spec") or {}).get("nodeName") or "")
+    key = workload_key(pod)
+    data, rv = load_state(ns)
+    st = WorkloadState.parse(data.get(key))
+    decision = (st.handled or {}).get(uid)
+    if decision is not None:
+        _finish(pod, decision)
+        return None
+    if uid in (st.gave_up or {}):
+        return None
+    governing, settings = _governing(pod)
+    st.policy = governing
+    st.expire(now)
+    if not settings.enabled:
+        return None
+    if st.attempts >= settings.max_attempts:
+        st.gave_up = {**(st.gave_up or {}), uid: _iso(now)}
+        data[key] = st.dump()
+        save_state(ns, data, rv)
+        metrics.REDEPLOYS.labels(outcome="gave_up").inc()
+        kopf.warn(dict(pod), reason="RedeployGaveUp",
+                  message=f"not redeploying {name}: {st.attempts} redeploy attempt(s) of this "
+                          f"workload reached maxAttempts={settings.max_attempts}"
+                          + (f" of TopologyPolicy/{governing}" if governing else ""))
+        return None
+    wait = first_seen + backoff_delay(settings.backoff_seconds, st.attempts) - now
+    if wait > 0:
+        return wait
+    attempt = st.attempts + 1
+    if node:
+        st.rejections = {**(st.rejections or {}), node: _iso(now)}
+    avoid = st.avoid_nodes(now) if settings.avoid_rejecting_nodes else []
+    avoid = sorted(set(avoid) | set(unfit_nodes(pod, avoid)))
+    bare = controller_ref(pod) is None
+    decision = {"action": "recreate" if bare else "delete", "attempt": attempt, "node": node,
+                "at": _iso(now), "pod": name, "avoid": avoid if bare else [],
+                "replacement": replacement_name(base_name(pod), attempt) if bare else None}
+    st.handled = {**(st.handled or {}), uid: decision}
+    st.attempts = attempt
+    data[key] = st.dump()
+    save_state(ns, data, rv)  # durable before acting (409 -> retried by the caller)
+    action = _finish(pod, decision)
+    metrics.REDEPLOYS.labels(outcome="recreated" if action == "recreate" else "deleted").inc()
+    kopf.info(dict(pod), reason="Redeploy",
+              message=f"attempt {attempt}/{settings.max_attempts}: "
+                      + (f"recreated as {decision['replacement']}" if bare
+                         else "deleted so that its controller recreates it")
+                      + (f", avoiding {', '.join(avoid)}" if avoid else ""))
+    return None
+
+
+def avoidance_for(pod: Mapping[str, Any], namespace: str) -> list[str]:
+    """Nodes a new controller-owned pod should avoid (used by the mutating webhook)."""
+    ref = controller_ref(pod)
+    if ref is None:
+        return []
+    st = workload_state(namespace, workload_key(pod))
+    now = time.time()
+    if not st.rejections:
+        return []
+    avoid = st.avoid_nodes(now)
+    return sorted(set(avoid) | set(unfit_nodes(pod, avoid)))
+
+
+# ---------------------------------------------------------------------------
+# Kopf handler
+
+
+def _rejected(body: kopf.Body, **_: Any) -> bool:
+    return is_topology_rejected(body)
+
+
+@kopf.daemon("", "v1", "pods", id="redeploy", when=_rejected, cancellation_timeout=5.0)
+def redeploy_daemon(stopped: kopf.DaemonStopped, body: kopf.Body, logger: kopf.Logger,
+                    **_: Any) -> None:
+    """One daemon per rejected pod: wait out the backoff, then redeploy (retrying on
+    conflicts and API errors); exits when the pod is handled or gone."""
+    first_seen = time.time()
+    metrics.REJECTIONS.labels(
+        node=str((body.get("spec") or {}).get("nodeName") or "")).inc()
+    while not stopped:
+        try:
+            meta = body.get("metadata") or {}
+            fresh = kube.to_dict(kube.core().read_namespaced_pod(meta["name"], meta["namespace"]))
+            if fresh["metadata"].get("uid") != meta.get("uid") or not is_topology_rejected(fresh):
+                return
+            wait = step(fresh, first_seen)
+        except ApiException as e:
+            if e.status == 404:
+                return
+            logger.info(f"redeploy: API error {e.status}, retrying: {e.reason}")
+            wait = 1.0
+        except Exception as e:  # never let a malformed object kill the daemon loop silently
+            logger.exception(f"redeploy failed, retrying: {e}")
+            wait = 5.0
+        if wait is None:
+            return
+        stopped.wait(min(wait, 60.0))

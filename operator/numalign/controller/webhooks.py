@@ -1,0 +1,181 @@
+"""The admission webhook server and the certificates the operator manages.
+
+The operator serves its webhooks over TLS with a certificate signed by its own CA
+(RSA 2048, CA valid 10 years, serving certificate 1 year, renewed when it expires
+within 30 days or no longer covers the served host names). Kopf registers the
+Mutating/ValidatingWebhookConfiguration ``numalign.io`` (``settings.admission.managed``)
+with that CA as ``caBundle`` and the URL ``https://HOST:PORT/<handler id>``.
+
+Where the certificate lives: ``--cert-secret NAMESPACE/NAME`` keeps it in a Secret so
+that every replica (peering standby included) serves the same CA; otherwise in
+``--cert-dir`` (a temporary directory by default). Failure policies: see
+:mod:`.pods` (pods: Ignore) and :mod:`.policies` (TopologyPolicy: Ignore).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import ipaddress
+import logging
+from pathlib import Path
+
+import kopf
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from kubernetes.client.exceptions import ApiException
+
+from . import kube
+
+log = logging.getLogger(__name__)
+
+CA_FILE, CERT_FILE, KEY_FILE = "ca.crt", "tls.crt", "tls.key"
+CA_KEY_FILE = "ca.key"
+RENEW_BEFORE = dt.timedelta(days=30)
+
+
+def _key() -> rsa.RSAPrivateKey:
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+def _pem_key(key: rsa.RSAPrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def _san(hosts: list[str]) -> x509.SubjectAlternativeName:
+    names: list[x509.GeneralName] = []
+    for h in dict.fromkeys(hosts):
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(h)))
+        except ValueError:
+            names.append(x509.DNSName(h))
+    return x509.SubjectAlternativeName(names)
+
+
+def make_ca(now: dt.datetime) -> tuple[bytes, bytes]:
+    key = _key()
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "numalign-webhook-ca")])
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=3650))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True,
+                                         crl_sign=True, content_commitment=False,
+                                         key_encipherment=False, data_encipherment=False,
+                                         key_agreement=False, encipher_only=False,
+                                         decipher_only=False), critical=True)
+            .sign(key, hashes.SHA256()))
+    return cert.public_bytes(serialization.Encoding.PEM), _pem_key(key)
+
+
+def make_serving(ca_pem: bytes, ca_key_pem: bytes, hosts: list[str],
+                 now: dt.datetime) -> tuple[bytes, bytes]:
+    ca = x509.load_pem_x509_certificate(ca_pem)
+    ca_key = serialization.load_pem_private_key(ca_key_pem, None)
+    assert isinstance(ca_key, rsa.RSAPrivateKey)
+    key = _key()
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+            .issuer_name(ca.subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=365))
+            .add_extension(_san(hosts), critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]),
+                           critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    return cert.public_bytes(serialization.Encoding.PEM), _pem_key(key)
+
+
+def needs_renewal(cert_pem: bytes | None, hosts: list[str], now: dt.datetime) -> bool:
+    if not cert_pem:
+        return True
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem)
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except (ValueError, x509.ExtensionNotFound):
+        return True
+    have = {str(v) for v in san.get_values_for_type(x509.DNSName)}
+    have |= {str(v) for v in san.get_values_for_type(x509.IPAddress)}
+    wanted = set()
+    for h in hosts:
+        try:
+            wanted.add(str(ipaddress.ip_address(h)))
+        except ValueError:
+            wanted.add(h)
+    return not wanted <= have or cert.not_valid_after_utc - now < RENEW_BEFORE
+
+
+def ensure_material(files: dict[str, bytes], hosts: list[str]) -> dict[str, bytes]:
+    """CA + serving certificate covering ``hosts``; reuses what is valid."""
+    now = dt.datetime.now(dt.UTC)
+    out = dict(files)
+    if not out.get(CA_FILE) or not out.get(CA_KEY_FILE):
+        out[CA_FILE], out[CA_KEY_FILE] = make_ca(now)
+        out.pop(CERT_FILE, None)
+    if needs_renewal(out.get(CERT_FILE), hosts, now):
+        out[CERT_FILE], out[KEY_FILE] = make_serving(out[CA_FILE], out[CA_KEY_FILE], hosts, now)
+    return out
+
+
+def _from_secret(namespace: str, name: str) -> tuple[dict[str, bytes], str | None]:
+    try:
+        s = kube.core().read_namespaced_secret(name, namespace)
+    except ApiException as e:
+        if e.status == 404:
+            return {}, None
+        raise
+    return ({k: base64.b64decode(v) for k, v in (s.data or {}).items()},
+            s.metadata.resource_version)
+
+
+def certificates(cert_dir: Path, hosts: list[str], secret: str | None = None) -> Path:
+    """Write ca.crt / tls.crt / tls.key into ``cert_dir`` (from the Secret if given,
+    creating or renewing it there) and return the directory."""
+    cert_dir.mkdir(parents=True, exist_ok=True)
+    if secret:
+        ns, _, name = secret.partition("/")
+        for _attempt in range(5):
+            files, rv = _from_secret(ns, name)
+            new = ensure_material(files, hosts)
+            if new == files:
+                break
+            body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                    "metadata": {"name": name, "namespace": ns},
+                    "data": {k: base64.b64encode(v).decode() for k, v in new.items()}}
+            try:
+                if rv is None:
+                    kube.core().create_namespaced_secret(ns, body)
+                else:
+                    body["metadata"]["resourceVersion"] = rv  # type: ignore[index]
+                    kube.core().replace_namespaced_secret(name, ns, body)
+                files = new
+                break
+            except ApiException as e:
+                if e.status != 409:  # another replica wrote it first: read theirs
+                    raise
+        else:
+            raise RuntimeError(f"cannot store webhook certificates in Secret {secret}")
+    else:
+        files = {}
+        for fn in (CA_FILE, CA_KEY_FILE, CERT_FILE, KEY_FILE):
+            p = cert_dir / fn
+            if p.exists():
+                files[fn] = p.read_bytes()
+        files = ensure_material(files, hosts)
+    for fn in (CA_FILE, CERT_FILE, KEY_FILE):
+        p = cert_dir / fn
+        p.write_bytes(files[fn])
+        p.chmod(0o600)
+    return cert_dir
+
+
+def server(addr: str, port: int, host: str, cert_dir: Path) -> kopf.WebhookServer:
+    return kopf.WebhookServer(
+        addr=addr, port=port, host=host,
+        certfile=cert_dir / CERT_FILE, pkeyfile=cert_dir / KEY_FILE, cafile=cert_dir / CA_FILE)

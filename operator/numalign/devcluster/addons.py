@@ -1,0 +1,103 @@
+"""Extension hooks: Python processes ``DevCluster.up`` starts once the control plane is
+ready and the CRDs are established, and ``down`` stops with the rest.
+
+An addon is started only when its module can be imported, so a hook may name code that
+does not exist yet. Each runs as ``python -m ...`` with ``KUBECONFIG`` set, logs to
+``<state>/logs/<name>.log``, must run until SIGTERM, and is stopped before the control
+plane. The built-in hooks:
+
+* ``agent`` -- emulated nodes, when machines were asked for (``numalign dev up
+  --machine FILE[=COUNT]``) and ``numalign.agent.emulate`` exists; run as
+  ``python -m numalign.agent.emulate --kubeconfig KC --machine FILE=COUNT ...``.
+  Without it, no Node objects exist and pods stay Pending: nodes need the agent.
+* ``operator`` -- when asked for (``DevCluster.up(operator=True)``, the default of
+  ``numalign dev up``) and ``numalign.commands.operator`` exists; run as
+  ``python -m numalign.cli operator --kubeconfig KC``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class MachineSpecError(ValueError):
+    """A ``--machine FILE[=COUNT]`` argument is wrong; the message says how."""
+
+
+@dataclass(frozen=True)
+class MachineSpec:
+    """``COUNT`` emulated nodes with the hardware of machine file ``PATH``."""
+
+    path: Path
+    count: int = 1
+
+    @classmethod
+    def parse(cls, text: str) -> MachineSpec:
+        path_text, sep, count_text = text.rpartition("=")
+        if not sep or not count_text.isdigit():
+            path_text, count = text, 1
+        else:
+            count = int(count_text)
+        if not path_text:
+            raise MachineSpecError(f"--machine {text!r}: expected FILE or FILE=COUNT")
+        if count < 1:
+            raise MachineSpecError(f"--machine {text!r}: COUNT must be at least 1")
+        path = Path(path_text).expanduser()
+        if not path.is_file():
+            raise MachineSpecError(f"--machine {text!r}: no such machine file {path}")
+        return cls(path.resolve(), count)
+
+    def __str__(self) -> str:
+        return f"{self.path}={self.count}"
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    """What a hook gets to build its command line."""
+
+    name: str
+    state_dir: Path
+    kubeconfig: Path
+    server: str
+    machines: tuple[MachineSpec, ...]
+    operator: bool
+
+
+@dataclass(frozen=True)
+class Addon:
+    name: str
+    """Process name: logs/<name>.log, run/<name>.pid."""
+    module: str
+    """The addon runs only when this module can be imported."""
+    argv: Callable[[ClusterInfo], list[str] | None]
+    """Arguments after the Python executable, or None when not wanted this time."""
+
+    def available(self) -> bool:
+        try:
+            return importlib.util.find_spec(self.module) is not None
+        except (ImportError, ValueError):
+            return False
+
+
+def _agent_argv(info: ClusterInfo) -> list[str] | None:
+    if not info.machines:
+        return None
+    argv = ["-m", "numalign.agent.emulate", "--kubeconfig", str(info.kubeconfig)]
+    for m in info.machines:
+        argv += ["--machine", str(m)]
+    return argv
+
+
+def _operator_argv(info: ClusterInfo) -> list[str] | None:
+    if not info.operator:
+        return None
+    return ["-m", "numalign.cli", "operator", "--kubeconfig", str(info.kubeconfig)]
+
+
+ADDONS: list[Addon] = [
+    Addon("operator", "numalign.commands.operator", _operator_argv),
+    Addon("agent", "numalign.agent.emulate", _agent_argv),
+]

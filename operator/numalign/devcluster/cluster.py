@@ -1,0 +1,426 @@
+"""A real Kubernetes control plane on loopback: etcd, kube-apiserver,
+kube-controller-manager and kube-scheduler built by :mod:`numalign.devcluster.build`,
+with certificates generated on the spot and the numalign CRDs installed.
+
+    cluster = DevCluster()                # ~/.cache/numalign/dev/default
+    cluster.up(log=print)                 # idempotent: reuses a running one
+    subprocess.run(["kubectl", "--kubeconfig", cluster.kubeconfig, "get", "nt"])
+    cluster.down()                        # stops everything, removes the state
+
+State dir layout: ``pki/`` (certificates), ``etcd/`` (data), ``logs/<component>.log``,
+``run/<component>.pid``, ``kubeconfig`` (admin, group system:masters), a kubeconfig
+per component, and ``state.json`` (ports, versions, machines). No kubelet runs: Node
+objects come from the emulated-node agent (see :mod:`numalign.devcluster.addons`) or
+from the test that needs them.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import build, certs
+from .addons import ADDONS, ClusterInfo, MachineSpec
+from .crds import install_crds
+from .processes import Process, free_ports
+from .rest import Rest
+
+Log = Callable[[str], None]
+
+SERVICE_CIDR = "10.96.0.0/16"
+CLUSTER_CIDR = "10.244.0.0/16"
+CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+# Controllers that need a cloud provider; there is none here.
+NO_CLOUD_CONTROLLERS = ("-cloud-node-lifecycle-controller", "-service-lb-controller",
+                        "-node-route-controller")
+_STATE_FILES = ("kubeconfig", "controller-manager.kubeconfig", "scheduler.kubeconfig",
+                "state.json")
+_STATE_DIRS = ("pki", "etcd", "logs", "run")
+
+
+class DevClusterError(RuntimeError):
+    """The control plane could not be started; the message says what to do next."""
+
+
+def default_state_dir(name: str = "default") -> Path:
+    return build.cache_root() / "dev" / name
+
+
+def _quiet(_msg: str) -> None:
+    pass
+
+
+class DevCluster:
+    def __init__(self, state_dir: Path | str | None = None, name: str | None = None) -> None:
+        self.state_dir = Path(state_dir).expanduser() if state_dir else default_state_dir(
+            name or "default")
+        self.name = name or self.state_dir.name
+        self.pki = certs.Pki.at(self.state_dir / "pki")
+        self.addons = list(ADDONS)
+        self._procs: dict[str, Process] = {}
+
+    # -------------------------------------------------------------------- public API
+
+    @property
+    def kubeconfig(self) -> Path:
+        """The admin kubeconfig (user in group system:masters)."""
+        return self.state_dir / "kubeconfig"
+
+    @property
+    def state_file(self) -> Path:
+        return self.state_dir / "state.json"
+
+    def state(self) -> dict[str, Any]:
+        try:
+            data: dict[str, Any] = json.loads(self.state_file.read_text())
+            return data
+        except (OSError, ValueError):
+            return {}
+
+    @property
+    def server(self) -> str | None:
+        server = self.state().get("server")
+        return str(server) if server else None
+
+    def process(self, name: str) -> Process:
+        if name not in self._procs:
+            self._procs[name] = Process(name, self.state_dir / "run", self.state_dir / "logs")
+        return self._procs[name]
+
+    def is_running(self) -> bool:
+        """Every control-plane process runs and the API server is ready."""
+        st = self.state()
+        if not st.get("server") or not self.kubeconfig.is_file():
+            return False
+        if not all(self.process(n).is_running() for n in CONTROL_PLANE):
+            return False
+        return self._admin_rest().ok("/readyz")
+
+    def up(
+        self,
+        *,
+        machines: Iterable[MachineSpec] = (),
+        operator: bool = False,
+        install: bool = True,
+        log: Log | None = None,
+        timeout: float = 180.0,
+    ) -> DevCluster:
+        """Start the control plane (or reuse the running one), install the CRDs and start
+        the addons that apply. Raises DevClusterError (or build.BuildError)."""
+        say = log or _quiet
+        machines = tuple(machines)
+        t0 = time.monotonic()
+        bins = build.ensure_built(log=say)
+        say(f"binaries ready in {bins} ({time.monotonic() - t0:.1f}s)")
+        if self.is_running():
+            say(f"control plane already running at {self.server} (state {self.state_dir})")
+            if install:
+                self._install(say)
+            self._start_addons(machines, operator, say, reuse=True)
+            return self
+        if any(self.process(n).pid is not None for n in CONTROL_PLANE):
+            say("a previous control plane is partly running: stopping it and starting afresh")
+        self._stop_all()
+        self._clean()
+        try:
+            self._start(bins, say, timeout)
+            if install:
+                self._install(say)
+            self._start_addons(machines, operator, say)
+        except BaseException:
+            self._stop_all()
+            raise
+        say(f"control plane up in {time.monotonic() - t0:.1f}s; "
+            f"export KUBECONFIG={self.kubeconfig}")
+        return self
+
+    def down(self, log: Log | None = None) -> bool:
+        """Stop every process and remove the state; False when nothing was there."""
+        say = log or _quiet
+        existed = self.state_dir.is_dir() and any(
+            (self.state_dir / p).exists() for p in (*_STATE_FILES, *_STATE_DIRS))
+        t0 = time.monotonic()
+        self._stop_all(say)
+        self._clean()
+        with contextlib.suppress(OSError):
+            self.state_dir.rmdir()  # only when empty: never removes what we did not write
+        if existed:
+            say(f"control plane stopped and state removed ({time.monotonic() - t0:.1f}s)")
+        return existed
+
+    def install_crds(self, crd_dir: Path | None = None, log: Log | None = None) -> list[str]:
+        """Install (create or update) the CRDs and wait until they are Established.
+        ``crd_dir``: YAML files to apply; default: the ones generated from the models."""
+        return install_crds(self._admin_rest(), crd_dir, log=log or _quiet)
+
+    def log_file(self, component: str) -> Path:
+        return self.process(component).log_file
+
+    # -------------------------------------------------------------------- starting
+
+    def _start(self, bins: Path, say: Log, timeout: float) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        t = time.monotonic()
+        certs.generate(self.pki.dir)
+        etcd_port, peer_port, api_port, kcm_port, sched_port = free_ports(5)
+        server = f"https://127.0.0.1:{api_port}"
+        self._write_kubeconfigs(server)
+        self._save_state({
+            "name": self.name,
+            "server": server,
+            "ports": {"etcd": etcd_port, "etcdPeer": peer_port, "apiserver": api_port,
+                      "controllerManager": kcm_port, "scheduler": sched_port},
+            "kubernetesVersion": build.KUBERNETES_VERSION,
+            "etcdVersion": build.ETCD_VERSION,
+            "bin": str(bins),
+        })
+        say(f"certificates and kubeconfigs written ({time.monotonic() - t:.1f}s)")
+        deadline = time.monotonic() + timeout
+
+        t = time.monotonic()
+        etcd_url = f"http://127.0.0.1:{etcd_port}"
+        peer_url = f"http://127.0.0.1:{peer_port}"
+        self.process("etcd").start([
+            str(bins / "etcd"),
+            "--name=dev",
+            f"--data-dir={self.state_dir / 'etcd'}",
+            f"--listen-client-urls={etcd_url}",
+            f"--advertise-client-urls={etcd_url}",
+            f"--listen-peer-urls={peer_url}",
+            f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster=dev={peer_url}",
+            "--unsafe-no-fsync",  # a throwaway dev store: no fsync, much faster on slow disks
+            "--log-level=warn",
+        ])
+        # The API server waits for etcd by itself: start both, then wait for both.
+        self.process("kube-apiserver").start(self._apiserver_args(bins, api_port, etcd_url))
+        etcd = Rest(etcd_url, None)
+        self._wait("etcd", lambda: etcd.ok("/health"), deadline, ("etcd",))
+        say(f"etcd ready ({time.monotonic() - t:.1f}s)")
+        admin = self._admin_rest()
+        self._wait("kube-apiserver /readyz", lambda: admin.ok("/readyz"), deadline,
+                   ("etcd", "kube-apiserver"))
+        say(f"kube-apiserver ready at {server} ({time.monotonic() - t:.1f}s)")
+
+        t = time.monotonic()
+        self.process("kube-controller-manager").start(self._controller_manager_args(bins, kcm_port))
+        self.process("kube-scheduler").start(self._scheduler_args(bins, sched_port))
+        kcm = Rest(f"https://127.0.0.1:{kcm_port}", None)
+        sched = Rest(f"https://127.0.0.1:{sched_port}", None)
+        self._wait("kube-scheduler /healthz", lambda: sched.ok("/healthz"), deadline,
+                   CONTROL_PLANE)
+        self._wait("kube-controller-manager /healthz", lambda: kcm.ok("/healthz"), deadline,
+                   CONTROL_PLANE)
+        self._wait("the default service account",
+                   lambda: admin.ok("/api/v1/namespaces/default/serviceaccounts/default"),
+                   deadline, CONTROL_PLANE)
+        say(f"kube-controller-manager and kube-scheduler ready ({time.monotonic() - t:.1f}s)")
+
+    def _apiserver_args(self, bins: Path, port: int, etcd_url: str) -> list[str]:
+        p = self.pki
+        return [
+            str(bins / "kube-apiserver"),
+            f"--etcd-servers={etcd_url}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={port}",
+            f"--cert-dir={p.dir}",
+            f"--tls-cert-file={p.apiserver.cert}",
+            f"--tls-private-key-file={p.apiserver.key}",
+            f"--client-ca-file={p.ca.cert}",
+            "--authorization-mode=RBAC",
+            "--anonymous-auth=true",  # /readyz, /livez for probes (RBAC still applies)
+            f"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={p.sa_pub}",
+            f"--service-account-signing-key-file={p.sa_key}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--requestheader-client-ca-file={p.front_proxy_ca.cert}",
+            "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={p.front_proxy_client.cert}",
+            f"--proxy-client-key-file={p.front_proxy_client.key}",
+            "--allow-privileged=true",
+            "--endpoint-reconciler-type=none",  # loopback is no valid endpoint address
+            "--profiling=false",
+            "--v=1",
+        ]
+
+    def _controller_manager_args(self, bins: Path, port: int) -> list[str]:
+        p = self.pki
+        kc = self.state_dir / "controller-manager.kubeconfig"
+        return [
+            str(bins / "kube-controller-manager"),
+            f"--kubeconfig={kc}",
+            f"--authentication-kubeconfig={kc}",
+            f"--authorization-kubeconfig={kc}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={port}",
+            f"--cert-dir={self.state_dir / 'run'}",
+            "--leader-elect=false",
+            "--controllers=" + ",".join(("*", *NO_CLOUD_CONTROLLERS)),
+            f"--service-account-private-key-file={p.sa_key}",
+            f"--root-ca-file={p.ca.cert}",
+            "--use-service-account-credentials=true",
+            f"--cluster-signing-cert-file={p.ca.cert}",
+            f"--cluster-signing-key-file={p.ca.key}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--cluster-cidr={CLUSTER_CIDR}",
+            "--allocate-node-cidrs=false",
+            "--profiling=false",
+            "--v=1",
+        ]
+
+    def _scheduler_args(self, bins: Path, port: int) -> list[str]:
+        kc = self.state_dir / "scheduler.kubeconfig"
+        return [
+            str(bins / "kube-scheduler"),
+            f"--kubeconfig={kc}",
+            f"--authentication-kubeconfig={kc}",
+            f"--authorization-kubeconfig={kc}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={port}",
+            f"--cert-dir={self.state_dir / 'run'}",
+            "--leader-elect=false",
+            "--profiling=false",
+            "--v=1",
+        ]
+
+    def _wait(self, what: str, ready: Callable[[], bool], deadline: float,
+              components: Iterable[str]) -> None:
+        components = tuple(components)
+        while True:
+            if ready():
+                return
+            for name in components:
+                proc = self.process(name)
+                if not proc.is_running():
+                    raise DevClusterError(
+                        f"{name} exited while waiting for {what}; its log "
+                        f"({proc.log_file}) ends with:\n{proc.log_tail()}\n"
+                        "Fix the cause (a port taken, a bad binary: 'numalign dev build') "
+                        "and run 'numalign dev up' again."
+                    )
+            if time.monotonic() > deadline:
+                logs = ", ".join(str(self.process(n).log_file) for n in components)
+                raise DevClusterError(
+                    f"timed out waiting for {what}; see the logs ({logs}). "
+                    "On a loaded machine, retry with a longer --timeout."
+                )
+            time.sleep(0.2)
+
+    def _install(self, say: Log) -> None:
+        t = time.monotonic()
+        names = self.install_crds(log=say)
+        say(f"CRDs established: {', '.join(names)} ({time.monotonic() - t:.1f}s)")
+
+    # -------------------------------------------------------------------- addons
+
+    def _start_addons(self, machines: tuple[MachineSpec, ...], operator: bool, say: Log,
+                      reuse: bool = False) -> None:
+        if reuse and not machines:
+            machines = tuple(MachineSpec(Path(m["path"]), int(m["count"]))
+                             for m in self.state().get("machines", []))
+        info = ClusterInfo(name=self.name, state_dir=self.state_dir, kubeconfig=self.kubeconfig,
+                           server=self.server or "", machines=machines, operator=operator)
+        env = dict(os.environ, KUBECONFIG=str(self.kubeconfig))
+        started = []
+        for addon in self.addons:
+            argv = addon.argv(info)
+            if argv is None:
+                continue
+            if not addon.available():
+                if addon.name == "agent":
+                    say(f"emulated nodes asked for but {addon.module} is not available: "
+                        "no nodes will register (nodes need the agent)")
+                else:
+                    say(f"{addon.name}: {addon.module} is not available; not started")
+                continue
+            proc = self.process(addon.name)
+            if proc.is_running():
+                continue
+            proc.start([sys.executable, *argv], env=env, cwd=self.state_dir,
+                       program=argv[1] if argv[:1] == ["-m"] else None)
+            started.append(addon.name)
+        if machines:
+            st = self.state()
+            st["machines"] = [{"path": str(m.path), "count": m.count} for m in machines]
+            self._save_state(st)
+        if started:
+            say(f"started {', '.join(started)} (logs in {self.state_dir / 'logs'})")
+
+    # -------------------------------------------------------------------- stopping
+
+    def _stop_all(self, say: Log = _quiet) -> None:
+        names = [a.name for a in reversed(self.addons)] + list(reversed(CONTROL_PLANE))
+        for name in names:
+            proc = self.process(name)
+            if proc.pid is not None:
+                running = proc.is_running()
+                proc.stop()
+                if running:
+                    say(f"stopped {name}")
+
+    def _clean(self) -> None:
+        """Remove what up() wrote (and nothing else) from the state dir."""
+        for f in _STATE_FILES:
+            (self.state_dir / f).unlink(missing_ok=True)
+        for d in _STATE_DIRS:
+            shutil.rmtree(self.state_dir / d, ignore_errors=True)
+
+    # -------------------------------------------------------------------- files
+
+    def _save_state(self, data: dict[str, Any]) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        tmp.replace(self.state_file)
+
+    def _admin_rest(self) -> Rest:
+        server = self.server or "https://127.0.0.1:0"
+        return Rest(server, self.pki.ca.cert, self.pki.admin.cert, self.pki.admin.key)
+
+    def _write_kubeconfigs(self, server: str) -> None:
+        p = self.pki
+        ctx = f"numalign-{self.name}"
+        for path, pair, user in (
+            (self.kubeconfig, p.admin, "admin"),
+            (self.state_dir / "controller-manager.kubeconfig", p.controller_manager,
+             "system:kube-controller-manager"),
+            (self.state_dir / "scheduler.kubeconfig", p.scheduler, "system:kube-scheduler"),
+        ):
+            write_kubeconfig(path, ctx, server, p.ca.cert, pair.cert, pair.key, user)
+
+
+def _b64(path: Path) -> str:
+    return base64.b64encode(path.read_bytes()).decode()
+
+
+def write_kubeconfig(path: Path, name: str, server: str, ca: Path, cert: Path, key: Path,
+                     user: str) -> None:
+    """A self-contained kubeconfig (certificates embedded), mode 0600."""
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": name, "cluster": {"server": server,
+                                                "certificate-authority-data": _b64(ca)}}],
+        "users": [{"name": user, "user": {"client-certificate-data": _b64(cert),
+                                          "client-key-data": _b64(key)}}],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": user}}],
+        "current-context": name,
+        "preferences": {},
+    }
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        yaml.safe_dump(doc, f, sort_keys=False)

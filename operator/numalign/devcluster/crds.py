@@ -1,0 +1,82 @@
+"""Install the numalign CRDs into a cluster and wait until they are Established."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import yaml
+
+from .rest import Rest
+
+CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+
+
+class CrdError(RuntimeError):
+    pass
+
+
+def load_crds(crd_dir: Path | None = None) -> list[dict[str, Any]]:
+    """The CRDs in ``crd_dir``'s YAML files, or (None) the ones generated from the models."""
+    if crd_dir is None:
+        from ..api.crdgen import crds
+
+        return crds()
+    docs: list[dict[str, Any]] = []
+    for path in sorted(crd_dir.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if isinstance(doc, dict) and doc.get("kind") == "CustomResourceDefinition":
+                docs.append(doc)
+    if not docs:
+        raise CrdError(f"no CustomResourceDefinition in {crd_dir}/*.yaml")
+    return docs
+
+
+def _established(obj: Any) -> bool:
+    conds = (obj.get("status") or {}).get("conditions") or [] if isinstance(obj, dict) else []
+    return any(c.get("type") == "Established" and c.get("status") == "True" for c in conds)
+
+
+def _message(body: Any) -> str:
+    return str(body.get("message")) if isinstance(body, dict) else str(body)[:500]
+
+
+def apply_crd(rest: Rest, crd: dict[str, Any]) -> None:
+    name = crd["metadata"]["name"]
+    code, body = rest.request("POST", f"{CRD_PATH}?fieldValidation=Strict", crd)
+    if code == 409:
+        code, current = rest.get(f"{CRD_PATH}/{quote(name)}")
+        if code != 200:
+            raise CrdError(f"reading CRD {name}: HTTP {code}: {_message(current)}")
+        update = dict(crd)
+        update["metadata"] = {**crd["metadata"],
+                              "resourceVersion": current["metadata"]["resourceVersion"]}
+        code, body = rest.request("PUT", f"{CRD_PATH}/{quote(name)}?fieldValidation=Strict",
+                                  update)
+    if code not in (200, 201):
+        raise CrdError(f"installing CRD {name}: HTTP {code}: {_message(body)}")
+
+
+def install_crds(rest: Rest, crd_dir: Path | None = None,
+                 log: Callable[[str], None] | None = None, timeout: float = 60.0) -> list[str]:
+    """Create or update every CRD, then wait until each is Established; return names."""
+    docs = load_crds(crd_dir)
+    for crd in docs:
+        apply_crd(rest, crd)
+    names = [d["metadata"]["name"] for d in docs]
+    deadline = time.monotonic() + timeout
+    pending = list(names)
+    while pending:
+        pending = [n for n in pending
+                   if not _established(rest.get(f"{CRD_PATH}/{quote(n)}")[1])]
+        if not pending:
+            break
+        if time.monotonic() > deadline:
+            raise CrdError(f"CRDs not Established after {timeout:.0f}s: {', '.join(pending)}")
+        time.sleep(0.1)
+    if log:
+        log(f"installed {len(names)} CRDs")
+    return names

@@ -1,0 +1,142 @@
+"""Background processes of the dev cluster: start with a log and a pid file, find out
+whether one still runs (surviving the Python process that started it), stop it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports free on 127.0.0.1 right now."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _proc_state(pid: int) -> str | None:
+    """The process's state letter from /proc (None where /proc is not available)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[-1].split()[0]
+
+
+def _proc_exe_matches(pid: int, program: str) -> bool:
+    """Whether the process runs ``program`` (guards against a recycled pid)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True  # no /proc: trust the pid
+    args = raw.split(b"\0")
+    return bool(args) and any(a.decode(errors="replace").endswith(program) for a in args[:3])
+
+
+class Process:
+    """One named component: its command, log file and pid file under the state dir."""
+
+    def __init__(self, name: str, run_dir: Path, log_dir: Path) -> None:
+        self.name = name
+        self.pid_file = run_dir / f"{name}.pid"
+        self.log_file = log_dir / f"{name}.log"
+        self._popen: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        try:
+            pid_text, _, _program = self.pid_file.read_text().partition("\n")
+            return int(pid_text)
+        except (OSError, ValueError):
+            return None
+
+    @property
+    def program(self) -> str:
+        try:
+            return self.pid_file.read_text().partition("\n")[2].strip()
+        except OSError:
+            return ""
+
+    def start(self, argv: Sequence[str], env: Mapping[str, str] | None = None,
+              cwd: Path | None = None, program: str | None = None) -> None:
+        """Start ``argv``; ``program`` (default: the executable's name) is what a later
+        is_running() looks for in the process's command line."""
+        self.pid_file.parent.mkdir(parents=True, exist_ok=True)
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_file, "ab") as log:
+            self._popen = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=cwd,
+                env=dict(env) if env is not None else None,
+                start_new_session=True,  # own process group; survives the caller's Ctrl-C
+            )
+        self.pid_file.write_text(f"{self._popen.pid}\n{program or Path(argv[0]).name}\n")
+
+    def is_running(self) -> bool:
+        if self._popen is not None:
+            return self._popen.poll() is None
+        pid = self.pid
+        if pid is None:
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return False
+        if _proc_state(pid) in ("Z", "X"):
+            return False
+        return _proc_exe_matches(pid, self.program)
+
+    def exit_code(self) -> int | None:
+        return self._popen.poll() if self._popen is not None else None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM the process group, SIGKILL after ``timeout``; forget the pid file."""
+        pid = self.pid
+        if pid is not None and self.is_running():
+            self._signal(pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            while self.is_running() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if self.is_running():
+                self._signal(pid, signal.SIGKILL)
+                deadline = time.monotonic() + 5
+                while self.is_running() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+        if self._popen is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._popen.wait(timeout=1)
+            self._popen = None
+        self.pid_file.unlink(missing_ok=True)
+
+    @staticmethod
+    def _signal(pid: int, sig: signal.Signals) -> None:
+        try:
+            os.killpg(pid, sig)  # started with start_new_session: pgid == pid
+        except (ProcessLookupError, PermissionError):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            text = self.log_file.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.rstrip().splitlines()[-lines:])

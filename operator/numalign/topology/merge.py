@@ -1,0 +1,512 @@
+"""The Topology Manager merge, exact to the kubelet, without walking the cross product.
+
+The kubelet (pkg/kubelet/cm/topologymanager, policy.go) takes one hint per resource in
+every combination, ANDs the masks (nil = any NUMA node; the result is also ANDed with the
+machine's nodes), calls the merged hint preferred iff every hint is preferred and all
+non-nil masks are equal, and keeps the best merged hint under ``HintMerger.compare``.
+That comparison is a total order on merged masks (ties between equal masks keep the hint
+seen first, which is the same hint), so the best hint is the minimum of a key over the
+set of *reachable* merged hints, whatever the iteration order. This module computes that
+minimum from the structure of the problem:
+
+* Preferred merged hints: all non-nil masks equal means a preferred merged mask is one
+  raw mask ``M`` that every resource offers as a preferred hint (or that resource offers
+  a preferred nil hint, "any"), or the all-nodes mask when every resource offers a
+  preferred nil hint. That is a hash intersection, linear in the number of hints.
+* Non-preferred merged hints (only looked at when no preferred one is non-empty): the
+  reachable set is the set of ANDs of one mask per resource. It is restricted first to
+  the nodes that every resource can reach at all. On a small universe (<= 12 nodes after
+  that) it is computed exactly by superset-sum (zeta) transforms: the number of
+  combinations whose AND contains T is the product over resources of the number of
+  masks containing T, and Moebius inversion gives the combinations whose AND is exactly
+  T, in O(resources * n * 2^n) whatever the list sizes. On larger universes a layered
+  search over distinct partial ANDs runs, pruned by a width threshold: the comparison
+  wants width == B first, so only partial ANDs at least B wide are kept first (AND only
+  narrows), and lower thresholds are tried only when no mask of width B is reachable.
+
+``numalign.topology`` does no I/O and imports nothing from Kubernetes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import operator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from numalign.topology.errors import TopologyError
+from numalign.topology.hints import NumaMask, ProviderHints, TopologyHint, mask_ids, mask_of
+from numalign.topology.policy import (
+    POLICY_NONE,
+    POLICY_RESTRICTED,
+    POLICY_SINGLE_NUMA_NODE,
+    PolicyOptions,
+    check_numa_node_count,
+    check_policy,
+)
+
+# Largest universe (NUMA nodes every resource can reach) handled by the zeta transform.
+ZETA_MAX_BITS = 12
+# How many of the best merged candidates a MergeResult keeps for `numalign explain`.
+EXPLAIN_CANDIDATES = 5
+
+REJECT_REASON = "TopologyAffinityError"
+REJECT_MESSAGE = "Pod was rejected: Resources cannot be allocated with Topology locality"
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceHints:
+    """One entry of the kubelet's filtered hint lists: a provider's resource (``None``
+    when the provider gave no output at all) and the hints the merge works on."""
+
+    provider: int
+    resource: str | None
+    hints: tuple[TopologyHint, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A merged hint that took part in the final comparison."""
+
+    mask: NumaMask
+    preferred: bool
+    width: int
+    distance_sum: int | None = None  # over ordered pairs; average = sum / width**2
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {
+            "numaNodes": mask_ids(self.mask),
+            "preferred": self.preferred,
+            "width": self.width,
+        }
+        if self.distance_sum is not None and self.width:
+            out["averageDistance"] = self.distance_sum / (self.width * self.width)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class MergeResult:
+    hint: TopologyHint
+    admit: bool
+    policy: str = POLICY_NONE
+    resources: tuple[ResourceHints, ...] = ()
+    best_non_preferred_affinity_count: int = 0
+    candidates: tuple[Candidate, ...] = ()  # best first
+    reason: str = ""
+    stats: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, object]:
+        return {"hint": self.hint.to_json(), "admit": self.admit}
+
+
+def _bits(mask: int) -> Iterator[int]:
+    while mask:
+        low = mask & -mask
+        yield low.bit_length() - 1
+        mask ^= low
+
+
+def filter_providers_hints(providers: Sequence[ProviderHints]) -> list[ResourceHints]:
+    """The kubelet's ``filterProvidersHints``: no output from a provider (nil or empty map)
+    and a nil list for a resource are "no preference" ([{nil, preferred}]); an empty list
+    is "cannot satisfy" ([{nil, not preferred}])."""
+    out: list[ResourceHints] = []
+    for index, provider in enumerate(providers):
+        if not provider:
+            out.append(ResourceHints(index, None, (TopologyHint(None, True),)))
+            continue
+        for name, hints in provider.items():
+            if hints is None:
+                out.append(ResourceHints(index, name, (TopologyHint(None, True),)))
+            elif len(hints) == 0:
+                out.append(ResourceHints(index, name, (TopologyHint(None, False),)))
+            else:
+                out.append(ResourceHints(index, name, tuple(hints)))
+    return out
+
+
+def filter_single_numa_hints(resources: list[ResourceHints]) -> list[ResourceHints]:
+    """The kubelet's ``filterSingleNumaHints``: keep preferred hints that are nil or
+    exactly one NUMA node wide (a resource may be left with no hint at all)."""
+    return [
+        ResourceHints(
+            r.provider,
+            r.resource,
+            tuple(
+                h
+                for h in r.hints
+                if h.preferred and (h.mask is None or h.mask.bit_count() == 1)
+            ),
+        )
+        for r in resources
+    ]
+
+
+def max_of_min_affinity_counts(lists: Iterable[Sequence[TopologyHint]]) -> int:
+    """``bestNonPreferredAffinityCount``: over resources, the width of the resource's
+    narrowest non-nil hint (raw mask); the largest of those, 0 when there is none."""
+    best = 0
+    for hints in lists:
+        widths = [h.mask.bit_count() for h in hints if h.mask is not None]
+        if widths:
+            best = max(best, min(widths))
+    return best
+
+
+class _Distances:
+    """Sums of NUMA distances over ordered pairs of a mask's nodes (self pairs
+    included); the kubelet's CalculateAverageFor is that sum / width**2."""
+
+    def __init__(self, distances: Mapping[int, Mapping[int, int]], numa_ids: Sequence[int]):
+        self._d = distances
+        self._cache: dict[int, int] = {}
+        for a in numa_ids:
+            row = distances.get(a)
+            if row is None:
+                raise TopologyError("distances", f"no distances for NUMA node {a}")
+            for b in numa_ids:
+                if b not in row:
+                    raise TopologyError(
+                        f"distances.{a}", f"no distance to NUMA node {b}"
+                    )
+
+    def sum(self, mask: int) -> int:
+        got = self._cache.get(mask)
+        if got is None:
+            ids = list(_bits(mask))
+            total = 0
+            for a in ids:
+                row = self._d[a]
+                for b in ids:
+                    total += row[b]
+            self._cache[mask] = got = total
+        return got
+
+
+KeyFn = Callable[[int], tuple[int, ...]]
+
+
+def merge(
+    policy: str,
+    providers: Sequence[ProviderHints],
+    numa_ids: Sequence[int],
+    distances: Mapping[int, Mapping[int, int]] | None,
+    options: PolicyOptions,
+) -> MergeResult:
+    """Merge the providers' hints under ``policy`` exactly as the kubelet does.
+
+    Raises TopologyError for input the kubelet would refuse when building the policy:
+    an unknown policy, more NUMA nodes than ``max-allowable-numa-nodes``, or
+    ``prefer-closest-numa-nodes`` without distances.
+    """
+    check_policy(policy)
+    if policy == POLICY_NONE:
+        # The kubelet's none policy does not merge (and does not even parse options).
+        return MergeResult(TopologyHint(None, False), True, policy, reason="policy none")
+
+    ids = list(numa_ids)
+    if len(set(ids)) != len(ids):
+        raise TopologyError("numaNodes", "NUMA node ids must be distinct")
+    for i in ids:
+        if i < 0:
+            raise TopologyError("numaNodes", f"NUMA node id {i} is negative")
+    check_numa_node_count(policy, ids, options)
+    dist: _Distances | None = None
+    if options.prefer_closest_numa_nodes:
+        if distances is None:
+            raise TopologyError(
+                "distances",
+                "prefer-closest-numa-nodes needs NUMA distances "
+                "(the kubelet: error getting NUMA distances from cadvisor)",
+            )
+        dist = _Distances(distances, ids)
+    closest = dist is not None and policy != POLICY_SINGLE_NUMA_NODE
+
+    default = mask_of(ids)
+    resources = filter_providers_hints(providers)
+    if policy == POLICY_SINGLE_NUMA_NODE:
+        resources = filter_single_numa_hints(resources)
+    lists = [r.hints for r in resources]
+    bnp = max_of_min_affinity_counts(lists)
+
+    def tie(mask: int) -> tuple[int, ...]:
+        if closest and dist is not None:
+            return (dist.sum(mask), mask)
+        return (mask,)
+
+    def preferred_key(mask: int) -> tuple[int, ...]:
+        return (mask.bit_count(), *tie(mask))
+
+    def non_preferred_key(mask: int) -> tuple[int, ...]:
+        c = mask.bit_count()
+        if c == bnp:
+            head = (0, 0)
+        elif c < bnp:
+            head = (1, -c)
+        else:
+            head = (2, c)
+        return (*head, *tie(mask))
+
+    stats: dict[str, int] = {"resources": len(lists), "hints": sum(len(h) for h in lists)}
+    best: int | None = None
+    preferred = False
+    pool: list[int] = []
+    reason: str
+    if any(len(h) == 0 for h in lists):
+        reason = "a resource has no usable hint, so there is no combination to merge"
+    else:
+        pool = _preferred_masks(lists, default)
+        stats["preferred_candidates"] = len(pool)
+        if pool:
+            best = min(pool, key=preferred_key)
+            preferred = True
+            reason = (
+                "preferred: every resource prefers this mask (or has no preference); "
+                + (
+                    "narrowest, then lowest average distance, then lowest node ids"
+                    if closest
+                    else "narrowest, then lowest node ids"
+                )
+            )
+        else:
+            pool = _reachable_non_preferred(lists, default, bnp, non_preferred_key, stats)
+            if pool:
+                best = min(pool, key=non_preferred_key)
+                c = best.bit_count()
+                where = (
+                    f"width == {bnp}"
+                    if c == bnp
+                    else f"widest below {bnp}" if c < bnp else f"narrowest above {bnp}"
+                )
+                reason = (
+                    "no mask is preferred by every resource; non-preferred, best "
+                    f"non-preferred affinity count {bnp}: {where}"
+                )
+            else:
+                reason = "every combination of hints has an empty NUMA mask"
+
+    if best is None:
+        hint = TopologyHint(default, False)
+        reason += "; default: all NUMA nodes, not preferred"
+    else:
+        hint = TopologyHint(best, preferred)
+    if policy == POLICY_SINGLE_NUMA_NODE and hint.mask == default:
+        hint = TopologyHint(None, hint.preferred)
+    admit = hint.preferred if policy in (POLICY_RESTRICTED, POLICY_SINGLE_NUMA_NODE) else True
+
+    key = preferred_key if preferred else non_preferred_key
+    top = heapq.nsmallest(EXPLAIN_CANDIDATES, pool, key=key) if pool else []
+    candidates = tuple(
+        Candidate(m, preferred, m.bit_count(), dist.sum(m) if closest and dist else None)
+        for m in top
+    )
+    return MergeResult(
+        hint, admit, policy, tuple(resources), bnp, candidates, reason, stats
+    )
+
+
+def _preferred_masks(lists: Sequence[Sequence[TopologyHint]], default: int) -> list[int]:
+    """Every non-empty merged mask of a preferred combination."""
+    pref_sets: list[set[int]] = []
+    any_ok: list[bool] = []
+    for hints in lists:
+        s: set[int] = set()
+        nil = False
+        for h in hints:
+            if h.preferred:
+                if h.mask is None:
+                    nil = True
+                else:
+                    s.add(h.mask)
+        pref_sets.append(s)
+        any_ok.append(nil)
+    out: set[int] = set()
+    if all(any_ok) and default:
+        out.add(default)  # every resource picks its preferred nil hint
+    constrained = [s for s, nil in zip(pref_sets, any_ok, strict=True) if not nil]
+    if constrained:
+        seeds: set[int] = min(constrained, key=len)
+    else:
+        seeds = set().union(*pref_sets)
+    for m in seeds:
+        if all(nil or m in s for s, nil in zip(pref_sets, any_ok, strict=True)):
+            merged = m & default
+            if merged:
+                out.add(merged)
+    return list(out)
+
+
+def _reachable_non_preferred(
+    lists: Sequence[Sequence[TopologyHint]],
+    default: int,
+    bnp: int,
+    key: KeyFn,
+    stats: dict[str, int],
+) -> list[int]:
+    """Enough of the reachable non-empty merged masks to contain the best one under
+    ``key`` (all of them on small universes). Called only when no preferred merged
+    mask is non-empty, so every non-empty reachable mask is a non-preferred hint."""
+    effective: list[set[int]] = []
+    universe = default
+    for hints in lists:
+        s = {(default if h.mask is None else h.mask) & default for h in hints}
+        s.discard(0)
+        if not s:
+            return []
+        union = 0
+        for m in s:
+            union |= m
+        universe &= union
+        effective.append(s)
+    if not universe:
+        return []
+    # Every merged mask lies inside `universe`; drop the rest of every mask.
+    reduced: list[list[int]] = []
+    for s in effective:
+        r = {m & universe for m in s}
+        r.discard(0)
+        if not r:
+            return []
+        reduced.append(sorted(r))
+    n = universe.bit_count()
+    stats["universe"] = n
+    product = 1
+    for masks in reduced:
+        product *= len(masks)
+        if product > 1 << 40:
+            break
+    if _use_zeta(n, len(reduced), product):
+        stats["method_zeta"] = 1
+        return _reachable_zeta(reduced, universe)
+    stats["method_layered"] = 1
+    return _reachable_layered(reduced, universe, bnp, stats)
+
+
+def _use_zeta(n: int, resources: int, product: int) -> bool:
+    """Zeta transforms cost about (resources + 1) * n * 2**n; the layered search at most
+    the product of the list sizes (much less with pruning)."""
+    return n <= ZETA_MAX_BITS and product > (resources + 1) * n * (1 << n)
+
+
+def _reachable_zeta(lists: list[list[int]], universe: int) -> list[int]:
+    positions = list(_bits(universe))
+    n = len(positions)
+    index = {p: k for k, p in enumerate(positions)}
+    size = 1 << n
+
+    def compress(mask: int) -> int:
+        out = 0
+        for b in _bits(mask):
+            out |= 1 << index[b]
+        return out
+
+    def superset_sums(g: list[int], op: Callable[[int, int], int]) -> None:
+        step = 1
+        while step < size:
+            for base in range(0, size, step << 1):
+                hi = base + step
+                g[base:hi] = map(op, g[base:hi], g[hi : hi + step])
+            step <<= 1
+
+    total: list[int] | None = None
+    for masks in lists:
+        g = [0] * size
+        for m in masks:
+            g[compress(m)] = 1
+        superset_sums(g, operator.add)
+        total = g if total is None else list(map(operator.mul, total, g))
+    assert total is not None
+    superset_sums(total, operator.sub)
+    out: list[int] = []
+    for t in range(1, size):
+        if total[t] > 0:
+            m = 0
+            for k in _bits(t):
+                m |= 1 << positions[k]
+            out.append(m)
+    return out
+
+
+class _Layer:
+    """One resource's masks, with an index node -> masks holding that node."""
+
+    def __init__(self, masks: list[int], universe: int) -> None:
+        self.full = universe in masks
+        self.masks = [m for m in masks if m != universe]
+        self._buckets: dict[int, set[int]] | None = None
+
+    def buckets(self) -> dict[int, set[int]]:
+        if self._buckets is None:
+            b: dict[int, set[int]] = {}
+            for m in self.masks:
+                for node in _bits(m):
+                    b.setdefault(node, set()).add(m)
+            self._buckets = b
+        return self._buckets
+
+    def step(self, states: set[int], threshold: int) -> set[int]:
+        """{s & m} over states s and this resource's masks m, keeping results at least
+        ``threshold`` nodes wide."""
+        out: set[int] = set(states) if self.full else set()
+        masks = self.masks
+        if not masks:
+            return out
+        if len(states) * len(masks) <= 4096:
+            for s in states:
+                for m in masks:
+                    x = s & m
+                    if x.bit_count() >= threshold:
+                        out.add(x)
+            return out
+        buckets = self.buckets()
+        empty: set[int] = set()
+        for s in states:
+            width = s.bit_count()
+            if width == threshold:
+                # Only s itself can come out: is there a mask holding all of s?
+                if s in out:
+                    continue
+                groups = sorted((buckets.get(node, empty) for node in _bits(s)), key=len)
+                common = set(groups[0]) if groups else set()
+                for g in groups[1:]:
+                    if not common:
+                        break
+                    common &= g
+                if common:
+                    out.add(s)
+                continue
+            seen: set[int] = set()
+            for node in _bits(s):
+                seen |= buckets.get(node, empty)
+            for m in seen:
+                x = s & m
+                if x.bit_count() >= threshold:
+                    out.add(x)
+        return out
+
+
+def _reachable_layered(
+    lists: list[list[int]], universe: int, bnp: int, stats: dict[str, int]
+) -> list[int]:
+    ordered: list[list[int]] = sorted(lists, key=len)
+    layers = [_Layer(m, universe) for m in ordered]
+
+    def reach(threshold: int) -> set[int]:
+        states = {universe} if universe.bit_count() >= threshold else set()
+        for layer in layers:
+            if not states:
+                break
+            states = layer.step(states, threshold)
+            stats["states"] = stats.get("states", 0) + len(states)
+        return states
+
+    if bnp <= 1:
+        return list(reach(1))
+    wide = reach(bnp)  # every reachable mask at least bnp wide
+    if any(m.bit_count() == bnp for m in wide):
+        return [m for m in wide if m.bit_count() == bnp]
+    for threshold in range(bnp - 1, 0, -1):
+        got = [m for m in reach(threshold) if m.bit_count() == threshold]
+        if got:
+            return got  # widest reachable below bnp
+    return list(wide)  # only masks wider than bnp are reachable
