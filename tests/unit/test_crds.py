@@ -14,10 +14,10 @@ from numalign.api import (
     NodeTopologyStatus,
     TopologyPolicy,
     TopologyPolicySpec,
+    crdgen,
     namespace_summary,
     summarize,
 )
-from numalign.api import crdgen
 
 CRDS = Path(__file__).resolve().parents[2] / "crds"
 

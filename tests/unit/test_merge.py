@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from reference_merge import reference_merge
 
 from numalign.topology import merge as merge_mod
 from numalign.topology.errors import TopologyError
@@ -21,8 +22,6 @@ from numalign.topology.merge import (
     merge,
 )
 from numalign.topology.policy import PolicyOptions
-
-from reference_merge import reference_merge
 
 # ---------------------------------------------------------------------------------------
 # The kubelet's tables (policy_test.go, policy_best_effort_test.go,
@@ -376,18 +375,24 @@ def test_fast_merge_equals_reference(args: Any) -> None:
 @contextmanager
 def forced_method(method: str) -> Iterator[None]:
     saved = merge_mod._use_zeta
+    saved_pairs = merge_mod._Layer.NAIVE_PAIRS
 
     def use_zeta(n: int, resources: int, product: int) -> bool:
+        if method == "auto":
+            return saved(n, resources, product)
         return method == "zeta" and n <= 16
 
     merge_mod._use_zeta = use_zeta
+    if method == "layered-index":
+        merge_mod._Layer.NAIVE_PAIRS = 0
     try:
         yield
     finally:
         merge_mod._use_zeta = saved
+        merge_mod._Layer.NAIVE_PAIRS = saved_pairs
 
 
-@pytest.mark.parametrize("method", ["zeta", "layered"])
+@pytest.mark.parametrize("method", ["zeta", "layered", "layered-index"])
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(args=merge_inputs(max_hints=8))
 def test_each_non_preferred_method_equals_reference(method: str, args: Any) -> None:
@@ -395,10 +400,12 @@ def test_each_non_preferred_method_equals_reference(method: str, args: Any) -> N
         check_against_reference(args)
 
 
+@pytest.mark.parametrize("method", ["auto", "layered-index"])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(args=merge_inputs(max_nodes=20, max_hints=5))
-def test_wide_machines_equal_reference(args: Any) -> None:
-    check_against_reference(args)
+def test_wide_machines_equal_reference(method: str, args: Any) -> None:
+    with forced_method(method):
+        check_against_reference(args)
 
 
 def test_full_lists_eight_nodes_match_reference_small() -> None:

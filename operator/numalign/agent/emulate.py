@@ -90,6 +90,7 @@ class Emulator:
         self._sem = asyncio.Semaphore(concurrency)
         self._node_uids: dict[str, str] = {}
         self._ip_seq: dict[str, int] = {}
+        self._ips: dict[str, dict[str, str]] = {}  # node -> pod uid -> pod IP
         self._finalizing: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._seen: dict[str, float] = {}
@@ -163,6 +164,8 @@ class Emulator:
             node = (p.get("spec") or {}).get("nodeName")
             if node in self.states:
                 by_node.setdefault(str(node), []).append(p)
+                if (p.get("status") or {}).get("phase") == "Running":
+                    self._keep_ip(str(node), p)
         pending: list[JSON] = []
         for name, st in self.states.items():
             report = st.restore(existing.get(name), by_node.get(name, []))
@@ -215,9 +218,9 @@ class Emulator:
 
     async def _lease_loop(self) -> None:
         names = list(self.states)
+        sem = asyncio.Semaphore(8)
         while True:
             start = time.monotonic()
-            sem = asyncio.Semaphore(8)
 
             async def one(n: str) -> None:
                 async with sem:
@@ -330,6 +333,7 @@ class Emulator:
         meta = pod.get("metadata") or {}
         if typ == "DELETED":
             self._seen.pop(uid, None)
+            self._ips.get(node, {}).pop(uid, None)
             self._finalizing.discard(uid)
             if st.release(uid):
                 self.stats.released += 1
@@ -385,20 +389,32 @@ class Emulator:
             log.warning("event on %s/%s: %s", ns, (pod.get("metadata") or {}).get("name"), e)
 
     def _pod_ip(self, st: NodeState) -> str:
-        n = self._ip_seq.get(st.name, 0)
-        self._ip_seq[st.name] = n + 1
+        """A pod IP of the node's range that no pod of the node has now."""
         _, prefix = node_addresses(st.index)
-        return f"{prefix}{2 + n % 252}"
+        used = set(self._ips.get(st.name, {}).values())
+        n = self._ip_seq.get(st.name, 0)
+        for _ in range(252):
+            ip = f"{prefix}{2 + n % 252}"
+            n += 1
+            if ip not in used:
+                break
+        self._ip_seq[st.name] = n
+        return ip
+
+    def _keep_ip(self, node: str, pod: Mapping[str, Any]) -> None:
+        ip = (pod.get("status") or {}).get("podIP")
+        if ip and not (pod.get("spec") or {}).get("hostNetwork"):
+            self._ips.setdefault(node, {})[pod_uid(pod)] = str(ip)
 
     async def _write_running(self, st: NodeState, pod: Mapping[str, Any], alloc: Any,
                              problem: str | None) -> None:
-        meta = pod.get("metadata") or {}
-        ns, name, uid = str(meta.get("namespace")), str(meta.get("name")), pod_uid(pod)
+        uid = pod_uid(pod)
         host_ip, _ = node_addresses(st.index)
-        body = {
-            "metadata": {"uid": uid, "annotations": {ALLOCATION: alloc.to_annotation()}},
-            "status": running_status(pod, host_ip, self._pod_ip(st), scheduled_at(pod)),
-        }
+        status = running_status(pod, host_ip, self._pod_ip(st), scheduled_at(pod))
+        self._keep_ip(st.name, {"metadata": {"uid": uid}, "spec": pod.get("spec"),
+                                "status": status})
+        body = {"metadata": {"uid": uid, "annotations": {ALLOCATION: alloc.to_annotation()}},
+                "status": status}
         async with self._sem:
             if problem:
                 await self._event(st, pod, INVALID_POLICY_REASON,
@@ -453,3 +469,11 @@ class Emulator:
 
     def nodetopology_path(self, name: str) -> str:
         return nt_path(name)
+
+
+if __name__ == "__main__":
+    import sys
+
+    from numalign.commands.agent import main
+
+    sys.exit(main(["--emulate" if a == "--machine" else a for a in sys.argv[1:]]))

@@ -3,18 +3,22 @@ node's ledger, release it, and put a known allocation back after a restart."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from numalign.topology.hints import mask_of
+from numalign.topology.admit import AdmitResult, DeviceOverride, admit_pod
+from numalign.topology.hints import mask_ids, mask_of
 from numalign.topology.ledger import MEMORY, ContainerAllocation, Ledger, LedgerError
 from numalign.topology.machine import Machine
-from numalign.topology.pod import HUGEPAGES_PREFIX, pod_from_dict
+from numalign.topology.pod import HUGEPAGES_PREFIX, Pod, pod_from_dict
+from numalign.topology.policy import parse_policy_options
 
 from .annotations import Allocation, Resolved
 from .annotations import ContainerAllocation as AnnotatedContainer
 from .kubelet_status import TOPOLOGY_MESSAGE, TOPOLOGY_REASON
+
+GPUS_ANNOTATION = "numalign.io/gpus"
 
 
 class RestoreConflict(Exception):
@@ -68,36 +72,43 @@ def _ledger_container(a: AnnotatedContainer, reusable: bool) -> ContainerAllocat
 def admit(machine: Machine, ledger: Ledger, pod: Mapping[str, Any], resolved: Resolved,
           uid: str) -> EngineResult:
     """Admit ``pod`` with ``resolved``; on success the ledger holds its allocation."""
-    from numalign.topology import admit as admission
-
     model = pod_from_dict(pod)
-    result = admission.admit_pod(machine, ledger, model, resolved.policy, resolved.scope,
-                                 dict(resolved.options))
+    options = parse_policy_options(dict(resolved.options))
+    result = admit_pod(machine, ledger, model, resolved.policy, resolved.scope, options,
+                       overrides=_overrides(machine, model))
     if not result.admit:
         return EngineResult(False, reason=result.reason or TOPOLOGY_REASON,
                             message=result.message or TOPOLOGY_MESSAGE)
     return EngineResult(True, allocation=_allocation_of(ledger, uid, result))
 
 
-def _allocation_of(ledger: Ledger, uid: str, result: Any) -> Allocation:
+def _overrides(machine: Machine, pod: Pod) -> Sequence[DeviceOverride]:
+    """GPU group allocation for pods with ``numalign.io/gpus``, where the engine has it."""
+    if GPUS_ANNOTATION not in pod.annotations:
+        return ()
+    from numalign.topology import gpu
+
+    factory = getattr(gpu, "device_overrides", None)
+    if factory is None:
+        return ()
+    found: Sequence[DeviceOverride] = factory(machine, pod)
+    return found
+
+
+def _allocation_of(ledger: Ledger, uid: str, result: AdmitResult) -> Allocation:
+    """The pod's allocation as the ledger now holds it (after CPU/device reuse between
+    init and app containers), with each container's NUMA affinity from the decision."""
     rec = ledger.pods.get(uid)
+    numa_of = {name: list(c.numa_nodes) for name, c in result.containers.items()}
     containers: dict[str, AnnotatedContainer] = {}
-    numa_of: dict[str, list[int] | None] = {}
-    for name, c in (getattr(result, "containers", None) or {}).items():
-        nodes = getattr(c, "numa_nodes", None)
-        if nodes is None and isinstance(c, Mapping):
-            nodes = c.get("numaNodes")
-        numa_of[str(name)] = None if nodes is None else [int(n) for n in nodes]
     if rec is not None:
         for name, held in rec.containers.items():
             containers[name] = _annotated(held, numa_of.get(name))
-    pod_numa = sorted({n for v in numa_of.values() if v for n in v})
-    hint = getattr(result, "hint", None)
-    if not pod_numa and hint is not None and getattr(hint, "mask", None) is not None:
-        from numalign.topology.hints import mask_ids
-
-        pod_numa = mask_ids(hint.mask)
-    gpus = {str(k): [str(i) for i in v] for k, v in (getattr(result, "gpus", None) or {}).items()}
+    if result.hint.mask is not None:
+        pod_numa = mask_ids(result.hint.mask)
+    else:
+        pod_numa = sorted({n for v in numa_of.values() for n in v})
+    gpus = {str(k): [str(i) for i in v] for k, v in result.gpus.items()}
     return Allocation(numa_nodes=pod_numa, containers=containers, gpus=gpus)
 
 

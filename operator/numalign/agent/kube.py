@@ -72,9 +72,10 @@ def load_config(kubeconfig: str | None = None, context: str | None = None) -> Ku
     if path is None and os.path.exists(default):
         path = default
     if path is not None:
-        kconfig.load_kube_config(config_file=path, context=context, client_configuration=conf)
+        kconfig.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=path, context=context, client_configuration=conf)
     else:
-        kconfig.load_incluster_config(client_configuration=conf)
+        kconfig.load_incluster_config(client_configuration=conf)  # type: ignore[no-untyped-call]
     ctx: ssl.SSLContext | bool
     if conf.verify_ssl:
         ctx = ssl.create_default_context(cafile=conf.ssl_ca_cert)
@@ -182,7 +183,7 @@ class Kube:
 
     async def list_all(self, path: str, params: Mapping[str, str] | None = None,
                        page: int = 500) -> tuple[list[JSON], str]:
-        """Every item of a list, paging with ``limit``/``continue``; also the list's resourceVersion."""
+        """Every item of a list, paged; also the list's resourceVersion."""
         items: list[JSON] = []
         p = dict(params or {})
         p["limit"] = str(page)
@@ -219,7 +220,8 @@ class Kube:
         self.requests += 1
         async with self.session.get(
             self.config.host + path, params=p, headers=self._headers(),
-            timeout=aiohttp.ClientTimeout(total=timeout_seconds + 30, sock_read=timeout_seconds + 30),
+            timeout=aiohttp.ClientTimeout(total=timeout_seconds + 30,
+                                          sock_read=timeout_seconds + 30),
         ) as resp:
             if resp.status >= 300:
                 raw = await resp.read()

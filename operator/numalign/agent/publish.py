@@ -14,7 +14,7 @@ from typing import Any
 from numalign.api.common import API_VERSION
 from numalign.api.nodetopology import KIND, POLICY_APPLIED, READY
 from numalign.topology.machine import Machine
-from numalign.topology.quantity import format_cpulist
+from numalign.topology.quantity import format_bytes, format_cpulist
 
 from .kube import JSON_PATCH, ApiError, Kube, nt_path
 from .kubelet_status import now_iso
@@ -75,7 +75,9 @@ def zone_used(state: NodeState) -> dict[int, dict[str, int]]:
 
 
 def _resources(res: Mapping[str, int]) -> dict[str, int | str]:
-    return {k: v for k, v in res.items()}
+    """Counts as integers, memory and hugepages as quantities ("32Gi")."""
+    return {k: format_bytes(v) if k == "memory" or k.startswith("hugepages-") else v
+            for k, v in res.items()}
 
 
 def admitted_entries(state: NodeState) -> list[JSON]:
@@ -127,11 +129,12 @@ def build_status(state: NodeState, previous: Mapping[str, Any] | None = None,
         avail = {k: max(0, v - used[n.id].get(k, 0)) for k, v in c.items()}
         total_cpus += c["cpu"]
         free_cpus += avail["cpu"]
-        zone: JSON = {"id": n.id, "cpus": format_cpulist(list(n.cpus)), "memory": n.memory,
+        zone: JSON = {"id": n.id, "cpus": format_cpulist(list(n.cpus)),
+                      "memory": format_bytes(n.memory),
                       "capacity": _resources(c), "allocatable": _resources(c),
                       "available": _resources(avail)}
         if n.hugepages:
-            zone["hugepages"] = dict(sorted(n.hugepages.items()))
+            zone["hugepages"] = {k: format_bytes(v) for k, v in sorted(n.hugepages.items())}
         zones.append(zone)
     distances = None
     if m.distances is not None:
@@ -142,7 +145,7 @@ def build_status(state: NodeState, previous: Mapping[str, Any] | None = None,
         if d.numa_node is not None:
             dev["numaNode"] = d.numa_node
         if d.memory is not None:
-            dev["memory"] = d.memory
+            dev["memory"] = format_bytes(d.memory)
         if d.groups:
             dev["groups"] = [{"level": lvl, "id": gid} for lvl, gid in d.groups]
         devices.append(dev)

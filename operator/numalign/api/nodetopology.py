@@ -10,7 +10,6 @@ from pydantic import ConfigDict, Field
 
 from ..topology.quantity import parse_cpulist, parse_quantity
 from .common import (
-    API_VERSION,
     CONDITIONS_LIST,
     Condition,
     Count,
@@ -155,7 +154,8 @@ class NodeTopologyStatus(Model):
     zones: Annotated[
         list[Zone],
         Field(
-            json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["id"]}
+            json_schema_extra={"x-kubernetes-list-type": "map",
+                               "x-kubernetes-list-map-keys": ["id"]}
         ),
     ] | None = None
     """One entry per NUMA node."""
@@ -216,8 +216,8 @@ class NodeTopology(Model):
 
     model_config = ConfigDict(extra="ignore")
 
-    api_version: Literal["numalign.io/v1alpha1"] = API_VERSION
-    kind: Literal["NodeTopology"] = KIND
+    api_version: Literal["numalign.io/v1alpha1"] = "numalign.io/v1alpha1"
+    kind: Literal["NodeTopology"] = "NodeTopology"
     metadata: dict[str, Any] = Field(default_factory=dict)
     spec: NodeTopologySpec = Field(default_factory=NodeTopologySpec)
     status: NodeTopologyStatus | None = None

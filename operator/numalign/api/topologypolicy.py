@@ -7,7 +7,6 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import ConfigDict, Field, model_validator
 
 from .common import (
-    API_VERSION,
     CONDITIONS_LIST,
     Condition,
     Count,
@@ -172,8 +171,8 @@ class TopologyPolicy(Model):
 
     model_config = ConfigDict(extra="ignore")
 
-    api_version: Literal["numalign.io/v1alpha1"] = API_VERSION
-    kind: Literal["TopologyPolicy"] = KIND
+    api_version: Literal["numalign.io/v1alpha1"] = "numalign.io/v1alpha1"
+    kind: Literal["TopologyPolicy"] = "TopologyPolicy"
     metadata: dict[str, Any] = Field(default_factory=dict)
     spec: TopologyPolicySpec
     status: TopologyPolicyStatus | None = None
@@ -197,7 +196,8 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Policy", "type": "string", "jsonPath": ".spec.policy"},
     {"name": "Scope", "type": "string", "jsonPath": ".spec.scope"},
     {"name": "Priority", "type": "integer", "jsonPath": ".spec.priority"},
-    {"name": "Valid", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Valid")].status'},
+    {"name": "Valid", "type": "string",
+     "jsonPath": '.status.conditions[?(@.type=="Valid")].status'},
     {
         "name": "Namespaces",
         "type": "string",

@@ -28,7 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = p.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--emulate", action="append", metavar="MACHINE.yaml[=COUNT]",
+    mode.add_argument("--emulate", "--machine", action="append", dest="emulate",
+                      metavar="MACHINE.yaml[=COUNT]",
                       help="emulate COUNT (default 1) nodes of this machine file; repeatable")
     mode.add_argument("--node", metavar="NAME",
                       help="run on the real node NAME (default: $NODE_NAME)")

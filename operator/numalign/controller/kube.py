@@ -3,6 +3,7 @@ synchronous ``kubernetes`` client the handlers use (they run in Kopf's thread po
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Mapping
@@ -39,12 +40,15 @@ def configuration() -> k8s.Configuration:
             cfg = k8s.Configuration()
             path = _kubeconfig or os.environ.get("KUBECONFIG")
             if path:
-                k8s_config.load_kube_config(config_file=path, client_configuration=cfg)
+                k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+                    config_file=path, client_configuration=cfg)
             else:
                 try:
-                    k8s_config.load_incluster_config(client_configuration=cfg)
+                    k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
+                        client_configuration=cfg)
                 except k8s_config.ConfigException:
-                    k8s_config.load_kube_config(client_configuration=cfg)
+                    k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+                        client_configuration=cfg)
             _config = cfg
         return _config
 
@@ -84,17 +88,17 @@ def api() -> k8s.ApiClient:
     return client
 
 
-def core() -> k8s.CoreV1Api:
+def core() -> Any:  # typed loosely: dict bodies are fine at runtime
     return k8s.CoreV1Api(api())
 
 
-def custom() -> k8s.CustomObjectsApi:
+def custom() -> Any:
     return k8s.CustomObjectsApi(api())
 
 
 def to_dict(obj: Any) -> dict[str, Any]:
     """A client model object as the API's JSON (camelCase keys)."""
-    out: dict[str, Any] = api().sanitize_for_serialization(obj)
+    out: dict[str, Any] = api().sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
     return out
 
 
@@ -148,3 +152,28 @@ def all_namespace_labels() -> dict[str, dict[str, str]]:
 
 def is_status(e: BaseException, *codes: int) -> bool:
     return isinstance(e, ApiException) and e.status in codes
+
+
+def event(obj: Mapping[str, Any], type_: str, *, reason: str, message: str) -> None:
+    """Post a core/v1 Event about ``obj`` (never raises: events are best effort)."""
+    import datetime as dt
+    import uuid
+
+    meta = obj.get("metadata") or {}
+    ns = str(meta.get("namespace") or "default")
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    body = {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": f"{meta.get('name', 'numalign')}.{uuid.uuid4().hex[:12]}",
+                     "namespace": ns},
+        "involvedObject": {"apiVersion": obj.get("apiVersion", "v1"),
+                           "kind": obj.get("kind", "Pod"), "name": meta.get("name"),
+                           "namespace": meta.get("namespace"), "uid": meta.get("uid")},
+        "type": type_, "reason": reason, "message": message[:1024],
+        "source": {"component": "numalign-operator"}, "reportingComponent": "numalign.io/operator",
+        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+    }
+    try:
+        core().create_namespaced_event(ns, body)
+    except Exception:  # best effort
+        logging.getLogger(__name__).debug("cannot post event", exc_info=True)

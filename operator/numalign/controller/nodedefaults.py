@@ -6,12 +6,12 @@ then name, :func:`.resolution.node_default_for`); the winner's policy, scope and
 become ``spec`` with ``source: TopologyPolicy/<name>``, and ``policyGeneration`` is
 bumped on every change (the agent echoes it in ``status.observedPolicyGeneration``).
 No matching policy clears the default. Runs on NodeTopology events and every few
-seconds (which picks up policy and node label changes).
+seconds (which picks up policy changes) and on Node events (label changes).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import kopf
@@ -24,7 +24,7 @@ FIELDS = ("policy", "scope", "options", "source")
 
 
 def desired_spec(node_labels: Mapping[str, str],
-                 policies: list[Mapping[str, Any]]) -> dict[str, Any]:
+                 policies: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     winner, _ = node_default_for(node_labels, policy_refs(policies))
     spec = node_spec_from(winner)
     if winner is not None:
@@ -73,7 +73,13 @@ def nt_event(name: str, type: str | None, logger: kopf.Logger, **_: Any) -> None
         reconcile_node(name, logger)
 
 
-@kopf.timer(kube.GROUP, kube.VERSION, kube.NT_PLURAL, id="node-default-timer", interval=5.0,
-            sharp=False)
-def nt_timer(name: str, logger: kopf.Logger, **_: Any) -> None:
-    reconcile_node(name, logger)
+@kopf.on.event("", "v1", "nodes", id="node-labels")
+def node_event(name: str, type: str | None, logger: kopf.Logger, **_: Any) -> None:
+    if type != "DELETED":
+        reconcile_node(name, logger)
+
+
+def reconcile_all(logger: kopf.Logger | None = None) -> None:
+    """Every node's default (run periodically: picks up policy changes)."""
+    for nt in kube.list_node_topologies():
+        reconcile_node(str((nt.get("metadata") or {}).get("name", "")), logger)

@@ -52,7 +52,7 @@ def resolve_pod(pod: Mapping[str, Any], namespace: str | None = None) -> Resolve
     if namespace and not meta.namespace:
         meta = PodMeta(namespace, meta.labels, meta.annotations, meta.name)
     node = str((pod.get("spec") or {}).get("nodeName") or "")
-    node_default: Mapping[str, Any] | None | object = NODE_UNKNOWN
+    node_default: Mapping[str, Any] | object | None = NODE_UNKNOWN
     if node:
         nt = kube.get_node_topology(node)
         node_default = (nt or {}).get("spec") or None
@@ -121,7 +121,7 @@ def backstop(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
         new_ann: dict[str, str | None] = {ANN_RESOLVED: res.annotation()}
         if res.problems and ann.get(ANN_OVERRIDE_WARNED) is None:
             msg = "; ".join(res.problems)
-            kopf.warn(dict(body), reason="InvalidTopologyOverride",
+            kube.event(body, "Warning", reason="InvalidTopologyOverride",
                       message=f"{msg}; using {res.policy or 'the node default'} from {res.source}")
             new_ann[ANN_OVERRIDE_WARNED] = json.dumps(sorted(res.problems))[:1000]
         if ann.get(ANN_RESOLVED) == new_ann[ANN_RESOLVED] and len(new_ann) == 1:

@@ -15,7 +15,7 @@ and anything :func:`.resolution.policy_problems` finds that the schema let throu
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -55,7 +55,7 @@ def _summary(names: list[str], every: bool, limit: int = 3) -> str:
 
 def compute_status(obj: Mapping[str, Any], policies: list[PolicyRef],
                    namespaces: Mapping[str, Mapping[str, str]],
-                   node_topologies: list[Mapping[str, Any]],
+                   node_topologies: Sequence[Mapping[str, Any]],
                    redeploy_states: list[redeploy.WorkloadState]) -> dict[str, Any]:
     """The status of one TopologyPolicy (pure; timestamps preserved when unchanged)."""
     meta = obj.get("metadata") or {}
@@ -150,10 +150,10 @@ def policy_event(name: str, type: str | None, logger: kopf.Logger, **_: Any) -> 
     reconcile_status(name, logger)
 
 
-@kopf.timer(kube.GROUP, kube.VERSION, kube.TP_PLURAL, id="policy-status-timer", interval=5.0,
-            sharp=False)
-def policy_timer(name: str, logger: kopf.Logger, **_: Any) -> None:
-    reconcile_status(name, logger)
+def reconcile_all(logger: kopf.Logger | None = None) -> None:
+    """Every policy's status (run periodically: counts change without policy events)."""
+    for obj in kube.list_policies():
+        reconcile_status(str((obj.get("metadata") or {}).get("name", "")), logger)
 
 
 @kopf.on.validate(kube.GROUP, kube.VERSION, kube.TP_PLURAL, id="policy-overlaps",

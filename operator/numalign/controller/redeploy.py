@@ -29,11 +29,15 @@ after :data:`RESET_AFTER_S` without a rejection; nodes are avoided for
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 import hashlib
 import json
 import logging
+import os
 import re
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -203,7 +207,8 @@ def with_node_avoidance(spec: Mapping[str, Any], avoid: list[str]) -> dict[str, 
     return out
 
 
-_DROP_ANNOTATIONS = (ANN_RESOLVED, "numalign.io/allocation")
+_DROP_ANNOTATIONS = (ANN_RESOLVED, "numalign.io/allocation",
+                     "kubectl.kubernetes.io/last-applied-configuration")
 
 
 def build_replacement(pod: Mapping[str, Any], name: str, avoid: list[str]) -> dict[str, Any]:
@@ -225,6 +230,14 @@ def build_replacement(pod: Mapping[str, Any], name: str, avoid: list[str]) -> di
     }
 
 
+def _fault(point: str) -> None:
+    """Crash injection for the restart tests: NUMALIGN_FAULT=<point> exits the process
+    abruptly there (as a kill would)."""
+    if os.environ.get("NUMALIGN_FAULT") == point:
+        log.error(f"NUMALIGN_FAULT={point}: exiting")
+        os._exit(17)
+
+
 # ---------------------------------------------------------------------------
 # Durable state in a ConfigMap
 
@@ -242,7 +255,7 @@ def load_state(namespace: str) -> tuple[dict[str, str], str | None]:
 
 def save_state(namespace: str, data: dict[str, str], resource_version: str | None) -> None:
     """Write the ConfigMap; raises ApiException 409 when someone else wrote it first."""
-    body = {"apiVersion": "v1", "kind": "ConfigMap",
+    body: dict[str, Any] = {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": STATE_CONFIGMAP, "namespace": namespace,
                          "labels": {STATE_LABEL: "redeploy"}},
             "data": data}
@@ -291,6 +304,7 @@ def _finish(pod: Mapping[str, Any], decision: Mapping[str, Any]) -> str:
         except ApiException as e:
             if e.status != 409:  # AlreadyExists: created before a crash/retry
                 raise
+        _fault("after-create")
     _delete_pod(ns, name, uid)
     return str(decision.get("action"))
 
@@ -320,7 +334,7 @@ def step(pod: Mapping[str, Any], first_seen: float, now: float | None = None) ->
         data[key] = st.dump()
         save_state(ns, data, rv)
         metrics.REDEPLOYS.labels(outcome="gave_up").inc()
-        kopf.warn(dict(pod), reason="RedeployGaveUp",
+        kube.event(pod, "Warning", reason="RedeployGaveUp",
                   message=f"not redeploying {name}: {st.attempts} redeploy attempt(s) of this "
                           f"workload reached maxAttempts={settings.max_attempts}"
                           + (f" of TopologyPolicy/{governing}" if governing else ""))
@@ -341,9 +355,10 @@ def step(pod: Mapping[str, Any], first_seen: float, now: float | None = None) ->
     st.attempts = attempt
     data[key] = st.dump()
     save_state(ns, data, rv)  # durable before acting (409 -> retried by the caller)
+    _fault("after-record")
     action = _finish(pod, decision)
     metrics.REDEPLOYS.labels(outcome="recreated" if action == "recreate" else "deleted").inc()
-    kopf.info(dict(pod), reason="Redeploy",
+    kube.event(pod, "Normal", reason="Redeploy",
               message=f"attempt {attempt}/{settings.max_attempts}: "
                       + (f"recreated as {decision['replacement']}" if bare
                          else "deleted so that its controller recreates it")
@@ -366,23 +381,23 @@ def avoidance_for(pod: Mapping[str, Any], namespace: str) -> list[str]:
 
 # ---------------------------------------------------------------------------
 # Kopf handler
+#
+# Not a kopf daemon: daemons (and timers) make Kopf put a finalizer on every object they
+# serve, and a finalizer on pods would block their deletion while the operator is down.
+# An event handler schedules one worker per rejected pod uid instead; on restart (or
+# when a standby takes over) the initial listing schedules the pending ones again, and
+# the durable decision in the ConfigMap makes a replay harmless.
+
+_workers: dict[str, asyncio.Task[None]] = {}
 
 
-def _rejected(body: kopf.Body, **_: Any) -> bool:
-    return is_topology_rejected(body)
-
-
-@kopf.daemon("", "v1", "pods", id="redeploy", when=_rejected, cancellation_timeout=5.0)
-def redeploy_daemon(stopped: kopf.DaemonStopped, body: kopf.Body, logger: kopf.Logger,
-                    **_: Any) -> None:
-    """One daemon per rejected pod: wait out the backoff, then redeploy (retrying on
-    conflicts and API errors); exits when the pod is handled or gone."""
+def _run_worker(pod: Mapping[str, Any], stop: threading.Event,
+                log: logging.Logger | logging.LoggerAdapter[Any]) -> None:
     first_seen = time.time()
-    metrics.REJECTIONS.labels(
-        node=str((body.get("spec") or {}).get("nodeName") or "")).inc()
-    while not stopped:
+    meta = pod.get("metadata") or {}
+    while not stop.is_set():
+        wait: float | None
         try:
-            meta = body.get("metadata") or {}
             fresh = kube.to_dict(kube.core().read_namespaced_pod(meta["name"], meta["namespace"]))
             if fresh["metadata"].get("uid") != meta.get("uid") or not is_topology_rejected(fresh):
                 return
@@ -390,11 +405,45 @@ def redeploy_daemon(stopped: kopf.DaemonStopped, body: kopf.Body, logger: kopf.L
         except ApiException as e:
             if e.status == 404:
                 return
-            logger.info(f"redeploy: API error {e.status}, retrying: {e.reason}")
+            log.info(f"redeploy of {meta.get('name')}: API error {e.status}, retrying: {e.reason}")
             wait = 1.0
-        except Exception as e:  # never let a malformed object kill the daemon loop silently
-            logger.exception(f"redeploy failed, retrying: {e}")
+        except Exception as e:  # a malformed object must not end the retries silently
+            log.exception(f"redeploy of {meta.get('name')} failed, retrying: {e}")
             wait = 5.0
         if wait is None:
             return
-        stopped.wait(min(wait, 60.0))
+        stop.wait(min(wait, 60.0))
+
+
+async def _worker(pod: dict[str, Any], uid: str, log: kopf.Logger) -> None:
+    stop = threading.Event()
+    try:
+        await asyncio.to_thread(_run_worker, pod, stop, log)
+    except asyncio.CancelledError:
+        stop.set()
+        raise
+    finally:
+        _workers.pop(uid, None)
+
+
+def _rejected(body: kopf.Body, **_: Any) -> bool:
+    return is_topology_rejected(body) and not (body.get("metadata") or {}).get(
+        "deletionTimestamp")
+
+
+@kopf.on.event("", "v1", "pods", id="redeploy", when=_rejected)
+async def rejected_pod(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
+    uid = str(body.get("metadata", {}).get("uid", ""))
+    if not uid or uid in _workers:
+        return
+    metrics.REJECTIONS.labels(node=str((body.get("spec") or {}).get("nodeName") or "")).inc()
+    _workers[uid] = asyncio.create_task(_worker(dict(body), uid, logger))
+
+
+async def stop_workers() -> None:
+    tasks = list(_workers.values())
+    for t in tasks:
+        t.cancel()
+    for t in tasks:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await t

@@ -409,7 +409,7 @@ def _override_problems(pod: PodMeta, winner: PolicyRef | None) -> tuple[
     return pol, scope, []
 
 
-def _node_default_result(node_default: Mapping[str, Any] | None | _Unknown,
+def _node_default_result(node_default: Mapping[str, Any] | _Unknown | None,
                          problems: tuple[str, ...]) -> Resolved:
     if isinstance(node_default, _Unknown):
         return Resolved(None, None, {}, SOURCE_NODE_DEFAULT, problems=problems)
@@ -423,7 +423,7 @@ def _node_default_result(node_default: Mapping[str, Any] | None | _Unknown,
 
 def resolve(pod: PodMeta, namespace_labels: Mapping[str, str] | None,
             policies: Iterable[PolicyRef],
-            node_default: Mapping[str, Any] | None | _Unknown = None) -> Resolved:
+            node_default: Mapping[str, Any] | _Unknown | None = None) -> Resolved:
     """Resolve the policy of one pod (see the module docstring for the rules).
 
     ``node_default`` is the node's ``NodeTopology.spec`` (or None when it has none), or
@@ -603,7 +603,7 @@ def redeploy_settings(spec: Mapping[str, Any] | None) -> RedeploySettings:
         return d
     def _int(key: str, default: int, lo: int) -> int:
         v = rd.get(key)
-        return v if _is_int(v) and v >= lo else default
+        return v if isinstance(v, int) and not isinstance(v, bool) and v >= lo else default
     return RedeploySettings(
         enabled=rd.get("enabled", True) is not False,
         max_attempts=_int("maxAttempts", d.max_attempts, 0),

@@ -40,9 +40,9 @@ Log = Callable[[str], None]
 SERVICE_CIDR = "10.96.0.0/16"
 CLUSTER_CIDR = "10.244.0.0/16"
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
-# Controllers that need a cloud provider; there is none here.
-NO_CLOUD_CONTROLLERS = ("-cloud-node-lifecycle-controller", "-service-lb-controller",
-                        "-node-route-controller")
+# Every default controller. The cloud ones (node lifecycle, service LB, routes) left
+# kube-controller-manager for the cloud-controller-manager and are not known here.
+CONTROLLERS = ("*",)
 _STATE_FILES = ("kubeconfig", "controller-manager.kubeconfig", "scheduler.kubeconfig",
                 "state.json")
 _STATE_DIRS = ("pki", "etcd", "logs", "run")
@@ -163,6 +163,12 @@ class DevCluster:
         ``crd_dir``: YAML files to apply; default: the ones generated from the models."""
         return install_crds(self._admin_rest(), crd_dir, log=log or _quiet)
 
+    def processes(self) -> dict[str, bool]:
+        """Every component with a pid file (control plane, then addons): running or not."""
+        names = [*CONTROL_PLANE, *(a.name for a in self.addons)]
+        return {n: self.process(n).is_running() for n in names
+                if self.process(n).pid is not None}
+
     def log_file(self, component: str) -> Path:
         return self.process(component).log_file
 
@@ -239,8 +245,7 @@ class DevCluster:
             f"--tls-private-key-file={p.apiserver.key}",
             f"--client-ca-file={p.ca.cert}",
             "--authorization-mode=RBAC",
-            "--anonymous-auth=true",  # /readyz, /livez for probes (RBAC still applies)
-            f"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={p.sa_pub}",
             f"--service-account-signing-key-file={p.sa_key}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
@@ -269,7 +274,7 @@ class DevCluster:
             f"--secure-port={port}",
             f"--cert-dir={self.state_dir / 'run'}",
             "--leader-elect=false",
-            "--controllers=" + ",".join(("*", *NO_CLOUD_CONTROLLERS)),
+            "--controllers=" + ",".join(CONTROLLERS),
             f"--service-account-private-key-file={p.sa_key}",
             f"--root-ca-file={p.ca.cert}",
             "--use-service-account-credentials=true",
@@ -322,7 +327,7 @@ class DevCluster:
 
     def _install(self, say: Log) -> None:
         t = time.monotonic()
-        names = self.install_crds(log=say)
+        names = self.install_crds()
         say(f"CRDs established: {', '.join(names)} ({time.monotonic() - t:.1f}s)")
 
     # -------------------------------------------------------------------- addons

@@ -78,5 +78,5 @@ def install_crds(rest: Rest, crd_dir: Path | None = None,
             raise CrdError(f"CRDs not Established after {timeout:.0f}s: {', '.join(pending)}")
         time.sleep(0.1)
     if log:
-        log(f"installed {len(names)} CRDs")
+        log(f"CRDs installed and Established: {', '.join(names)}")
     return names

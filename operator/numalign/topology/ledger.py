@@ -73,8 +73,8 @@ class ContainerAllocation:
                        for r, ids in (doc.get("devices") or {}).items()}
         except (TypeError, ValueError, AttributeError) as e:
             raise LedgerError(where, f"malformed allocation: {e}") from None
-        return ContainerAllocation(cpus=cpus, memory=memory,
-                                   memory_mask=None if mm is None else mask_of([int(x) for x in mm]),
+        mask = None if mm is None else mask_of([int(x) for x in mm])
+        return ContainerAllocation(cpus=cpus, memory=memory, memory_mask=mask,
                                    devices=devices, reusable=bool(doc.get("reusable", False)))
 
 

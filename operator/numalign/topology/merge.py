@@ -183,9 +183,6 @@ class _Distances:
         return got
 
 
-KeyFn = Callable[[int], tuple[int, ...]]
-
-
 def merge(
     policy: str,
     providers: Sequence[ProviderHints],
@@ -252,13 +249,15 @@ def merge(
     preferred = False
     pool: list[int] = []
     reason: str
+    top: list[int] = []
     if any(len(h) == 0 for h in lists):
         reason = "a resource has no usable hint, so there is no combination to merge"
     else:
         pool = _preferred_masks(lists, default)
         stats["preferred_candidates"] = len(pool)
         if pool:
-            best = min(pool, key=preferred_key)
+            top = heapq.nsmallest(EXPLAIN_CANDIDATES, pool, key=preferred_key)
+            best = top[0]
             preferred = True
             reason = (
                 "preferred: every resource prefers this mask (or has no preference); "
@@ -269,9 +268,10 @@ def merge(
                 )
             )
         else:
-            pool = _reachable_non_preferred(lists, default, bnp, non_preferred_key, stats)
+            pool = _reachable_non_preferred(lists, default, bnp, stats)
             if pool:
-                best = min(pool, key=non_preferred_key)
+                top = heapq.nsmallest(EXPLAIN_CANDIDATES, pool, key=non_preferred_key)
+                best = top[0]
                 c = best.bit_count()
                 where = (
                     f"width == {bnp}"
@@ -294,8 +294,6 @@ def merge(
         hint = TopologyHint(None, hint.preferred)
     admit = hint.preferred if policy in (POLICY_RESTRICTED, POLICY_SINGLE_NUMA_NODE) else True
 
-    key = preferred_key if preferred else non_preferred_key
-    top = heapq.nsmallest(EXPLAIN_CANDIDATES, pool, key=key) if pool else []
     candidates = tuple(
         Candidate(m, preferred, m.bit_count(), dist.sum(m) if closest and dist else None)
         for m in top
@@ -340,7 +338,6 @@ def _reachable_non_preferred(
     lists: Sequence[Sequence[TopologyHint]],
     default: int,
     bnp: int,
-    key: KeyFn,
     stats: dict[str, int],
 ) -> list[int]:
     """Enough of the reachable non-empty merged masks to contain the best one under
@@ -428,19 +425,31 @@ def _reachable_zeta(lists: list[list[int]], universe: int) -> list[int]:
 
 
 class _Layer:
-    """One resource's masks, with an index node -> masks holding that node."""
+    """One resource's masks, with an index node bit -> masks holding that node."""
+
+    # Up to this many (state, mask) pairs a step ANDs every pair; past it, it goes
+    # through the index.
+    NAIVE_PAIRS = 40_000
 
     def __init__(self, masks: list[int], universe: int) -> None:
         self.full = universe in masks
         self.masks = [m for m in masks if m != universe]
+        self.mask_set = set(self.masks)
         self._buckets: dict[int, set[int]] | None = None
 
     def buckets(self) -> dict[int, set[int]]:
         if self._buckets is None:
             b: dict[int, set[int]] = {}
             for m in self.masks:
-                for node in _bits(m):
-                    b.setdefault(node, set()).add(m)
+                x = m
+                while x:
+                    low = x & -x
+                    got = b.get(low)
+                    if got is None:
+                        b[low] = {m}
+                    else:
+                        got.add(m)
+                    x ^= low
             self._buckets = b
         return self._buckets
 
@@ -451,23 +460,32 @@ class _Layer:
         masks = self.masks
         if not masks:
             return out
-        if len(states) * len(masks) <= 4096:
-            for s in states:
-                for m in masks:
-                    x = s & m
-                    if x.bit_count() >= threshold:
-                        out.add(x)
+        if len(states) * len(masks) <= self.NAIVE_PAIRS:
+            out.update(
+                x for s in states for m in masks if (x := s & m).bit_count() >= threshold
+            )
             return out
         buckets = self.buckets()
+        mask_set = self.mask_set
         empty: set[int] = set()
         for s in states:
-            width = s.bit_count()
-            if width == threshold:
-                # Only s itself can come out: is there a mask holding all of s?
-                if s in out:
+            if s in out:
+                if s.bit_count() == threshold:
                     continue
-                groups = sorted((buckets.get(node, empty) for node in _bits(s)), key=len)
-                common = set(groups[0]) if groups else set()
+            elif s in mask_set:
+                out.add(s)
+                if s.bit_count() == threshold:
+                    continue
+            groups: list[set[int]] = []
+            x = s
+            while x:
+                low = x & -x
+                groups.append(buckets.get(low, empty))
+                x ^= low
+            if s.bit_count() == threshold:
+                # Only s itself can come out: is there a mask holding all of s?
+                groups.sort(key=len)
+                common = set(groups[0])
                 for g in groups[1:]:
                     if not common:
                         break
@@ -475,13 +493,8 @@ class _Layer:
                 if common:
                     out.add(s)
                 continue
-            seen: set[int] = set()
-            for node in _bits(s):
-                seen |= buckets.get(node, empty)
-            for m in seen:
-                x = s & m
-                if x.bit_count() >= threshold:
-                    out.add(x)
+            seen: set[int] = set().union(*groups)
+            out.update(x for m in seen if (x := s & m).bit_count() >= threshold)
         return out
 
 

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from ..errors import TopologyError
 from ..hints import NumaMask, TopologyHint, mask_ids
 from ..machine import Machine
-from .groups import ANY_LEVEL, GroupTree, build_tree
+from .groups import ANY_LEVEL, GroupTree, build_tree, group_of
 from .requests import GpuRequest, resolve_requests
-from .scorers import Score, Scorer, get_scorer, touched_cost
+from .scorers import Score, Scorer, get_scorer, score_allocation, touched_cost
 
 # Free devices: None (all free), resource -> free ids (resources not listed are all free),
 # or a flat collection of ids (matched in every resource).
@@ -194,6 +194,21 @@ class _Problem:
                 raise TopologyError(f"{r.name}.withResource.resource",
                                     f"no {wr.resource} device on machine {machine.name}")
             self.mem.append(self.trees[r.resource].memory_mask(r.min_memory))
+        # Per request: the pools of devices that may be taken together (one group of the
+        # sameGroup level and one of the withResource level), with the withResource group.
+        self.pools: list[list[tuple[str | None, int]]] = []
+        for r in self.requests:
+            tree = self.trees[r.resource or ""]
+            wr = r.with_resource
+            keyed: dict[tuple[str, str], int] = {}
+            for li, d in enumerate(tree.devices):
+                g1 = "" if r.same_group == ANY_LEVEL else group_of(d, r.same_group)
+                g2 = "" if wr is None or wr.level is None else group_of(d, wr.level)
+                if g1 is None or g2 is None:
+                    continue
+                keyed[(g1, g2)] = keyed.get((g1, g2), 0) | 1 << li
+            self.pools.append([(g2 if wr is not None else None, bits)
+                               for (_g1, g2), bits in keyed.items()])
         self.resources = sorted({res for r in self.requests for res in (
             r.resource or "", *((r.with_resource.resource,) if r.with_resource else ()))})
 
@@ -202,13 +217,22 @@ class _Problem:
         assert res is not None
         return res
 
+    def eligible(self, i: int, state: Mapping[str, int], numa: NumaMask | None) -> int:
+        tree = self.trees[self.res(i)]
+        return state[tree.resource] & self.mem[i] & tree.within_numa(numa)
+
     def candidates(self, i: int, state: Mapping[str, int], numa: NumaMask | None,
-                   before: Mapping[str, int]) -> list[_Cand]:
-        """The best set per anchor for request ``i`` in ``state``, best first."""
+                   before: Mapping[str, int], avoid: Mapping[str, int] | None = None,
+                   quick: bool = False) -> list[_Cand]:
+        """The best set per anchor for request ``i`` in ``state``, best first.
+
+        With ``avoid`` (resource -> devices later requests could use), each anchor also
+        offers its best set that takes as few of those as possible. ``quick`` (feasibility
+        only): one unscored set per pool, the lowest devices, avoiding ``avoid``."""
         r = self.requests[i]
         tree = self.trees[self.res(i)]
         free = state[tree.resource]
-        eligible = free & self.mem[i] & tree.within_numa(numa)
+        eligible = self.eligible(i, state, numa)
         k = r.count
         if eligible.bit_count() < k:
             return []
@@ -216,98 +240,156 @@ class _Problem:
         # Fragmentation is counted against the state before the whole allocation: a group
         # touched by an earlier request of this allocation costs nothing again.
         whole = before[tree.resource] & free
-        tabs, steps = _dp(tree, sc, eligible, whole, k)
         wr = r.with_resource
         nic_tree = self.trees[wr.resource] if wr is not None else None
-        nic_cache: dict[str, tuple[int, int] | None] = {}
+        out: dict[tuple[int, int], _Cand] = {}
+        gav = avoid.get(tree.resource, 0) & eligible if avoid else 0
+        nav = avoid.get(nic_tree.resource, 0) if avoid and nic_tree is not None else 0
+        passes = (0, 1) if gav or nav else (0,)
         anc = [0] * len(tree.nodes)
-        out: dict[int, _Cand] = {}
-        for node in tree.nodes:
-            if node.parent is not None:
-                p = tree.nodes[node.parent]
-                pm = p.mask
-                anc[node.index] = anc[p.index] + (
-                    sc.group_weight(tree, p) if whole & pm == pm else 0)
-            tab = tabs[node.index]
-            if len(tab) <= k:
-                continue
-            if r.same_group != ANY_LEVEL and r.same_group not in node.common:
-                continue
-            extra = 0
-            extra_cost = 0
-            if wr is not None and nic_tree is not None:
-                assert wr.level is not None
-                gid = node.common.get(wr.level)
-                if gid is None:
+        for node in tree.nodes[1:]:
+            p = tree.nodes[node.parent or 0]
+            pm = p.mask
+            anc[node.index] = anc[p.index] + (sc.group_weight(tree, p) if whole & pm == pm
+                                              else 0)
+        if quick:
+            for nic_gid, pool in self.pools[i]:
+                el = eligible & pool
+                if el.bit_count() < k:
                     continue
-                if gid not in nic_cache:
-                    nfree = state[nic_tree.resource]
-                    nel = nfree & nic_tree.within_numa(numa) & nic_tree.group_mask(wr.level, gid)
-                    nic_cache[gid] = _best_in(nic_tree, sc, nel,
-                                              before[nic_tree.resource] & nfree, wr.count)
-                got = nic_cache[gid]
-                if got is None:
-                    continue
-                extra_cost, extra = got
-            bits = _take(tree, steps, node.index, k)
-            if bits in out:
+                extra = 0
+                if wr is not None and nic_tree is not None:
+                    assert wr.level is not None and nic_gid is not None
+                    nel = (state[nic_tree.resource] & nic_tree.within_numa(numa)
+                           & nic_tree.group_mask(wr.level, nic_gid))
+                    if nel.bit_count() < wr.count:
+                        continue
+                    extra = _pick_low(nel, nav, wr.count)
+                bits = _pick_low(el, gav, k)
+                out.setdefault((bits, extra), _Cand(0, 0, bits, extra))
+            return list(out.values())
+        for nic_gid, pool in self.pools[i]:
+            el = eligible & pool
+            if el.bit_count() < k:
                 continue
-            tight = sc.anchor_cost(tree, tree.lca(bits))
-            out[bits] = _Cand(tight, tab[k] + anc[node.index] + extra_cost, bits, extra)
+            for pas in passes:
+                extra = 0
+                extra_cost = 0
+                if wr is not None and nic_tree is not None:
+                    assert wr.level is not None and nic_gid is not None
+                    nres = nic_tree.resource
+                    nfree = state[nres]
+                    nel = (nfree & nic_tree.within_numa(numa)
+                           & nic_tree.group_mask(wr.level, nic_gid))
+                    got = _best_in(nic_tree, sc, nel, before[nres] & nfree, wr.count,
+                                   nav if pas else 0)
+                    if got is None:
+                        break
+                    extra_cost, extra = got
+                tabs, steps = _dp(tree, sc, el, whole, k, gav if pas else 0)
+                for node in tree.nodes:
+                    tab = tabs[node.index]
+                    if len(tab) <= k:
+                        continue
+                    bits = _take(tree, steps, node.index, k)
+                    if (bits, extra) in out:
+                        continue
+                    frag = (tab[k] + anc[node.index] if not (pas and gav)
+                            else touched_cost(sc, tree, whole, bits))
+                    tight = sc.anchor_cost(tree, tree.lca(bits))
+                    out[(bits, extra)] = _Cand(tight, frag + extra_cost, bits, extra)
         return sorted(out.values(), key=lambda c: (c.tight, c.frag, _low_first(c.bits)))
 
     def search(self, state: Mapping[str, int], numa: NumaMask | None, find_any: bool
                ) -> tuple[Score, list[_Cand]] | None:
         """The best (or, with ``find_any``, the first) joint allocation, or None."""
         n = len(self.requests)
-        first = [self.candidates(i, state, numa, state) for i in range(n)]
+        first = [self.candidates(i, state, numa, state, quick=find_any) for i in range(n)]
         if any(not c for c in first):
             return None
         if n == 1:
             c = first[0][0]
             return (c.tight, c.frag), [c]
-        slack = [sum(1 for _ in first[i]) for i in range(n)]
-        order = sorted(range(n), key=lambda i: (slack[i], -self.requests[i].count, i))
+        elig = [self.eligible(i, state, numa) for i in range(n)]
+        slack = [elig[i].bit_count() - self.requests[i].count for i in range(n)]
+        base = sorted(range(n), key=lambda i: (slack[i], -self.requests[i].count, i))
+        orders = [base]
+        if n <= 4:
+            orders += [list(o) for o in itertools.permutations(base) if list(o) != base]
         min_tight = [first[i][0].tight for i in range(n)]
-        rest_lb = [0] * (n + 1)
-        for pos in range(n - 1, -1, -1):
-            rest_lb[pos] = rest_lb[pos + 1] + min_tight[order[pos]]
         leaves = sum(len(self.trees[r].devices) for r in self.resources)
-        breadth = _INF if leaves <= SMALL_TREE else WIDE_BREADTH
+        small = leaves <= SMALL_TREE
+        breadth = _INF if small else WIDE_BREADTH
         best: list[tuple[Score, list[_Cand]]] = []
         budget = [SEARCH_BUDGET]
         picks: list[_Cand | None] = [None] * n
 
-        def dfs(pos: int, cur: dict[str, int], tight: int, frag: int) -> bool:
-            if pos == n:
-                budget[0] -= 1
-                score = (tight, frag)
-                if not best or score < best[0][0]:
-                    done = [p for p in picks if p is not None]
-                    best[:] = [(score, done)]
-                return find_any or budget[0] <= 0
-            i = order[pos]
-            cands = first[i] if pos == 0 else self.candidates(i, cur, numa, state)
-            wr = self.requests[i].with_resource
-            tried = 0
-            for c in cands:
-                if best and tight + c.tight + rest_lb[pos + 1] > best[0][0][0]:
-                    break
-                if tried >= breadth:
-                    break
-                tried += 1
-                nxt = dict(cur)
-                nxt[self.res(i)] &= ~c.bits
+        def run(order: list[int]) -> None:
+            rest_lb = [0] * (n + 1)
+            later: list[dict[str, int]] = [{} for _ in range(n + 1)]
+            for pos in range(n - 1, -1, -1):
+                i = order[pos]
+                rest_lb[pos] = rest_lb[pos + 1] + min_tight[i]
+                later[pos] = dict(later[pos + 1])
+                res = self.res(i)
+                later[pos][res] = later[pos].get(res, 0) | elig[i]
+                wr = self.requests[i].with_resource
                 if wr is not None:
-                    nxt[wr.resource] &= ~c.extra
-                picks[i] = c
-                if dfs(pos + 1, nxt, tight + c.tight, frag + c.frag):
-                    return True
-            picks[i] = None
-            return False
+                    nt = self.trees[wr.resource]
+                    later[pos][wr.resource] = (later[pos].get(wr.resource, 0)
+                                               | state[wr.resource] & nt.within_numa(numa))
 
-        dfs(0, dict(state), 0, 0)
+            def dfs(pos: int, cur: dict[str, int], tight: int, frag: int) -> bool:
+                if pos == n:
+                    budget[0] -= 1
+                    score = (tight, frag)
+                    done = [p for p in picks if p is not None]
+                    if not best or score < best[0][0] or (score == best[0][0] and _lower(
+                            done, best[0][1])):
+                        best[:] = [(score, done)]
+                    return find_any or budget[0] <= 0
+                i = order[pos]
+                cands = self.candidates(i, cur, numa, state, later[pos + 1], find_any)
+                wr = self.requests[i].with_resource
+                for tried, c in enumerate(cands):
+                    if best and tight + c.tight + rest_lb[pos + 1] > best[0][0][0]:
+                        break
+                    if tried >= breadth:
+                        break
+                    nxt = dict(cur)
+                    nxt[self.res(i)] &= ~c.bits
+                    if wr is not None:
+                        nxt[wr.resource] &= ~c.extra
+                    picks[i] = c
+                    if dfs(pos + 1, nxt, tight + c.tight, frag + c.frag):
+                        return True
+                picks[i] = None
+                return False
+
+            dfs(0, dict(state), 0, 0)
+
+        for order in orders:
+            run(order)
+            if (best and (find_any or not small)) or budget[0] <= 0:
+                break
         return best[0] if best else None
+
+
+def _lower(a: list[_Cand], b: list[_Cand]) -> bool:
+    """Tie-break between equal scores: the lowest devices for the first request, ..."""
+    return [_low_first(c.bits) for c in a] < [_low_first(c.bits) for c in b]
+
+
+def _pick_low(bits: int, avoid: int, k: int) -> int:
+    """The k lowest bits of ``bits``, those outside ``avoid`` first."""
+    out = 0
+    for pool in (bits & ~avoid, bits & avoid):
+        while pool and k:
+            low = pool & -pool
+            out |= low
+            pool ^= low
+            k -= 1
+    return out
 
 
 def _low_first(bits: int) -> list[int]:
@@ -336,8 +418,19 @@ def allocate(machine: Machine, free: FreeDevices, requests: Sequence[GpuRequest]
     state = free_bits(prob.trees, free)
     found = prob.search(state, mask, find_any=False)
     if found is None:
-        raise _failure(prob, state, mask)
-    score, picks = found
+        # The scored search keeps a few candidates per anchor; the feasibility search
+        # (what hints use) tries differently, so take its answer rather than fail.
+        found = prob.search(state, mask, find_any=True)
+        if found is None:
+            raise _failure(prob, state, mask)
+        picks = found[1]
+        score = score_allocation(prob.scorer, prob.trees, state,
+                                 [(prob.res(i), c.bits) for i, c in enumerate(picks)],
+                                 [(r.with_resource.resource, c.extra)
+                                  for r, c in zip(prob.requests, picks, strict=True)
+                                  if r.with_resource is not None])
+    else:
+        score, picks = found
     gpus: dict[str, list[str]] = {}
     attached: dict[str, list[str]] = {}
     devices: dict[str, list[str]] = {}
@@ -403,25 +496,36 @@ def hints(machine: Machine, free: FreeDevices, requests: Sequence[GpuRequest]
         return [TopologyHint(None, True)] if ok else []
     ids = machine.numa_ids
     memo: dict[tuple[int, bool], bool] = {}
+    yes: dict[bool, list[int]] = {True: [], False: []}  # feasible projections
+    no: dict[bool, list[int]] = {True: [], False: []}  # infeasible projections
 
     def feasible(m: NumaMask, capacity: bool) -> bool:
-        key = (m & dev_numa, capacity)
+        """Feasibility is monotone in the mask: a superset of a feasible mask is
+        feasible, a subset of an infeasible one is not; search only the frontier."""
+        p = m & dev_numa
+        key = (p, capacity)
         if key not in memo:
-            st = full if capacity else state
-            memo[key] = prob.search(st, m, find_any=True) is not None
+            if any(q & ~p == 0 for q in yes[capacity]):
+                ok = True
+            elif any(p & ~q == 0 for q in no[capacity]):
+                ok = False
+            else:
+                st = full if capacity else state
+                ok = prob.search(st, m, find_any=True) is not None
+                (yes if ok else no)[capacity].append(p)
+            memo[key] = ok
         return memo[key]
 
     if len(ids) <= EXACT_HINT_NUMA:
-        masks = [sum(1 << ids[j] for j in range(len(ids)) if sel >> j & 1)
-                 for sel in range(1, 1 << len(ids))]
+        masks = sorted((sum(1 << ids[j] for j in range(len(ids)) if sel >> j & 1)
+                        for sel in range(1, 1 << len(ids))), key=lambda m: (m.bit_count(), m))
         cap_masks = masks
     else:
         masks = _generated_masks(prob, state, ids)
         cap_masks = _generated_masks(prob, full, ids)
-    widths = [m.bit_count() for m in cap_masks if feasible(m, True)]
-    if not widths:
+    least = next((m.bit_count() for m in cap_masks if feasible(m, True)), 0)
+    if not least:
         return []
-    least = min(widths)
     out = [TopologyHint(m, m.bit_count() == least) for m in masks if feasible(m, False)]
     out.sort(key=lambda h: ((h.mask or 0).bit_count(), mask_ids(h.mask or 0)))
     return out
@@ -437,26 +541,22 @@ def _generated_masks(prob: _Problem, state: Mapping[str, int], ids: list[int]) -
         wr = r.with_resource
         nic_tree = prob.trees[wr.resource] if wr is not None else None
         found: set[int] = set()
-        for node in tree.nodes:
-            el = eligible & node.mask
-            if el.bit_count() < r.count:
-                continue
-            if r.same_group != ANY_LEVEL and r.same_group not in node.common:
-                continue
-            nic_numa: list[int] = [0]
-            if wr is not None and nic_tree is not None:
-                assert wr.level is not None
-                gid = node.common.get(wr.level)
-                if gid is None:
+        for nic_gid, pool in prob.pools[i]:
+            for node in tree.nodes:
+                el = eligible & pool & node.mask
+                if el.bit_count() < r.count:
                     continue
-                nel = state[nic_tree.resource] & nic_tree.group_mask(wr.level, gid)
-                if nel.bit_count() < wr.count:
-                    continue
-                nic_numa = _compact(nic_tree, nel, wr.count)
-            base = (el & tree.no_numa).bit_count()
-            for gm in _compact(tree, el, r.count, base):
-                for nm in nic_numa:
-                    found.add(gm | nm)
+                nic_numa: list[int] = [0]
+                if wr is not None and nic_tree is not None:
+                    assert wr.level is not None and nic_gid is not None
+                    nel = state[nic_tree.resource] & nic_tree.group_mask(wr.level, nic_gid)
+                    if nel.bit_count() < wr.count:
+                        continue
+                    nic_numa = _compact(nic_tree, nel, wr.count)
+                base = (el & tree.no_numa).bit_count()
+                for gm in _compact(tree, el, r.count, base):
+                    for nm in nic_numa:
+                        found.add(gm | nm)
         per_req.append(sorted(found, key=lambda m: (m.bit_count(), m))[:64])
     out: set[int] = set()
     for combo in itertools.islice(itertools.product(*per_req), MAX_HINT_MASKS):

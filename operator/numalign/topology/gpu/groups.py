@@ -158,10 +158,10 @@ def build_tree(machine: Machine, resource: str) -> GroupTree:
     levels = level_order(devs)
     paths: list[tuple[tuple[str, str], ...]] = []
     for d in devs:
-        path = [(lvl, gid) for lvl in levels if (gid := d.group(lvl)) is not None]
+        steps = [(lvl, gid) for lvl in levels if (gid := d.group(lvl)) is not None]
         if NUMA_LEVEL not in levels and d.numa_node is not None:
-            path.append((NUMA_LEVEL, str(d.numa_node)))
-        paths.append(tuple(path))
+            steps.append((NUMA_LEVEL, str(d.numa_node)))
+        paths.append(tuple(steps))
     # Trie with children in first-appearance order; leaves in depth-first order.
     trie: dict[tuple[tuple[str, str], ...], list[tuple[tuple[str, str], ...]]] = {(): []}
     members: dict[tuple[tuple[str, str], ...], list[int]] = {(): []}

@@ -1,0 +1,255 @@
+"""Benchmark of the emulated-node agent on the local control plane.
+
+One agent process emulates NODES nodes (mixed machine files from the fixtures) while
+Deployments put PODS pods on them. Reports pods decided per second, bind-to-decision
+latency (p50, p99: from the moment a watch sees the pod bound to the moment it sees
+the pod Running or Failed) and the agent's memory (RSS).
+
+    python bench/run.py agent [--quick]                 # 100 nodes / 2,000 pods (quick: 10 / 100)
+    python bench/bench_agent.py --nodes 10 --pods 100 [--kubeconfig KC]
+
+Without --kubeconfig it starts its own control plane (numalign.devcluster) and stops it
+at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from numalign.agent.kube import ApiError, Kube, load_config
+from numalign.topology.machine import load_machine
+
+HERE = Path(__file__).resolve().parent
+MACHINES = HERE.parent.parent / "shared" / "fixtures" / "machines"
+MIX = ["seed-figure1", "dual-16core", "dgx-a100-like", "fragmented-8numa", "group8-gpu",
+       "dgx1-like", "wide64"]
+NS = "bench-agent"
+RESOLVED = "numalign.io/resolved"
+
+
+def _machines_dir() -> Path:
+    env = os.environ.get("NUMALIGN_MACHINES")
+    return Path(env) if env else MACHINES
+
+
+def node_mix(nodes: int) -> list[tuple[Path, int]]:
+    files = [f for name in MIX if (f := _machines_dir() / f"{name}.yaml").exists()]
+    counts = [nodes // len(files)] * len(files)
+    for i in range(nodes - sum(counts)):
+        counts[i] += 1
+    return [(f, c) for f, c in zip(files, counts, strict=True) if c]
+
+
+def deployments(pods: int, count: int = 20) -> list[dict[str, Any]]:
+    """A mix: a quarter Guaranteed single-numa-node pods (1 CPU), the rest small
+    Burstable pods under restricted or none."""
+    out = []
+    per = [pods // count] * count
+    for i in range(pods - sum(per)):
+        per[i] += 1
+    for i, replicas in enumerate(per):
+        kind = i % 4
+        if kind == 0:
+            res = {"cpu": "1", "memory": "64Mi"}
+            resources = {"requests": res, "limits": res}
+            resolved = {"policy": "single-numa-node", "scope": "pod", "options": {},
+                        "source": "TopologyPolicy/bench"}
+        else:
+            resources = {"requests": {"cpu": "10m", "memory": "16Mi"}}
+            resolved = {"policy": "restricted" if kind == 1 else "none", "scope": "container",
+                        "options": {}, "source": "TopologyPolicy/bench"}
+        name = f"bench-{i}"
+        out.append({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": {"app": name}},
+                "template": {
+                    "metadata": {"labels": {"app": name},
+                                 "annotations": {RESOLVED: json.dumps(resolved)}},
+                    "spec": {"terminationGracePeriodSeconds": 0,
+                             "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                                             "resources": resources}]},
+                },
+            },
+        })
+    return out
+
+
+def rss_kib(pid: int) -> tuple[int, int]:
+    rss = hwm = 0
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1])
+            elif line.startswith("VmHWM:"):
+                hwm = int(line.split()[1])
+    except OSError:
+        pass
+    return rss, hwm
+
+
+def pct(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))]
+
+
+async def wait_nodes(kube: Kube, names: set[str], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        items, _ = await kube.list_all("/api/v1/nodes")
+        ready = {n["metadata"]["name"] for n in items
+                 if any(c.get("type") == "Ready" and c.get("status") == "True"
+                        for c in (n.get("status") or {}).get("conditions") or [])}
+        if names <= ready:
+            return
+        await asyncio.sleep(1)
+    raise TimeoutError(f"nodes not Ready after {timeout}s")
+
+
+async def run_bench(kubeconfig: str, nodes: int, pods: int, timeout: float) -> dict[str, Any]:
+    mix = node_mix(nodes)
+    names = {f"{load_machine(f).name}-{i}" for f, c in mix for i in range(c)}
+    argv = [sys.executable, "-m", "numalign.cli", "agent", "--kubeconfig", kubeconfig,
+            "--log-level", "WARNING"]
+    for f, c in mix:
+        argv += ["--emulate", f"{f}={c}"]
+    agent = subprocess.Popen(argv)
+    kube = Kube(load_config(kubeconfig), max_connections=16)
+    await kube.open()
+    result: dict[str, Any] = {"nodes": nodes, "pods": pods,
+                              "machines": {load_machine(f).name: c for f, c in mix}}
+    try:
+        t0 = time.monotonic()
+        await wait_nodes(kube, names, 120)
+        result["nodes_ready_s"] = round(time.monotonic() - t0, 2)
+        try:
+            await kube.create("/api/v1/namespaces", {"metadata": {"name": NS}})
+        except ApiError as e:
+            if e.status != 409:
+                raise
+        bound: dict[str, float] = {}
+        decided: dict[str, float] = {}
+        phases: dict[str, str] = {}
+        _, rv = await kube.list_all(f"/api/v1/namespaces/{NS}/pods")
+
+        async def watch() -> None:
+            nonlocal rv
+            while len(decided) < pods:
+                async for ev in kube.watch(f"/api/v1/namespaces/{NS}/pods",
+                                           {"resourceVersion": rv}):
+                    obj = ev.get("object") or {}
+                    meta = obj.get("metadata") or {}
+                    rv = str(meta.get("resourceVersion") or rv)
+                    if ev.get("type") in ("BOOKMARK", "ERROR", "DELETED"):
+                        continue
+                    uid = str(meta.get("uid"))
+                    now = time.monotonic()
+                    if (obj.get("spec") or {}).get("nodeName") and uid not in bound:
+                        bound[uid] = now
+                    phase = (obj.get("status") or {}).get("phase")
+                    if phase in ("Running", "Failed") and uid not in decided:
+                        decided[uid] = now
+                        phases[uid] = str(phase)
+                    if len(decided) >= pods:
+                        return
+
+        watcher = asyncio.create_task(watch())
+        await asyncio.sleep(0.5)
+        start = time.monotonic()
+        for d in deployments(pods):
+            await kube.create(f"/apis/apps/v1/namespaces/{NS}/deployments", d)
+        try:
+            await asyncio.wait_for(watcher, timeout)
+        except TimeoutError:
+            result["timed_out"] = True
+        end = max(decided.values(), default=time.monotonic())
+        lat = [decided[u] - bound[u] for u in decided if u in bound]
+        first_bind = min(bound.values(), default=start)
+        rss, hwm = rss_kib(agent.pid)
+        result.update({
+            "decided": len(decided),
+            "running": sum(1 for p in phases.values() if p == "Running"),
+            "failed": sum(1 for p in phases.values() if p == "Failed"),
+            "seconds_create_to_last_decision": round(end - start, 2),
+            "pods_per_second": round(len(decided) / max(end - first_bind, 1e-9), 1),
+            "latency_p50_s": round(pct(lat, 50), 3),
+            "latency_p99_s": round(pct(lat, 99), 3),
+            "latency_max_s": round(max(lat, default=float("nan")), 3),
+            "latency_mean_s": round(statistics.fmean(lat), 3) if lat else None,
+            "agent_rss_mib": round(rss / 1024, 1),
+            "agent_peak_rss_mib": round(hwm / 1024, 1),
+        })
+        # Clean up: deleting the namespace exercises release and finalization.
+        t1 = time.monotonic()
+        await kube.delete(f"/api/v1/namespaces/{NS}")
+        while time.monotonic() - t1 < 180:
+            items, _ = await kube.list_all(f"/api/v1/namespaces/{NS}/pods")
+            if not items:
+                break
+            await asyncio.sleep(1)
+        result["seconds_to_delete_all"] = round(time.monotonic() - t1, 1)
+    finally:
+        await kube.close()
+        agent.send_signal(signal.SIGTERM)
+        try:
+            agent.wait(20)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+    return result
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="bench_agent")
+    p.add_argument("--quick", action="store_true", help="10 nodes, 100 pods")
+    p.add_argument("--nodes", type=int)
+    p.add_argument("--pods", type=int)
+    p.add_argument("--kubeconfig", help="use this cluster instead of starting one")
+    p.add_argument("--timeout", type=float, default=600.0)
+    args, _ = p.parse_known_args(argv)
+    nodes = args.nodes or (10 if args.quick else 100)
+    pods = args.pods or (100 if args.quick else 2000)
+    cluster = None
+    kubeconfig = args.kubeconfig
+    if kubeconfig is None:
+        from numalign.devcluster.cluster import DevCluster
+
+        cluster = DevCluster(state_dir=Path(tempfile.mkdtemp(prefix="numalign-bench-agent-")))
+        cluster.up(log=lambda m: print(f"[devcluster] {m}", file=sys.stderr))
+        kubeconfig = str(cluster.kubeconfig)
+    try:
+        result = asyncio.run(run_bench(kubeconfig, nodes, pods, args.timeout))
+    finally:
+        if cluster is not None:
+            cluster.down()
+    print(f"agent: {result['nodes']} emulated nodes in one process, {result['pods']} pods "
+          f"from Deployments")
+    print(f"  decided {result['decided']} ({result['running']} Running, {result['failed']} "
+          f"Failed) in {result['seconds_create_to_last_decision']} s after the Deployments")
+    print(f"  throughput        {result['pods_per_second']} pods/s (first bind to last decision)")
+    print(f"  bind->decision    p50 {result['latency_p50_s']} s, p99 {result['latency_p99_s']} s,"
+          f" max {result['latency_max_s']} s")
+    print(f"  agent memory      RSS {result['agent_rss_mib']} MiB "
+          f"(peak {result['agent_peak_rss_mib']} MiB)")
+    print(f"  nodes Ready in {result['nodes_ready_s']} s; namespace deleted (all pods released)"
+          f" in {result['seconds_to_delete_all']} s")
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

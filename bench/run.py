@@ -1,0 +1,40 @@
+"""Benchmark runner: ``python bench/run.py [NAME...] [--quick]``.
+
+Each benchmark is a module ``bench/bench_NAME.py`` with ``main(argv) -> int``; register
+it in BENCHMARKS. Benchmarks print numbers; they are not tests and assert no timings.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+BENCHMARKS: dict[str, str] = {
+    "agent": "emulated-node agent: 100 nodes, 2,000 pods; pods/s, bind-to-decision p50/p99, RSS",
+    "merge": "Topology Manager merge: per-decision cost and speed-up over the cross product",
+    "gpu": "GPU group allocation: allocate and hints per request, 64 GPUs, 3 group levels",
+}
+
+
+def main(argv: list[str]) -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    flags = [a for a in argv if a.startswith("-")]
+    names = [a for a in argv if not a.startswith("-")] or list(BENCHMARKS)
+    if "-h" in flags or "--help" in flags:
+        print(__doc__)
+        for name, text in BENCHMARKS.items():
+            print(f"  {name:<10} {text}")
+        return 0
+    status = 0
+    for name in names:
+        if name not in BENCHMARKS:
+            print(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}", file=sys.stderr)
+            return 2
+        module = importlib.import_module(f"bench_{name}")
+        status |= int(module.main(flags))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

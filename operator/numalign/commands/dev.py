@@ -1,0 +1,124 @@
+"""``numalign dev``: the local control plane for the demo and the tests.
+
+    numalign dev build                       # build (or find cached) the binaries
+    numalign dev up [--machine FILE[=COUNT]]... [--state-dir DIR]
+    numalign dev kubeconfig                  # print the kubeconfig path
+    numalign dev status
+    numalign dev down
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from ..devcluster.addons import MachineSpec, MachineSpecError
+from ..devcluster.build import BuildError, ensure_built
+from ..devcluster.cluster import DevCluster, DevClusterError, default_state_dir
+from ..devcluster.crds import CrdError
+
+DESCRIPTION = """\
+A real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler) on 127.0.0.1, built from source with the local Go toolchain and cached
+under ~/.cache/numalign (override with NUMALIGN_CACHE). No kubelet runs: nodes are
+emulated by the numalign agent (--machine), which plays the kubelet's part for the
+pods bound to them; without it pods stay Pending.
+"""
+
+
+def _log(message: str) -> None:
+    print(f"numalign dev: {message}", file=sys.stderr, flush=True)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="numalign dev", description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="action", metavar="ACTION")
+
+    def with_state(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--state-dir", type=Path, default=None, metavar="DIR",
+                       help=f"where certificates, data, logs and the kubeconfig live "
+                            f"(default: {default_state_dir('NAME')})")
+        p.add_argument("--name", default="default",
+                       help="cluster name, for several side by side (default: default)")
+        return p
+
+    up = with_state(sub.add_parser(
+        "up", help="start the control plane (or reuse the running one) and install the CRDs",
+        description="Start the control plane, or reuse it when it already runs; install "
+                    "the CRDs; start the operator and emulated nodes where available."))
+    up.add_argument("--machine", action="append", default=[], metavar="FILE[=COUNT]",
+                    help="emulate COUNT nodes (default 1) with the hardware in machine file "
+                         "FILE; repeatable. Nodes need the numalign agent "
+                         "(numalign.agent.emulate): without it none register")
+    up.add_argument("--no-operator", action="store_true",
+                    help="do not start the numalign operator even when it is available")
+    up.add_argument("--timeout", type=float, default=180.0, metavar="SECONDS",
+                    help="how long to wait for the components (default 180)")
+    with_state(sub.add_parser("down", help="stop everything and remove the state"))
+    with_state(sub.add_parser("kubeconfig", help="print the kubeconfig path "
+                                                 "(export KUBECONFIG=$(numalign dev kubeconfig))"))
+    with_state(sub.add_parser("status", help="say whether the control plane runs"))
+    sub.add_parser("build", help="build the binaries (cached: instant when built)")
+    return parser
+
+
+def _cluster(args: argparse.Namespace) -> DevCluster:
+    return DevCluster(args.state_dir, name=None if args.state_dir else args.name)
+
+
+def main(argv: list[str]) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.action is None:
+        parser.print_help()
+        return 2
+    try:
+        return _run(args)
+    except (BuildError, DevClusterError, CrdError, MachineSpecError) as e:
+        _log(f"error: {e}")
+        return 1
+    except KeyboardInterrupt:
+        _log("interrupted")
+        return 130
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.action == "build":
+        t0 = time.monotonic()
+        path = ensure_built(log=_log)
+        _log(f"binaries in {path} ({time.monotonic() - t0:.1f}s)")
+        print(path)
+        return 0
+    cluster = _cluster(args)
+    if args.action == "up":
+        machines = [MachineSpec.parse(m) for m in args.machine]
+        cluster.up(machines=machines, operator=not args.no_operator, log=_log,
+                   timeout=args.timeout)
+        print(cluster.kubeconfig)
+        return 0
+    if args.action == "down":
+        if not cluster.down(log=_log):
+            _log(f"nothing to stop in {cluster.state_dir}")
+        return 0
+    if args.action == "kubeconfig":
+        if not cluster.kubeconfig.is_file():
+            _log(f"no control plane in {cluster.state_dir}: run 'numalign dev up' first")
+            return 1
+        print(cluster.kubeconfig)
+        return 0
+    if args.action == "status":
+        running = cluster.is_running()
+        if running:
+            print(f"running: {cluster.server} (kubeconfig {cluster.kubeconfig})")
+        else:
+            print(f"not running (state {cluster.state_dir})")
+        for name, alive in cluster.processes().items():
+            print(f"  {name:<24} {'running' if alive else 'stopped'}"
+                  f"  log {cluster.log_file(name)}")
+        return 0 if running else 1
+    raise AssertionError(args.action)

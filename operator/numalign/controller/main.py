@@ -1,0 +1,129 @@
+"""Wiring: the Kopf handlers, login, settings, webhook server, metrics; :func:`run`.
+
+Importing this module registers every handler in Kopf's default registry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import kopf
+
+from . import kube, metrics, nodedefaults, pods, policies, redeploy, webhooks
+
+__all__ = ["Options", "nodedefaults", "pods", "policies", "redeploy", "run"]
+
+log = logging.getLogger("numalign.operator")
+
+MANAGED_WEBHOOKS = "numalign.io"
+
+
+@dataclass
+class Options:
+    kubeconfig: str | None = None
+    namespaces: list[str] = field(default_factory=list)  # empty: cluster-wide
+    peering: str | None = None  # None: standalone
+    priority: int = 0
+    webhooks: bool = True
+    webhook_addr: str = "127.0.0.1"
+    webhook_host: str | None = None
+    webhook_port: int = 9443
+    cert_dir: str | None = None
+    cert_secret: str | None = None
+    metrics_port: int = 9090
+    metrics_addr: str = "0.0.0.0"
+    liveness: str | None = None
+    resync_interval: float = 5.0
+
+
+_options = Options()
+
+
+def current_options() -> Options:
+    return _options
+
+
+@kopf.on.login()
+def login(**_: Any) -> kopf.ConnectionInfo:
+    return kube.connection_info()
+
+
+def _periodic_pass() -> None:
+    """What changes without an event on the object: node defaults after policy changes,
+    policy counts, metrics. Idempotent (patches only differences)."""
+    nodedefaults.reconcile_all()
+    policies.reconcile_all()
+    metrics.refresh_from_node_topologies(kube.list_node_topologies())
+
+
+async def _periodic(interval: float) -> None:
+    while True:
+        try:
+            await asyncio.to_thread(_periodic_pass)
+        except Exception as e:  # keep going whatever happens
+            log.warning(f"periodic reconciliation failed: {e}")
+        await asyncio.sleep(interval)
+
+
+_tasks: list[asyncio.Task[None]] = []
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, logger: kopf.Logger, **_: Any) -> None:
+    opts = _options
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 120
+    settings.networking.request_timeout = 60
+    settings.persistence.finalizer = "numalign.io/operator"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="numalign.io")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="numalign.io", key="last-handled-configuration")
+    settings.peering.name = opts.peering or "numalign"
+    if opts.webhooks:
+        host = opts.webhook_host or opts.webhook_addr
+        cert_dir = Path(opts.cert_dir or tempfile.mkdtemp(prefix="numalign-webhook-"))
+        hosts = [host, opts.webhook_addr, "127.0.0.1", "localhost"]
+        hosts = [h for h in hosts if h and h != "0.0.0.0"]
+        await asyncio.to_thread(webhooks.certificates, cert_dir, hosts, opts.cert_secret)
+        settings.admission.server = webhooks.server(opts.webhook_addr, opts.webhook_port, host,
+                                                    cert_dir)
+        settings.admission.managed = MANAGED_WEBHOOKS
+        logger.info(f"webhooks on https://{host}:{opts.webhook_port} (certificates in {cert_dir})")
+    _tasks.append(asyncio.create_task(_periodic(opts.resync_interval)))
+
+
+@kopf.on.cleanup()
+async def cleanup(**_: Any) -> None:
+    for t in _tasks:
+        t.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await t
+    _tasks.clear()
+    await redeploy.stop_workers()
+
+
+async def run(opts: Options, stop_flag: asyncio.Event | None = None,
+              ready_flag: asyncio.Event | None = None) -> None:
+    """Run the operator in this event loop until ``stop_flag`` is set or it fails."""
+    global _options
+    _options = opts
+    kube.configure(opts.kubeconfig)
+    if opts.metrics_port:  # before Kopf, so that a taken port fails the start at once
+        metrics.start_http_server(opts.metrics_port, opts.metrics_addr)
+        log.info(f"metrics on http://{opts.metrics_addr}:{opts.metrics_port}/metrics")
+    await kopf.operator(
+        clusterwide=not opts.namespaces,
+        namespaces=opts.namespaces,
+        standalone=opts.peering is None,
+        peering_name=opts.peering,
+        priority=opts.priority,
+        liveness_endpoint=opts.liveness,
+        stop_flag=stop_flag,
+        ready_flag=ready_flag,
+    )

@@ -1,0 +1,599 @@
+"""Pod admission as the kubelet's Topology Manager does it, against a ``Ledger``.
+
+Scopes:
+
+* ``container``: init containers in order, then app containers; one decision each (hints
+  from every provider, merge, admit or not, then allocation inside the merged affinity).
+  The pod is rejected if any decision fails.
+* ``pod``: one decision for the whole pod with its effective request (max(largest init
+  container, app containers + sidecars)), then every container is allocated inside the
+  pod's affinity.
+
+Like the kubelet, CPUs and devices held by the pod's finished (non-restartable) init
+containers are reusable by its later containers (``cpusToReuse``/``devicesToReuse``: a
+reusable CPU must lie in every CPU hint's mask), and memory blocks of init containers are
+reusable by later containers with the same NUMA affinity.
+
+All work happens on a copy of the ledger; the copy replaces the ledger only when the
+whole pod is admitted, so a rejected pod leaves nothing allocated.
+
+Rejections: ``TopologyAffinityError`` (the merge does not admit), or
+``UnexpectedAdmissionError`` when a manager cannot allocate inside what was admitted
+(best-effort with too few free CPUs, for instance), with the kubelet's messages.
+A pod asking for more than the machine has at all raises ``TopologyError``.
+
+Per-resource device provider overrides (``DeviceOverride``) replace the device
+manager for a resource: GPU group allocation from ``numalign.io/gpus`` plugs in here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, Protocol
+
+from .cpu_assign import allocate_cpus
+from .errors import TopologyError
+from .hintgen import HintPlan, best_subset, plan_hints
+from .hints import NumaMask, ProviderHints, TopologyHint, mask_ids
+from .ledger import MEMORY, ContainerAllocation, Ledger
+from .machine import Machine
+from .merge import REJECT_MESSAGE, REJECT_REASON, MergeResult, merge
+from .pod import HUGEPAGES_PREFIX, Container, Pod, effective_request, is_extended, is_hugepages
+from .policy import (
+    POLICY_NONE,
+    SCOPE_CONTAINER,
+    SCOPE_POD,
+    PolicyOptions,
+    check_policy,
+    check_scope,
+)
+from .providers import (
+    Demand,
+    cpu_demand,
+    device_hints_or_demand,
+    device_request,
+    guaranteed_cpus,
+    memory_demand,
+    memory_request,
+)
+
+UNEXPECTED_REASON = "UnexpectedAdmissionError"
+
+
+class AllocationFailed(Exception):
+    """A manager cannot allocate what the merge admitted (kubelet: Allocate error)."""
+
+
+# ---------------------------------------------------------------- override hook
+
+
+@dataclass(frozen=True)
+class OverrideRequest:
+    """What a device provider override is asked about: one decision (hints) or one
+    container's allocation (``allocate``)."""
+
+    machine: Machine
+    pod: Pod
+    resource: str
+    containers: tuple[Container, ...]  # the decision unit, or the one container
+    count: int  # devices of ``resource`` the unit asks for
+    free: frozenset[str]  # free device ids of ``resource`` (plus the pod's reusable ones)
+    free_by_resource: Mapping[str, frozenset[str]]  # the same for every device resource
+
+
+@dataclass
+class OverrideAllocation:
+    devices: dict[str, list[str]]  # resource -> device ids for the container
+    gpus: dict[str, list[str]] = field(default_factory=dict)  # request name -> device ids
+
+
+class DeviceOverride(Protocol):
+    """Replaces the device manager for the resources it names."""
+
+    resources: tuple[str, ...]
+
+    def hints(self, req: OverrideRequest) -> list[TopologyHint] | None:
+        """Hints for the decision; None = no preference, [] = cannot satisfy."""
+        ...
+
+    def allocate(self, req: OverrideRequest, mask: NumaMask | None) -> OverrideAllocation:
+        """Devices for one container inside ``mask``; raise TopologyError if impossible."""
+        ...
+
+
+OverrideFactory = Callable[[Machine, Pod], Sequence[DeviceOverride]]
+
+
+# ---------------------------------------------------------------- results
+
+
+@dataclass
+class Decision:
+    """One Topology Manager decision (a container, or the pod): for `numalign explain`."""
+
+    unit: str  # container name, or "pod"
+    providers: list[ProviderHints]
+    provider_names: list[str]
+    merge: MergeResult | None
+    hint: TopologyHint
+    admit: bool
+    plan: HintPlan | None = None
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        provs: list[Any] = []
+        for name, p in zip(self.provider_names, self.providers, strict=True):
+            provs.append({"provider": name, "hints": None if p is None else {
+                res: None if hs is None else [h.to_json() for h in hs]
+                for res, hs in p.items()}})
+        out: dict[str, Any] = {"unit": self.unit, "hint": self.hint.to_json(),
+                               "admit": self.admit, "providers": provs}
+        if self.merge is not None:
+            out["merge"] = {"reason": self.merge.reason,
+                            "bestNonPreferredAffinityCount":
+                                self.merge.best_non_preferred_affinity_count,
+                            "candidates": [c.to_json() for c in self.merge.candidates]}
+        if self.plan is not None:
+            out["hintGeneration"] = {"method": self.plan.method, "exact": self.plan.exact,
+                                     "notes": self.plan.notes}
+        return out
+
+
+@dataclass
+class ContainerResult:
+    numa_nodes: list[int]
+    allocation: ContainerAllocation
+    hint: TopologyHint
+
+    def to_json(self) -> dict[str, Any]:
+        a = self.allocation
+        mem = {str(n): b for n, b in sorted(a.memory.get(MEMORY, {}).items()) if b}
+        out: dict[str, Any] = {"numaNodes": self.numa_nodes, "cpus": list(a.cpus),
+                               "memory": mem,
+                               "devices": {r: list(ids) for r, ids in sorted(a.devices.items())}}
+        huge = {k[len(HUGEPAGES_PREFIX):]: {str(n): b for n, b in sorted(per.items()) if b}
+                for k, per in sorted(a.memory.items()) if is_hugepages(k)}
+        if huge:
+            out["hugepages"] = huge
+        return out
+
+
+@dataclass
+class AdmitResult:
+    pod: Pod
+    policy: str
+    scope: str
+    admit: bool
+    reason: str | None
+    message: str | None
+    hint: TopologyHint
+    containers: dict[str, ContainerResult]
+    gpus: dict[str, list[str]]
+    decisions: list[Decision]
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """The `numalign admit` output line."""
+        return {"pod": self.pod.name, "admit": self.admit, "reason": self.reason,
+                "hint": self.hint.to_json(),
+                "containers": {n: c.to_json() for n, c in self.containers.items()},
+                "gpus": self.gpus}
+
+    def explain(self) -> dict[str, Any]:
+        out = self.to_json()
+        out.update({"namespace": self.pod.namespace, "uid": self.pod.uid,
+                    "policy": self.policy, "scope": self.scope, "message": self.message,
+                    "qos": self.pod.qos, "seconds": self.seconds,
+                    "decisions": [d.to_json() for d in self.decisions]})
+        return out
+
+
+# ---------------------------------------------------------------- capacity check
+
+
+def check_fits_machine(machine: Machine, pod: Pod) -> None:
+    """Refuse a pod that asks for more than the machine has at all (TopologyError)."""
+    totals: dict[str, Decimal] = {"cpu": Decimal(len(machine.cpus)),
+                                  MEMORY: Decimal(sum(n.memory for n in machine.numa_nodes))}
+    for n in machine.numa_nodes:
+        for size, b in n.hugepages.items():
+            key = HUGEPAGES_PREFIX + size
+            totals[key] = totals.get(key, Decimal(0)) + b
+    for r in machine.device_resources:
+        totals[r] = Decimal(len(machine.devices_of(r)))
+
+    def what(res: str, q: Decimal) -> str:
+        return f"{q} CPUs" if res == "cpu" else f"{q}"
+
+    for c in pod.all_containers:
+        for res, q in c.requests.items():
+            if q <= 0 or not (res in ("cpu", MEMORY) or is_hugepages(res) or is_extended(res)):
+                continue
+            where = f"{c.path}.resources.requests.{res}"
+            if res not in totals:
+                kind = "hugepages of that size" if is_hugepages(res) else f"{res} devices"
+                raise TopologyError(where, f"the machine {machine.name} has no {kind}")
+            if q > totals[res]:
+                raise TopologyError(where, f"asks {what(res, q)}, more than the machine "
+                                           f"{machine.name} has ({what(res, totals[res])})")
+    for res, q in pod.effective_requests().items():
+        if res in totals and q > totals[res]:
+            raise TopologyError(f"pod {pod.name}",
+                                f"asks {what(res, q)} of {res} in all (effective request), "
+                                f"more than the machine {machine.name} has "
+                                f"({what(res, totals[res])})")
+
+
+# ---------------------------------------------------------------- admission
+
+
+class _Run:
+    def __init__(self, machine: Machine, ledger: Ledger, pod: Pod, policy: str,
+                 options: PolicyOptions, overrides: Sequence[DeviceOverride]) -> None:
+        self.machine = machine
+        self.work = ledger.copy()
+        self.pod = pod
+        self.policy = policy
+        self.options = options
+        self.overrides = {r: o for o in overrides for r in o.resources}
+        self.gpus: dict[str, list[str]] = {}
+        self.override_done: set[int] = set()
+        # memory of plain init containers reusable by later ones: (mask, kind) -> bytes
+        self.mem_reuse: dict[tuple[NumaMask, str], int] = {}
+
+    # -- requests of a unit (one container, or the whole pod)
+
+    def unit_cpus(self, unit: Sequence[Container]) -> int:
+        return self._unit(unit, lambda c: guaranteed_cpus(self.pod, c))
+
+    def unit_memory(self, unit: Sequence[Container]) -> dict[str, int]:
+        per = {c.name: memory_request(self.pod, c) for c in self.pod.all_containers}
+        return self._unit_map(unit, per)
+
+    def unit_devices(self, unit: Sequence[Container]) -> dict[str, int]:
+        per = {c.name: device_request(c, self.machine) for c in self.pod.all_containers}
+        return self._unit_map(unit, per)
+
+    def _unit_map(self, unit: Sequence[Container],
+                  per: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
+        kinds = sorted({k for c in unit for k in per[c.name]})
+        out: dict[str, int] = {}
+        for k in kinds:
+            v = self._unit(unit, _getter(per, k))
+            if v:
+                out[k] = v
+        return out
+
+    def _unit(self, unit: Sequence[Container], value: Callable[[Container], int]) -> int:
+        if len(unit) == 1:
+            return value(unit[0])
+        return effective_request(self.pod.init_containers, self.pod.containers, value)
+
+    def free_sets(self) -> dict[str, frozenset[str]]:
+        uid = self.pod.uid
+        return {r: frozenset(self.work.free_devices(r)) | self.work.reusable_devices(uid, r)
+                for r in self.machine.device_resources}
+
+    # -- one decision
+
+    def decide(self, name: str, unit: Sequence[Container]) -> Decision:
+        t0 = time.perf_counter()
+        pod, machine, work = self.pod, self.machine, self.work
+        if self.policy == POLICY_NONE:
+            return Decision(name, [], [], None, TopologyHint(None, False), True,
+                            seconds=time.perf_counter() - t0)
+        demands: list[Demand] = []
+        slots: list[tuple[str, str]] = []  # (provider, resource key) per demand
+        fixed: dict[str, dict[str, list[TopologyHint] | None]] = {"devices": {}}
+        n_cpu = self.unit_cpus(unit)
+        if n_cpu:
+            demands.append(cpu_demand(machine, work, pod.uid, n_cpu))
+            slots.append(("cpu", "cpu"))
+        mem = self.unit_memory(unit)
+        if mem:
+            demands.append(memory_demand(machine, work, mem))
+            slots.append(("memory", ""))
+        free_sets = self.free_sets()
+        for res, count in self.unit_devices(unit).items():
+            if res in self.overrides:
+                continue
+            got = device_hints_or_demand(machine, work, pod.uid, res, count)
+            if isinstance(got, Demand):
+                demands.append(got)
+                slots.append(("devices", res))
+            else:
+                fixed["devices"][res] = got
+        seen: set[int] = set()
+        for res, ov in self.overrides.items():
+            if id(ov) in seen or not any(r in c.requests for c in unit for r in ov.resources):
+                continue
+            seen.add(id(ov))
+            counts = {c.name: {res: int(c.request(res))} for c in pod.all_containers}
+            req = OverrideRequest(machine, pod, res, tuple(unit),
+                                  self._unit(unit, _getter(counts, res)),
+                                  free_sets.get(res, frozenset()), free_sets)
+            fixed["devices"][res] = ov.hints(req)
+        plan = plan_hints(demands, machine.numa_ids, machine.distances, self.policy,
+                          self.options.prefer_closest_numa_nodes)
+        cpu_p: dict[str, list[TopologyHint] | None] = {}
+        mem_p: dict[str, list[TopologyHint] | None] = {}
+        dev_p: dict[str, list[TopologyHint] | None] = {}
+        for (prov, key), d, hints in zip(slots, demands, plan.lists, strict=True):
+            if prov == "cpu":
+                cpu_p[key] = hints
+            elif prov == "memory":
+                for k in d.keys:
+                    mem_p[k] = list(hints)
+            else:
+                dev_p[key] = hints
+        dev_p.update(fixed["devices"])
+        providers: list[ProviderHints] = [cpu_p or None, mem_p or None, dev_p or None]
+        result = merge(self.policy, providers, machine.numa_ids, machine.distances,
+                       self.options)
+        return Decision(name, providers, ["cpu", "memory", "devices"], result, result.hint,
+                        result.admit, plan, time.perf_counter() - t0)
+
+    # -- allocation of one container inside a merged hint
+
+    def allocate(self, c: Container, hint: TopologyHint) -> ContainerResult:
+        pod, machine, work = self.pod, self.machine, self.work
+        mask = hint.mask
+        alloc = ContainerAllocation(reusable=c.is_init)
+        n = guaranteed_cpus(pod, c)
+        if n:
+            usable = work.free_cpus() | work.reusable_cpus(pod.uid)
+            cpus = allocate_cpus(machine, usable, n, mask)
+            if cpus is None:
+                raise AllocationFailed(f"not enough cpus available to satisfy request: "
+                                       f"requested={n}, available={len(usable)}")
+            alloc.cpus = tuple(cpus)
+        mem = memory_request(pod, c)
+        if mem:
+            self._allocate_memory(c, mem, mask, alloc)
+        free_sets = self.free_sets()
+        for res, count in device_request(c, machine).items():
+            if res in self.overrides:
+                continue
+            alloc.devices[res] = tuple(self._allocate_devices(res, count, mask))
+        for res, ov in self.overrides.items():
+            if id(ov) in self.override_done or res not in c.requests:
+                continue
+            self.override_done.add(id(ov))
+            req = OverrideRequest(machine, pod, res, (c,), int(c.request(res)),
+                                  free_sets.get(res, frozenset()), free_sets)
+            try:
+                got = ov.allocate(req, mask)
+            except TopologyError as e:
+                raise AllocationFailed(str(e)) from None
+            for r, ids in got.devices.items():
+                alloc.devices[r] = tuple(ids)
+            self.gpus.update(got.gpus)
+        try:
+            work.allocate(pod.uid, c.name, alloc, pod_name=pod.name, namespace=pod.namespace)
+        except TopologyError as e:  # pragma: no cover - the managers keep the invariants
+            raise AllocationFailed(str(e)) from None
+        if mask is not None:
+            nodes = mask_ids(mask)
+        else:
+            used = {machine.cpus[x].numa for x in alloc.cpus}
+            used |= {nd for per in alloc.memory.values() for nd, b in per.items() if b}
+            for r, held in alloc.devices.items():
+                used |= {d.numa_node for d in machine.devices_of(r)
+                         if d.id in held and d.numa_node is not None}
+            nodes = sorted(used)
+        return ContainerResult(nodes, alloc, hint)
+
+    def _allocate_memory(self, c: Container, req: Mapping[str, int], mask: NumaMask | None,
+                         alloc: ContainerAllocation) -> None:
+        """The memory manager's Allocate: default hint when the affinity is nil, extended
+        when it cannot hold the request, refused when it breaks the NUMA grouping rule;
+        then bytes are taken node by node (lowest id first)."""
+        work = self.work
+        d = memory_demand(self.machine, work, req)
+
+        def reuse(m: NumaMask, kind: str) -> int:
+            return self.mem_reuse.get((m, kind), 0)
+
+        def satisfies(m: NumaMask) -> bool:
+            return all(sum(work.free_memory(nd, k) for nd in mask_ids(m)) + reuse(m, k) >= v
+                       for k, v in req.items())
+
+        best = mask
+        if best is None:
+            best = self._narrowest(d, 0)
+            if best is None:
+                raise AllocationFailed("[memorymanager] failed to get the default NUMA "
+                                       "affinity, no NUMA nodes with enough memory is available")
+        if not satisfies(best):
+            best = self._narrowest(d, best)
+            if best is None:
+                raise AllocationFailed("[memorymanager] failed to find NUMA nodes to extend "
+                                       "the current topology hint")
+        nodes = mask_ids(best)
+        if len(nodes) > 1:
+            for nd in nodes:
+                if work.assignments.get(nd, 0) > 0:
+                    group = work.cells.get(nd, 0)
+                    if group.bit_count() <= 1 or group != best:
+                        raise AllocationFailed("[memorymanager] preferred hint violates NUMA "
+                                               "node allocation")
+        for kind, size in req.items():
+            r = reuse(best, kind)
+            if r:
+                used = min(r, size)
+                self.mem_reuse[(best, kind)] = r - used
+                size -= used
+            per: dict[int, int] = {}
+            for nd in nodes:
+                if size <= 0:
+                    break
+                take = min(max(0, work.free_memory(nd, kind)), size)
+                if take:
+                    per[nd] = take
+                    size -= take
+            if size > 0:  # pragma: no cover - satisfies() checked it
+                raise AllocationFailed(f"[memorymanager] not enough {kind}")
+            alloc.memory[kind] = per
+            if c.is_init:
+                key = (best, kind)
+                self.mem_reuse[key] = max(self.mem_reuse.get(key, 0), req[kind])
+        alloc.memory_mask = best
+
+    def _narrowest(self, d: Demand, within: NumaMask) -> NumaMask | None:
+        """The memory manager's findBestHint over its hints containing ``within``: the
+        narrowest, then the lowest mask (preferred ones are the narrowest anyway)."""
+        start = max(1, within.bit_count())
+        for k in range(start, len(d.domain) + 1):
+            m = best_subset(d.domain, k, d.fits, tables=[(d.free, d.request)],
+                            forced=within | d.required)
+            if m is not None:
+                return m
+        return None
+
+    def _allocate_devices(self, res: str, count: int, mask: NumaMask | None) -> list[str]:
+        """The device manager's devicesToAllocate: the pod's reusable devices first, then
+        devices inside the affinity, then the others (each set in id order)."""
+        work, machine = self.work, self.machine
+        reusable = sorted(work.reusable_devices(self.pod.uid, res))
+        out = reusable[:count]
+        if len(out) == count:
+            return out
+        free = set(work.free_devices(res))
+        need = count - len(out)
+        if len(free) < need:
+            raise AllocationFailed(f"requested number of devices unavailable for {res}. "
+                                   f"Requested: {need}, Available: {len(free)}")
+        devs = {dv.id: dv for dv in machine.devices_of(res)}
+        aligned_possible = any(dv.numa_node is not None for dv in devs.values())
+        if mask is None or not aligned_possible:
+            aligned: list[str] = []
+            rest = sorted(free)
+        else:
+            aligned = sorted(i for i in free if devs[i].numa_node is not None
+                             and mask >> (devs[i].numa_node or 0) & 1)
+            rest = sorted(free - set(aligned))
+        return [*out, *(aligned + rest)[:need]]
+
+
+def _getter(per: Mapping[str, Mapping[str, int]], key: str) -> Callable[[Container], int]:
+    def get(c: Container) -> int:
+        return per[c.name].get(key, 0)
+
+    return get
+
+
+def admit_pod(machine: Machine, ledger: Ledger, pod: Pod, policy: str,
+              scope: str = SCOPE_CONTAINER, options: PolicyOptions | None = None, *,
+              overrides: Sequence[DeviceOverride] = (), commit: bool = True) -> AdmitResult:
+    """Admit ``pod`` on ``machine`` against ``ledger``; on admission (and ``commit``) the
+    ledger takes the pod's allocation, on rejection it is left untouched.
+
+    Raises TopologyError for an unknown policy or scope, or a pod asking for more than
+    the machine has at all.
+    """
+    t0 = time.perf_counter()
+    check_policy(policy)
+    check_scope(scope)
+    opts = options if options is not None else PolicyOptions()
+    check_fits_machine(machine, pod)
+    if pod.uid in ledger.pods:
+        raise TopologyError(f"pod {pod.name}", f"uid {pod.uid} is already admitted")
+    run = _Run(machine, ledger, pod, policy, opts, overrides)
+    decisions: list[Decision] = []
+    containers: dict[str, ContainerResult] = {}
+
+    def reject(reason: str, message: str, hint: TopologyHint) -> AdmitResult:
+        return AdmitResult(pod, policy, scope, False, reason, message, hint, {}, {},
+                           decisions, time.perf_counter() - t0)
+
+    try:
+        if scope == SCOPE_POD:
+            dec = run.decide("pod", pod.all_containers)
+            decisions.append(dec)
+            if not dec.admit:
+                return reject(REJECT_REASON, REJECT_MESSAGE, dec.hint)
+            for c in pod.all_containers:
+                containers[c.name] = run.allocate(c, dec.hint)
+            hint = dec.hint
+        else:
+            for c in pod.all_containers:
+                dec = run.decide(c.name, [c])
+                decisions.append(dec)
+                if not dec.admit:
+                    return reject(REJECT_REASON, REJECT_MESSAGE, dec.hint)
+                containers[c.name] = run.allocate(c, dec.hint)
+            hint = _pod_hint(decisions)
+    except AllocationFailed as e:
+        return reject(UNEXPECTED_REASON, f"Allocate failed due to {e}, which is unexpected",
+                      decisions[-1].hint if decisions else TopologyHint(None, False))
+    if commit:
+        ledger.replace_with(run.work)
+        rec = ledger.pods.get(pod.uid)
+        if rec is not None:
+            rec.info.update({"policy": policy, "scope": scope, "hint": hint.to_json(),
+                             "gpus": run.gpus})
+    return AdmitResult(pod, policy, scope, True, None, None, hint, containers, run.gpus,
+                       decisions, time.perf_counter() - t0)
+
+
+def _pod_hint(decisions: Sequence[Decision]) -> TopologyHint:
+    """Container scope: the union of the containers' affinities, preferred iff all are."""
+    masks = [d.hint.mask for d in decisions if d.hint.mask is not None]
+    union: NumaMask | None = None
+    for m in masks:
+        union = m if union is None else union | m
+    return TopologyHint(union, all(d.hint.preferred for d in decisions))
+
+
+# ---------------------------------------------------------------- GPU groups hook
+
+
+class GpuAnnotationOverride:
+    """Device provider override for pods with ``numalign.io/gpus``: the GPU group
+    allocator (``topology.gpu``) gives the NUMA hints of all the pod's GPU requests and
+    places them; the whole placement goes to the first container asking for the GPU
+    resource (or a ``withResource`` one)."""
+
+    def __init__(self, machine: Machine, text: str) -> None:
+        from . import gpu
+
+        self._gpu = gpu
+        self.machine = machine
+        try:
+            self.requests = gpu.parse_gpu_requests(text, machine)
+        except TopologyError as e:
+            raise TopologyError(f"metadata.annotations.{gpu.ANNOTATION}{_sub(e.field)}",
+                                e.problem) from None
+        res: list[str] = []
+        for r in self.requests:
+            for name in (r.resource, r.with_resource.resource if r.with_resource else None):
+                if name is not None and name not in res:
+                    res.append(name)
+        self.resources = tuple(res)
+
+    def hints(self, req: OverrideRequest) -> list[TopologyHint] | None:
+        free = {r: req.free_by_resource.get(r, frozenset()) for r in self.resources}
+        return list(self._gpu.hints(self.machine, free, self.requests))
+
+    def allocate(self, req: OverrideRequest, mask: NumaMask | None) -> OverrideAllocation:
+        free = {r: req.free_by_resource.get(r, frozenset()) for r in self.resources}
+        got = self._gpu.allocate(self.machine, free, self.requests, mask)
+        return OverrideAllocation({r: list(ids) for r, ids in got.devices.items()},
+                                  {k: list(v) for k, v in got.gpus.items()})
+
+
+def _sub(field_: str) -> str:
+    if not field_:
+        return ""
+    return field_ if field_.startswith("[") else "." + field_
+
+
+def default_overrides(machine: Machine, pod: Pod) -> list[DeviceOverride]:
+    """The overrides a pod gets by default: GPU groups when it has ``numalign.io/gpus``."""
+    text = pod.annotations.get("numalign.io/gpus")
+    if text is None:
+        return []
+    return [GpuAnnotationOverride(machine, text)]

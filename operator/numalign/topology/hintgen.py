@@ -1,0 +1,361 @@
+"""Hint generation for one admission decision, exact on small machines and reduced on
+wide ones, with the same merge answer as the kubelet's full hint lists.
+
+Up to ``FULL_LIMIT`` NUMA nodes every provider lists every fitting mask, as the kubelet
+does (``providers.full_hints``). Past that, 2^N masks cannot be walked (64 nodes), and a
+*reduced* list per resource is generated instead. Why it gives the same merge answer:
+
+1. Every reduced list is a sub-list of the kubelet's list (only masks the provider would
+   list, with the kubelet's ``preferred`` flag: width == the provider's capacity-based
+   minimal width). So every merged hint reachable from the reduced lists is reachable
+   from the full lists.
+2. The merge keeps the best merged hint under a total order (``merge.merge``: preferred
+   first, narrowest then fittest; non-preferred ranked around B, the largest over
+   resources of the resource's narrowest hint width). B is kept: each reduced list
+   holds its resource's narrowest fitting mask (found by an exhaustive search below).
+3. The full answer is kept reachable: the reduced lists hold its witnesses. So the best
+   of a subset that contains the overall best is the overall best.
+
+The full answer is found by searching the structure instead of enumerating: fitting is
+additive per node (sums of free CPUs / devices / bytes against the request, plus the
+nodes reusable items pin, plus the memory manager's group rule), so
+
+* preferred answer: when every resource with hints has the same minimal width w, the
+  fittest w-wide mask every resource can use. ``best_subset`` finds it by a depth-first
+  search in the merge's order (lowest mask value: the highest node id as low as
+  possible, then the next; or, with prefer-closest-numa-nodes, a branch-and-bound on the
+  sum of distances), pruned by per-resource upper bounds on what the remaining nodes can
+  add;
+* non-preferred answer (no preferred mask exists): the fittest mask s of width B (then
+  narrower ones widest first, then wider ones) that is an AND of one hint per resource.
+  s is such an AND if one resource can use s itself and the others some superset of it,
+  or two resources can use s plus disjoint extra nodes (the other resources then take
+  any superset). The witnesses found are put in the lists.
+* single-numa-node keeps only preferred one-node hints and nil: every fitting one-node
+  mask is listed, so its filtered lists are the kubelet's.
+
+Limits, reported as ``exact=False`` on the plan: a search that runs out of its budget
+(very wide masks under prefer-closest-numa-nodes), and a non-preferred AND the greedy
+witness completion does not find (needs three or more resources to cut one mask, or a
+memory group rule the greedy completion trips over).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from .hints import NumaMask, TopologyHint
+from .policy import POLICY_NONE, POLICY_SINGLE_NUMA_NODE
+from .providers import Demand, Vector, full_hints
+
+FULL_LIMIT = 10
+SEARCH_BUDGET = 300_000
+
+Table = tuple[Mapping[int, Vector], Vector]  # per-node vector, request
+
+
+class _OutOfBudget(Exception):
+    pass
+
+
+@dataclass
+class SearchStats:
+    visits: int = 0
+    truncated: bool = False
+
+
+def best_subset(cands: Sequence[int], k: int, pred: Callable[[NumaMask], bool], *,
+                tables: Sequence[Table] = (), forced: NumaMask = 0,
+                distances: Mapping[int, Mapping[int, int]] | None = None,
+                budget: int = SEARCH_BUDGET, stats: SearchStats | None = None,
+                ) -> NumaMask | None:
+    """The best ``k``-node mask over ``cands`` (containing ``forced``) with ``pred``: the
+    lowest mask value, or with ``distances`` the lowest sum of distances over ordered
+    pairs, then the lowest value. ``tables`` give additive bounds for pruning: a partial
+    choice is dropped when even the best remaining nodes cannot reach a request."""
+    forced_ids = [c for c in cands if forced >> c & 1]
+    if len(forced_ids) != forced.bit_count() or k < len(forced_ids):
+        return None
+    rest = [c for c in cands if not forced >> c & 1]
+    m = k - len(forced_ids)
+    if m > len(rest):
+        return None
+    st = stats if stats is not None else SearchStats()
+    start = [0] * sum(len(r) for _, r in tables)
+    base = _add(start, tables, forced_ids)
+    reqs = [x for _, r in tables for x in r]
+    cols = [[tbl.get(c, (0,) * len(r))[i] for c in rest] for tbl, r in tables
+            for i in range(len(r))]
+    top_cache: dict[tuple[int, int, int], int] = {}
+
+    def top(col: int, count: int, hi: int) -> int:
+        """Sum of the ``count`` largest values of column ``col`` among rest[:hi]."""
+        if count <= 0:
+            return 0
+        key = (col, count, hi)
+        got = top_cache.get(key)
+        if got is None:
+            got = sum(heapq.nlargest(count, cols[col][:hi]))
+            top_cache[key] = got
+        return got
+
+    def tick() -> None:
+        st.visits += 1
+        if st.visits > budget:
+            raise _OutOfBudget
+
+    try:
+        if distances is None:
+            return _numeric(rest, m, forced, base, reqs, cols, top, pred, tick)
+        return _closest(rest, m, forced, forced_ids, base, reqs, cols, top, pred, tick,
+                        distances)
+    except _OutOfBudget:
+        st.truncated = True
+        return None
+
+
+def _add(sums: list[int], tables: Sequence[Table], ids: Sequence[int]) -> list[int]:
+    out = list(sums)
+    for c in ids:
+        j = 0
+        for tbl, r in tables:
+            v = tbl.get(c)
+            for i in range(len(r)):
+                if v is not None:
+                    out[j] += v[i]
+                j += 1
+    return out
+
+
+def _numeric(rest: list[int], m: int, forced: NumaMask, base: list[int], reqs: list[int],
+             cols: list[list[int]], top: Callable[[int, int, int], int],
+             pred: Callable[[NumaMask], bool], tick: Callable[[], None]) -> NumaMask | None:
+    def rec(chosen: NumaMask, sums: list[int], need: int, hi: int) -> NumaMask | None:
+        tick()
+        if need == 0:
+            return chosen if pred(chosen) else None
+        for t in range(need - 1, hi):
+            new = [s + col[t] for s, col in zip(sums, cols, strict=True)]
+            if any(new[j] + top(j, need - 1, t) < reqs[j] for j in range(len(reqs))):
+                continue
+            got = rec(chosen | 1 << rest[t], new, need - 1, t)
+            if got is not None:
+                return got
+        return None
+
+    if any(base[j] + top(j, m, len(rest)) < reqs[j] for j in range(len(reqs))):
+        return None
+    return rec(forced, base, m, len(rest))
+
+
+def _closest(rest: list[int], m: int, forced: NumaMask, forced_ids: list[int],
+             base: list[int], reqs: list[int], cols: list[list[int]],
+             top: Callable[[int, int, int], int], pred: Callable[[NumaMask], bool],
+             tick: Callable[[], None], d: Mapping[int, Mapping[int, int]]) -> NumaMask | None:
+    n = len(rest)
+    best: list[tuple[int, NumaMask]] = []
+    start_sum = sum(d[a][b] for a in forced_ids for b in forced_ids)
+    off = [min((d[a][b] for b in rest if b != a), default=0) for a in rest]
+    min_off = min(off, default=0)
+
+    def rec(i: int, chosen: list[int], mask: NumaMask, dsum: int, sums: list[int]) -> None:
+        tick()
+        need = m - (len(chosen) - len(forced_ids))
+        if need == 0:
+            key = (dsum, mask)
+            if (not best or key < best[0]) and pred(mask):
+                best[:] = [key]
+            return
+        if n - i < need:
+            return
+        if any(sums[j] + top(j, need, n) < reqs[j] for j in range(len(reqs))):
+            return
+        # lower bound: each node still to add costs at least its own distance plus twice
+        # its distances to the chosen ones, plus the pairs among the new nodes
+        gains = sorted(d[c][c] + 2 * sum(d[a][c] for a in chosen) for c in rest[i:])
+        lb = dsum + sum(gains[:need]) + need * (need - 1) * min_off
+        if best and lb > best[0][0]:
+            return
+        c = rest[i]
+        add = d[c][c] + 2 * sum(d[a][c] for a in chosen)
+        rec(i + 1, [*chosen, c], mask | 1 << c, dsum + add,
+            [s + col[i] for s, col in zip(sums, cols, strict=True)])
+        rec(i + 1, chosen, mask, dsum, sums)
+
+    rec(0, list(forced_ids), forced, start_sum, base)
+    return best[0][1] if best else None
+
+
+# ---------------------------------------------------------------- the plan
+
+
+@dataclass
+class HintPlan:
+    """Hint lists per demand (same order as the demands) and how they were made."""
+
+    lists: list[list[TopologyHint]]
+    method: str  # "full" | "reduced" | "none"
+    exact: bool = True
+    notes: list[str] = field(default_factory=list)
+
+
+def plan_hints(demands: Sequence[Demand], numa_ids: Sequence[int],
+               distances: Mapping[int, Mapping[int, int]] | None, policy: str,
+               prefer_closest: bool, full_limit: int = FULL_LIMIT) -> HintPlan:
+    if policy == POLICY_NONE:
+        return HintPlan([[] for _ in demands], "none")
+    if len(numa_ids) <= full_limit:
+        return HintPlan([full_hints(d) for d in demands], "full")
+    return _reduced(demands, distances if prefer_closest and policy != POLICY_SINGLE_NUMA_NODE
+                    else None, policy)
+
+
+def _table(d: Demand) -> Table:
+    return (d.free, d.request)
+
+
+def _complete(d: Demand, s: NumaMask, exclude: NumaMask) -> NumaMask | None:
+    """Greedy: ``s`` plus the pinned nodes plus the freest other nodes until ``d`` fits."""
+    m = s | d.required
+    if m & ~d.domain_mask:
+        return None
+    if d.fits(m):
+        return m
+    others = [n for n in d.domain if not (m | exclude) >> n & 1]
+    others.sort(key=lambda n: (*(-x for x in d.free.get(n, ())), n))
+    for n in others:
+        m |= 1 << n
+        if d.fits(m):
+            return m
+    return None
+
+
+def _reduced(demands: Sequence[Demand], dist: Mapping[int, Mapping[int, int]] | None,
+             policy: str) -> HintPlan:
+    stats = SearchStats()
+    chosen: list[dict[NumaMask, None]] = [{} for _ in demands]
+    plan = HintPlan([], "reduced")
+    narrowest: list[int | None] = []
+    for i, d in enumerate(demands):
+        w: int | None = None
+        for k in range(1, len(d.domain) + 1):
+            m = best_subset(d.domain, k, d.fits, tables=[_table(d)], forced=d.required,
+                            stats=stats)
+            if m is not None:
+                chosen[i][m] = None
+                w = k
+                break
+            if stats.truncated:
+                break
+        narrowest.append(w)
+        if w is not None:
+            for n in d.domain:
+                if d.fits(1 << n):
+                    chosen[i][1 << n] = None
+    live = [i for i, w in enumerate(narrowest) if w is not None]
+    widths = {demands[i].min_width() for i in live}
+    found = False
+    if live and len(live) == len(demands) and len(widths) == 1:
+        w = widths.pop()
+        cands = _common_domain([demands[i] for i in live])
+        forced = 0
+        for i in live:
+            forced |= demands[i].required
+
+        def fits_all(mask: NumaMask) -> bool:
+            return all(demands[i].fits(mask) for i in live)
+
+        p = best_subset(cands, w, fits_all, tables=[_table(demands[i]) for i in live],
+                        forced=forced, distances=dist, stats=stats)
+        if p is not None:
+            found = True
+            for i in live:
+                chosen[i][p] = None
+    if not found and live and policy != POLICY_SINGLE_NUMA_NODE:
+        ok = _non_preferred(demands, live, narrowest, chosen, dist, stats)
+        if not ok:
+            plan.notes.append("no non-preferred AND found by the witness search")
+            plan.exact = False
+    if stats.truncated:
+        plan.exact = False
+        plan.notes.append("a search ran out of its budget")
+    plan.lists = [[demands[i].hint(m) for m in chosen[i]] if narrowest[i] is not None else []
+                  for i in range(len(demands))]
+    return plan
+
+
+def _common_domain(ds: Sequence[Demand]) -> list[int]:
+    common = ds[0].domain_mask
+    for d in ds[1:]:
+        common &= d.domain_mask
+    return [n for n in ds[0].domain if common >> n & 1]
+
+
+def _non_preferred(demands: Sequence[Demand], live: list[int], narrowest: list[int | None],
+                   chosen: list[dict[NumaMask, None]],
+                   dist: Mapping[int, Mapping[int, int]] | None, stats: SearchStats) -> bool:
+    ds = [demands[i] for i in live]
+    b = max(w for w in narrowest if w is not None)
+    cands = _common_domain(ds)
+    witnesses: dict[NumaMask, dict[int, NumaMask]] = {}
+
+    def achievable(s: NumaMask) -> bool:
+        w = _witnesses(ds, s)
+        if w is None:
+            return False
+        witnesses[s] = {live[j]: m for j, m in w.items()}
+        return True
+
+    single = len(ds) == 1
+    tables = [_table(ds[0])] if single else []
+    forced = ds[0].required if single else 0
+    order = [b, *range(b - 1, 0, -1), *range(b + 1, len(cands) + 1)]
+    for k in order:
+        if k > len(cands):
+            continue
+        s = best_subset(cands, k, achievable, tables=tables, forced=forced, distances=dist,
+                        stats=stats)
+        if s is not None:
+            for i, m in witnesses[s].items():
+                chosen[i][m] = None
+            return True
+        if stats.truncated:
+            return False
+    return False
+
+
+def _witnesses(ds: Sequence[Demand], s: NumaMask) -> dict[int, NumaMask] | None:
+    """One hint per demand whose AND is exactly ``s`` (see the module docstring)."""
+    alone = [j for j, d in enumerate(ds) if d.fits(s)]
+    if alone:
+        out: dict[int, NumaMask] = {}
+        for j, d in enumerate(ds):
+            m = s if j in alone else _complete(d, s, 0)
+            if m is None:
+                return None
+            out[j] = m
+        return out
+    if len(ds) < 2:
+        return None
+    for a in range(len(ds)):
+        ma = _complete(ds[a], s, 0)
+        if ma is None:
+            continue
+        for b in range(len(ds)):
+            if b == a:
+                continue
+            mb = _complete(ds[b], s, ma & ~s)
+            if mb is None or ma & mb != s:
+                continue
+            out = {a: ma, b: mb}
+            for j, d in enumerate(ds):
+                if j not in out:
+                    m = _complete(d, s, 0)
+                    if m is None:
+                        break
+                    out[j] = m
+            else:
+                return out
+    return None

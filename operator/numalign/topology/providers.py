@@ -1,0 +1,213 @@
+"""Hint providers with the kubelet's semantics: CPU (static policy), memory and hugepages
+(memory manager, static policy) and devices (device manager).
+
+Every kubelet provider has the same shape: it walks every NUMA mask of its node set, and
+a mask is a hint when what is usable now inside it can hold the request; a hint is
+preferred iff its width equals the narrowest width whose *capacity* could hold the request
+(``minAffinitySize``, which starts at the number of nodes). This module captures a
+provider's request as a ``Demand`` (per node free and capacity vectors, nodes a hint must
+contain, an extra validity rule) so that hints can be generated either exactly as the
+kubelet does (``full_hints``, every mask: fine up to ~10 nodes) or reduced (see
+``hintgen``) on wide machines.
+
+What each provider does, as in the kubelet:
+
+* CPU (cpumanager/policy_static.go): only Guaranteed pods with an integer CPU request get
+  exclusive CPUs; otherwise no output ("no preference"). Masks range over the NUMA nodes
+  that have CPUs (``CPUDetails.NUMANodes()``), never over CPU-less nodes. CPUs the pod's
+  finished init containers hold are reusable and every one of them must lie in the mask.
+* Memory (memorymanager/policy_static.go): Guaranteed pods only; one hint list shared by
+  ``memory`` and every requested ``hugepages-<size>``; masks over all NUMA nodes; a
+  mask must hold every requested kind by allocatable (this sets minAffinitySize) and by
+  free memory; a NUMA node already used by a multi-node allocation may only be part of
+  exactly that group, and a node used by single-node allocations never joins a group.
+* Devices (devicemanager/topology_hints.go), per extended resource: if no device of the
+  resource has a NUMA node, the resource gets a nil list (no preference); if fewer
+  devices are available (plus reusable) than requested, an empty list; otherwise masks
+  over all NUMA nodes counting only devices with a NUMA node in the mask (devices
+  without one never count; reusable ones must lie in the mask).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import combinations
+
+from .hints import NumaMask, TopologyHint, mask_ids, mask_of
+from .ledger import MEMORY, Ledger
+from .machine import Machine
+from .pod import QOS_GUARANTEED, Container, Pod, is_hugepages
+
+Vector = tuple[int, ...]
+
+
+@dataclass
+class Demand:
+    """One provider's request in a decision, in the provider's units."""
+
+    provider: str  # "cpu", "memory", "devices"
+    keys: tuple[str, ...]  # resource names the hints are reported under (same list each)
+    request: Vector
+    domain: tuple[int, ...]  # NUMA node ids the provider's masks range over (sorted)
+    free: Mapping[int, Vector]  # usable now per node (available + reusable)
+    capacity: Mapping[int, Vector]  # per node, for the minimal width
+    required: NumaMask = 0  # nodes every hint must contain (reusable items)
+    valid: Callable[[NumaMask], bool] | None = None  # extra rule (memory groups)
+    _min_width: int | None = field(default=None, repr=False)
+
+    @property
+    def domain_mask(self) -> NumaMask:
+        return mask_of(self.domain)
+
+    def _sums(self, mask: NumaMask, table: Mapping[int, Vector]) -> list[int]:
+        tot = [0] * len(self.request)
+        for n in mask_ids(mask):
+            v = table.get(n)
+            if v is not None:
+                for i, x in enumerate(v):
+                    tot[i] += x
+        return tot
+
+    def fits(self, mask: NumaMask) -> bool:
+        """Would the kubelet list ``mask`` as a hint?"""
+        if mask & ~self.domain_mask or self.required & ~mask:
+            return False
+        if any(s < r for s, r in zip(self._sums(mask, self.capacity), self.request,
+                                     strict=True)):
+            return False  # memory manager: allocatable first (others: implied by free)
+        if self.valid is not None and not self.valid(mask):
+            return False
+        return all(s >= r for s, r in zip(self._sums(mask, self.free), self.request, strict=True))
+
+    def fits_capacity(self, mask: NumaMask) -> bool:
+        return all(s >= r for s, r in zip(self._sums(mask, self.capacity), self.request,
+                                          strict=True))
+
+    def min_width(self) -> int:
+        """The kubelet's minAffinitySize: narrowest width whose capacity holds the request
+        (the number of nodes when none does)."""
+        if self._min_width is None:
+            from .hintgen import best_subset  # local: hintgen imports this module
+
+            found = len(self.domain)
+            for k in range(1, len(self.domain) + 1):
+                m = best_subset(list(self.domain), k, self.fits_capacity,
+                                tables=[(self.capacity, self.request)], budget=200_000)
+                if m is not None:
+                    found = k
+                    break
+            self._min_width = found
+        return self._min_width
+
+    def hint(self, mask: NumaMask) -> TopologyHint:
+        return TopologyHint(mask, mask.bit_count() == self.min_width())
+
+
+def iterate_masks(ids: Sequence[int]) -> Iterator[NumaMask]:
+    """Every non-empty mask over ``ids`` in the kubelet's IterateBitMasks order."""
+    for k in range(1, len(ids) + 1):
+        for combo in combinations(ids, k):
+            yield mask_of(combo)
+
+
+def full_hints(d: Demand) -> list[TopologyHint]:
+    """The kubelet's hint list for a demand: every fitting mask (2^n walk)."""
+    return [d.hint(m) for m in iterate_masks(d.domain) if d.fits(m)]
+
+
+# ---------------------------------------------------------------- per-provider requests
+
+
+def guaranteed_cpus(pod: Pod, c: Container) -> int:
+    """The static policy's exclusive CPU count: Guaranteed QoS and an integer request."""
+    if pod.qos != QOS_GUARANTEED:
+        return 0
+    q = c.request("cpu")
+    if q <= 0 or q != q.to_integral_value():
+        return 0
+    return int(q)
+
+
+def memory_request(pod: Pod, c: Container) -> dict[str, int]:
+    """The memory manager's request: memory and hugepages bytes, Guaranteed pods only."""
+    if pod.qos != QOS_GUARANTEED:
+        return {}
+    out: dict[str, int] = {}
+    for res, q in c.requests.items():
+        if res == MEMORY or is_hugepages(res):
+            b = int(q.to_integral_value(rounding="ROUND_CEILING"))
+            if b > 0:
+                out[res] = b
+    return out
+
+
+def device_request(c: Container, machine: Machine) -> dict[str, int]:
+    """Extended resources served by devices of this machine, in devices."""
+    served = set(machine.device_resources)
+    return {res: int(q) for res, q in c.requests.items() if res in served and q > 0}
+
+
+def cpu_demand(machine: Machine, ledger: Ledger, uid: str, request: int) -> Demand:
+    free_cpus = ledger.free_cpus()
+    reusable = ledger.reusable_cpus(uid)
+    usable = free_cpus | reusable
+    domain = tuple(sorted({c.numa for c in machine.cpus.values()}))
+    free: dict[int, Vector] = {n: (0,) for n in domain}
+    cap: dict[int, Vector] = {n: (0,) for n in domain}
+    for c in machine.cpus.values():
+        cap[c.numa] = (cap[c.numa][0] + 1,)
+        if c.id in usable:
+            free[c.numa] = (free[c.numa][0] + 1,)
+    required = mask_of({machine.cpus[c].numa for c in reusable})
+    return Demand("cpu", ("cpu",), (request,), domain, free, cap, required)
+
+
+def memory_demand(machine: Machine, ledger: Ledger, request: Mapping[str, int]) -> Demand:
+    kinds = tuple(sorted(request, key=lambda k: (k != MEMORY, k)))
+    domain = tuple(sorted(machine.numa_ids))
+    free = {n: tuple(max(0, ledger.free_memory(n, k)) for k in kinds) for n in domain}
+    cap = {n: tuple(ledger.capacity(n, k) for k in kinds) for n in domain}
+    assignments = dict(ledger.assignments)
+    cells = dict(ledger.cells)
+
+    def valid(mask: NumaMask) -> bool:
+        nodes = mask_ids(mask)
+        if len(nodes) == 1:
+            group = cells.get(nodes[0])
+            return group is None or group.bit_count() <= 1
+        for n in nodes:
+            if assignments.get(n, 0) > 0:
+                group = cells.get(n, 0)
+                if group.bit_count() <= 1 or group != mask:
+                    return False
+        return True
+
+    return Demand("memory", kinds, tuple(request[k] for k in kinds), domain, free, cap,
+                  valid=valid)
+
+
+def device_hints_or_demand(machine: Machine, ledger: Ledger, uid: str, resource: str,
+                           request: int) -> Demand | list[TopologyHint] | None:
+    """A device resource's Demand, or its hint list when the kubelet decides without a
+    walk: None (no device has a NUMA node) or [] (not enough devices available)."""
+    devices = machine.devices_of(resource)
+    if not any(d.numa_node is not None for d in devices):
+        return None
+    free_ids = set(ledger.free_devices(resource))
+    reusable = ledger.reusable_devices(uid, resource)
+    if len(free_ids | reusable) < request:
+        return []
+    domain = tuple(sorted(machine.numa_ids))
+    free: dict[int, Vector] = {n: (0,) for n in domain}
+    cap: dict[int, Vector] = {n: (0,) for n in domain}
+    required = 0
+    for d in devices:
+        if d.numa_node is None:
+            continue
+        cap[d.numa_node] = (cap[d.numa_node][0] + 1,)
+        if d.id in free_ids or d.id in reusable:
+            free[d.numa_node] = (free[d.numa_node][0] + 1,)
+        if d.id in reusable:
+            required |= 1 << d.numa_node
+    return Demand("devices", (resource,), (request,), domain, free, cap, required)

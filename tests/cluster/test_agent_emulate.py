@@ -1,0 +1,285 @@
+"""The emulated-node agent on a real API server: admission like the kubelet, allocation
+annotations and NodeTopology status, rejection with TopologyAffinityError, restart
+safety, node default policies and malformed policy annotations."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from numalign.topology.quantity import parse_cpulist
+
+pytestmark = pytest.mark.cluster
+
+MACHINES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "machines"
+SEED = MACHINES / "seed-figure1.yaml"
+GPU = "gpu-vendor.com/gpu"
+NIC = "nic-vendor.com/nic"
+SNN = json.dumps({"policy": "single-numa-node", "scope": "pod", "options": {},
+                  "source": "TopologyPolicy/test"})
+REASON = "TopologyAffinityError"
+MESSAGE = "Pod was rejected: Resources cannot be allocated with Topology locality"
+
+Kubectl = Callable[..., subprocess.CompletedProcess[str]]
+
+
+class Agent:
+    """``numalign agent --emulate`` as a subprocess, for one emulated node."""
+
+    def __init__(self, kubeconfig: Path, machine: Path, index: int, log: Path) -> None:
+        self.kubeconfig = kubeconfig
+        self.machine = machine
+        self.index = index
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.node = f"{machine.stem}-{index}"
+
+    def start(self) -> None:
+        out = self.log.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "numalign.cli", "agent", "--kubeconfig",
+             str(self.kubeconfig), "--emulate", f"{self.machine}=1", "--start", str(self.index),
+             "--publish-interval", "0.3", "--log-level", "DEBUG"],
+            stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
+
+    def kill(self) -> None:
+        """SIGKILL: no chance to flush anything."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+        self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.proc = None
+
+
+@pytest.fixture
+def agent(kubeconfig: Path, kubectl: Kubectl, tmp_path: Path) -> Iterator[Agent]:
+    a = Agent(kubeconfig, SEED, 100 + uuid.uuid4().int % 9000, tmp_path / "agent.log")
+    a.start()
+    try:
+        yield a
+    finally:
+        a.stop()
+        kubectl("delete", "node", a.node, "--ignore-not-found", "--wait=false", check=False)
+        kubectl("delete", "nodetopology", a.node, "--ignore-not-found", "--wait=false",
+                check=False)
+        kubectl("-n", "kube-node-lease", "delete", "lease", a.node, "--ignore-not-found",
+                check=False)
+        if a.log.exists():
+            sys.stderr.write(a.log.read_text()[-4000:])
+
+
+def get(kubectl: Kubectl, *args: str) -> Any:
+    proc = kubectl("get", *args, "-o", "json", check=False)
+    return json.loads(proc.stdout) if proc.returncode == 0 else None
+
+
+def pod_manifest(name: str, node: str, resolved: str | None, cpu: str = "2",
+                 devices: bool = True) -> str:
+    res: dict[str, str] = {"cpu": cpu, "memory": "200Mi"}
+    if devices:
+        res.update({GPU: "1", NIC: "1"})
+    meta: dict[str, Any] = {"name": name}
+    if resolved is not None:
+        meta["annotations"] = {"numalign.io/resolved": resolved}
+    return json.dumps({
+        "apiVersion": "v1", "kind": "Pod", "metadata": meta,
+        "spec": {"nodeName": node, "terminationGracePeriodSeconds": 30,
+                 "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                                 "resources": {"requests": res, "limits": res}}]},
+    })
+
+
+def allocation(pod: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(pod["metadata"]["annotations"]["numalign.io/allocation"])
+
+
+def wait_phase(kubectl: Kubectl, wait: Callable[..., Any], ns: str, name: str,
+               phase: str) -> dict[str, Any]:
+    def check() -> Any:
+        pod = get(kubectl, "-n", ns, "pod", name)
+        return pod if pod and pod.get("status", {}).get("phase") == phase else None
+
+    result: dict[str, Any] = wait(check, 60, f"pod {name} {phase}")
+    return result
+
+
+def wait_ready(kubectl: Kubectl, wait: Callable[..., Any], node: str) -> None:
+    def ready() -> bool:
+        n = get(kubectl, "node", node)
+        nt = get(kubectl, "nodetopology", node)
+        return bool(n and nt and nt.get("status") and any(
+            c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"]))
+
+    wait(ready, 60, f"node {node} Ready with its NodeTopology")
+
+
+def admitted_by_pod(nt: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["pod"]: e for e in nt["status"].get("admitted") or []}
+
+
+def check_no_double_allocation(nt: dict[str, Any]) -> None:
+    cpus: list[int] = []
+    devices: list[str] = []
+    for e in nt["status"].get("admitted") or []:
+        cpus += parse_cpulist(e.get("cpus") or "")
+        for ids in (e.get("devices") or {}).values():
+            devices += ids
+    assert len(cpus) == len(set(cpus)), cpus
+    assert len(devices) == len(set(devices)), devices
+
+
+def test_admits_like_the_kubelet_and_survives_restart(
+        agent: Agent, kubectl: Kubectl, namespace: str, wait: Callable[..., Any]) -> None:
+    node = agent.node
+    wait_ready(kubectl, wait, node)
+    node_obj = get(kubectl, "node", node)
+    assert node_obj["metadata"]["labels"]["kubernetes.io/hostname"] == node
+    assert node_obj["metadata"]["labels"]["numalign.io/machine"] == "seed-figure1"
+    assert node_obj["status"]["capacity"][GPU] == "2"
+    assert node_obj["status"]["allocatable"]["cpu"] == "8"
+    assert get(kubectl, "-n", "kube-node-lease", "lease", node)["spec"]["holderIdentity"] == node
+
+    ns = namespace
+    for name in ("a", "b"):
+        kubectl("-n", ns, "apply", "-f", "-", input=pod_manifest(name, node, SNN))
+        wait_phase(kubectl, wait, ns, name, "Running")
+    a = get(kubectl, "-n", ns, "pod", "a")
+    b = get(kubectl, "-n", ns, "pod", "b")
+    want_a = {"numaNodes": [0], "cpus": [0, 1], GPU: ["gpu0"], NIC: ["nic0"]}
+    want_b = {"numaNodes": [1], "cpus": [4, 5], GPU: ["gpu1"], NIC: ["nic1"]}
+    for pod, want in ((a, want_a), (b, want_b)):
+        alloc = allocation(pod)
+        main = alloc["containers"]["main"]
+        assert alloc["numaNodes"] == want["numaNodes"]
+        assert main["cpus"] == want["cpus"]
+        assert main["devices"] == {GPU: want[GPU], NIC: want[NIC]}
+        assert main["memory"] == {str(want["numaNodes"][0]): 200 << 20}
+        st = pod["status"]
+        conds = {c["type"]: c["status"] for c in st["conditions"]}
+        assert conds == {"PodScheduled": "True", "Initialized": "True", "Ready": "True",
+                         "ContainersReady": "True", "PodReadyToStartContainers": "True"}
+        (cs,) = st["containerStatuses"]
+        assert cs["ready"] and cs["started"] and "running" in cs["state"]
+        assert cs["image"] and cs["imageID"] and cs["containerID"]
+        assert st["podIP"] and st["hostIP"] and st["startTime"]
+        assert st["qosClass"] == "Guaranteed"
+    assert a["status"]["podIP"] != b["status"]["podIP"]
+
+    def published() -> Any:
+        nt = get(kubectl, "nodetopology", node)
+        return nt if len(nt["status"].get("admitted") or []) == 2 else None
+
+    nt = wait(published, 30, "both pods in NodeTopology status")
+    entries = admitted_by_pod(nt)
+    assert entries["a"]["cpus"] == "0-1" and entries["b"]["cpus"] == "4-5"
+    assert entries["a"]["devices"] == {GPU: ["gpu0"], NIC: ["nic0"]}
+    assert entries["b"]["devices"] == {GPU: ["gpu1"], NIC: ["nic1"]}
+    assert entries["a"]["policy"] == "single-numa-node"
+    assert entries["a"]["source"] == "TopologyPolicy/test"
+    assert nt["status"]["summary"]["cpus"] == "4/8"
+    assert nt["status"]["summary"]["devices"] == "0/4"
+
+    # A third pod cannot be aligned: 3 CPUs fit no single NUMA node any more.
+    kubectl("-n", ns, "apply", "-f", "-",
+            input=pod_manifest("c", node, SNN, cpu="3", devices=False))
+    c = wait_phase(kubectl, wait, ns, "c", "Failed")
+    assert c["status"]["reason"] == REASON
+    assert c["status"]["message"] == MESSAGE
+    assert "numalign.io/allocation" not in c["metadata"].get("annotations", {})
+
+    def warning() -> Any:
+        evs = get(kubectl, "-n", ns, "events", "--field-selector",
+                  "involvedObject.name=c,type=Warning")
+        return [e for e in evs["items"] if e["reason"] == REASON]
+
+    (ev,) = wait(warning, 30, "the TopologyAffinityError event")
+    assert ev["source"]["component"] == "kubelet"
+    nt = wait(lambda: (n := get(kubectl, "nodetopology", node))["status"]["rejected"] == 1
+              and n, 30, "rejected count 1")
+
+    # Kill the agent (no clean shutdown) and start it again: nothing changes.
+    before = {p: allocation(get(kubectl, "-n", ns, "pod", p)) for p in ("a", "b")}
+    agent.kill()
+    agent.start()
+    wait(lambda: "restored 2 pods" in agent.log.read_text(), 60, "the agent's restore")
+    for p in ("a", "b"):
+        pod = get(kubectl, "-n", ns, "pod", p)
+        assert pod["status"]["phase"] == "Running"
+        assert allocation(pod) == before[p]
+    assert get(kubectl, "-n", ns, "pod", "c")["status"]["phase"] == "Failed"
+    nt = get(kubectl, "nodetopology", node)
+    check_no_double_allocation(nt)
+    assert set(admitted_by_pod(nt)) == {"a", "b"}
+    assert nt["status"]["rejected"] == 1
+
+    # Deleting a pod releases its resources; a new pod gets exactly those.
+    kubectl("-n", ns, "delete", "pod", "a", "--wait=true", timeout=60)
+    kubectl("-n", ns, "apply", "-f", "-", input=pod_manifest("d", node, SNN))
+    d = wait_phase(kubectl, wait, ns, "d", "Running")
+    alloc = allocation(d)
+    assert alloc["numaNodes"] == [0]
+    assert alloc["containers"]["main"]["cpus"] == [0, 1]
+    assert alloc["containers"]["main"]["devices"] == {GPU: ["gpu0"], NIC: ["nic0"]}
+
+    def settled() -> Any:
+        n = get(kubectl, "nodetopology", node)
+        return n if set(admitted_by_pod(n)) == {"b", "d"} else None
+
+    nt = wait(settled, 30, "NodeTopology with b and d")
+    check_no_double_allocation(nt)
+
+
+def test_node_default_and_malformed_annotation(
+        agent: Agent, kubectl: Kubectl, namespace: str, wait: Callable[..., Any]) -> None:
+    node = agent.node
+    wait_ready(kubectl, wait, node)
+    kubectl("patch", "nodetopology", node, "--type=merge", "-p", json.dumps(
+        {"spec": {"policy": "single-numa-node", "scope": "pod", "policyGeneration": 7}}))
+    wait(lambda: get(kubectl, "nodetopology", node)["status"].get("observedPolicyGeneration")
+         == 7, 30, "observedPolicyGeneration 7")
+    ns = namespace
+    kubectl("-n", ns, "apply", "-f", "-", input=pod_manifest("bad", node, '{"policy": "fast"'))
+    kubectl("-n", ns, "apply", "-f", "-", input=pod_manifest("plain", node, None))
+    bad = wait_phase(kubectl, wait, ns, "bad", "Running")
+    wait_phase(kubectl, wait, ns, "plain", "Running")
+    assert allocation(bad)["numaNodes"] in ([0], [1])
+
+    def warning() -> Any:
+        evs = get(kubectl, "-n", ns, "events", "--field-selector",
+                  "involvedObject.name=bad,type=Warning")
+        return evs["items"]
+
+    (ev,) = wait(warning, 30, "the Warning event on the malformed annotation")
+    assert "numalign.io/resolved" in ev["message"] and "not valid JSON" in ev["message"]
+    assert "single-numa-node" in ev["message"]
+
+    def published() -> Any:
+        n = get(kubectl, "nodetopology", node)
+        return n if len(n["status"].get("admitted") or []) == 2 else None
+
+    entries = admitted_by_pod(wait(published, 30, "both pods published"))
+    for name in ("bad", "plain"):
+        assert entries[name]["policy"] == "single-numa-node"
+        assert entries[name]["scope"] == "pod"
+        assert entries[name]["source"] == "node-default"
+    # A single-numa-node default now rejects what cannot be aligned.
+    kubectl("-n", ns, "apply", "-f", "-", input=pod_manifest("third", node, None))
+    third = wait_phase(kubectl, wait, ns, "third", "Failed")
+    assert third["status"]["reason"] == REASON

@@ -1,0 +1,139 @@
+"""Restore after a restart and NodeTopology status building (pure parts of the agent)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from numalign.agent.annotations import ALLOCATION, Resolved
+from numalign.agent.publish import build_status
+from numalign.agent.state import NodeState
+from numalign.api.nodetopology import NodeTopologyStatus, summarize
+from numalign.topology.machine import load_machine
+
+MACHINES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "machines"
+GPU = "gpu-vendor.com/gpu"
+NIC = "nic-vendor.com/nic"
+MI200 = 200 << 20
+
+
+def _state() -> NodeState:
+    return NodeState("seed-figure1-0", load_machine(MACHINES / "seed-figure1.yaml"))
+
+
+def _alloc(cpus: list[int], zone: int, gpu: str, nic: str) -> dict[str, Any]:
+    return {"numaNodes": [zone], "containers": {"main": {
+        "cpus": cpus, "memory": {str(zone): MI200}, "numaNodes": [zone],
+        "devices": {GPU: [gpu], NIC: [nic]}}}, "gpus": {}}
+
+
+def _pod(name: str, phase: str, alloc: dict[str, Any] | None = None,
+         reason: str | None = None) -> dict[str, Any]:
+    ann = {ALLOCATION: json.dumps(alloc)} if alloc is not None else {}
+    status: dict[str, Any] = {"phase": phase}
+    if reason:
+        status["reason"] = reason
+    return {"metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}",
+                         "annotations": ann, "creationTimestamp": "2024-01-01T00:00:00Z"},
+            "spec": {"nodeName": "seed-figure1-0",
+                     "containers": [{"name": "main", "image": "pause"}]},
+            "status": status}
+
+
+def _published(entries: list[dict[str, Any]], rejected: int = 0) -> dict[str, Any]:
+    return {"metadata": {"name": "seed-figure1-0"},
+            "spec": {"policy": "single-numa-node", "scope": "pod", "policyGeneration": 4},
+            "status": {"admitted": entries, "rejected": rejected}}
+
+
+def test_restore_from_annotations_and_status() -> None:
+    st = _state()
+    p1 = _pod("p1", "Running", _alloc([0, 1], 0, "gpu0", "nic0"))
+    p2 = _pod("p2", "Running")  # no annotation: the published entry has it
+    p3 = _pod("p3", "Failed", reason="TopologyAffinityError")
+    p4 = _pod("p4", "Pending")
+    entries = [
+        {"pod": "p2", "namespace": "ns", "uid": "uid-p2", "policy": "single-numa-node",
+         "scope": "pod", "source": "TopologyPolicy/x", "numaNodes": [1], "cpus": "4-5",
+         "memory": {"1": MI200}, "devices": {GPU: ["gpu1"], NIC: ["nic1"]},
+         "containers": [{"name": "main", "numaNodes": [1], "cpus": "4-5",
+                         "memory": {"1": "200Mi"}, "devices": {GPU: ["gpu1"], NIC: ["nic1"]}}]},
+        {"pod": "gone", "namespace": "ns", "uid": "uid-gone", "policy": "none",
+         "scope": "container", "source": "none", "numaNodes": [], "cpus": "2-3"},
+    ]
+    report = st.restore(_published(entries, rejected=3), [p1, p2, p3, p4])
+    assert sorted(report.restored) == ["uid-p1", "uid-p2"]
+    assert report.rejected == ["uid-p3"]
+    assert [p["metadata"]["name"] for p in report.pending] == ["p4"]
+    assert report.dropped == ["uid-gone"]
+    assert report.conflicts == []
+    assert st.ledger.free_cpus() == {2, 3, 6, 7}
+    assert st.ledger.free_devices(GPU) == [] and st.ledger.free_devices(NIC) == []
+    assert st.ledger.free_memory(0, "memory") == (32 << 30) - MI200
+    assert st.rejected_total == 3
+    assert st.default == Resolved("single-numa-node", "pod", {}, "node-default")
+    assert st.observed_generation == 4
+    assert st.admitted["uid-p2"].resolved.source == "TopologyPolicy/x"
+    # decided pods are not decided again
+    assert set(st.decided) == {"uid-p1", "uid-p2", "uid-p3"}
+    d = st.decide(p1, Resolved())
+    assert d.admit and d.allocation is not None and d.allocation.cpus == [0, 1]
+
+
+def test_restore_never_double_allocates() -> None:
+    st = _state()
+    a = _pod("a", "Running", _alloc([0, 1], 0, "gpu0", "nic0"))
+    b = _pod("b", "Running", _alloc([1, 2], 0, "gpu0", "nic1"))
+    report = st.restore(None, [a, b])
+    assert report.restored == ["uid-a"]
+    assert report.conflicts == ["uid-b"]
+    assert st.ledger.free_cpus() == {2, 3, 4, 5, 6, 7}
+    assert "uid-b" not in st.admitted
+
+
+def test_release_frees() -> None:
+    st = _state()
+    st.restore(None, [_pod("a", "Running", _alloc([0, 1], 0, "gpu0", "nic0"))])
+    v = st.version
+    assert st.release("uid-a")
+    assert st.version > v
+    assert st.ledger.free_cpus() == set(range(8))
+    assert not st.release("uid-a")
+
+
+def test_status_matches_the_api_model() -> None:
+    st = _state()
+    st.restore(_published([]), [_pod("p1", "Running", _alloc([0, 1], 0, "gpu0", "nic0")),
+                                _pod("p3", "Failed", reason="TopologyAffinityError")])
+    status = build_status(st)
+    model = NodeTopologyStatus.model_validate(status)
+    assert model.to_dict()["summary"] == summarize(model).to_dict()
+    assert status["summary"] == {"numaNodes": 2, "cpus": "6/8", "devices": "2/4", "pods": 1}
+    assert status["rejected"] == 1
+    assert status["observedPolicyGeneration"] == 4
+    z0, z1 = status["zones"]
+    assert z0["available"] == {"cpu": 2, "memory": "32568Mi", GPU: 0, NIC: 0}
+    assert z1["available"] == z1["allocatable"]
+    (entry,) = status["admitted"]
+    assert entry["pod"] == "p1" and entry["cpus"] == "0-1" and entry["numaNodes"] == [0]
+    assert entry["devices"] == {GPU: ["gpu0"], NIC: ["nic0"]}
+    assert entry["memory"] == {"0": MI200}
+    conds = {c["type"]: c["status"] for c in status["conditions"]}
+    assert conds == {"Ready": "True", "PolicyApplied": "True"}
+
+
+def test_status_of_every_fixture_validates() -> None:
+    for f in sorted(MACHINES.glob("*.yaml")):
+        st = NodeState(f.stem, load_machine(f))
+        status = build_status(st)
+        model = NodeTopologyStatus.model_validate(status)
+        assert model.to_dict()["summary"] == summarize(model).to_dict(), f.name
+
+
+def test_condition_transition_time_kept() -> None:
+    st = _state()
+    first = build_status(st)
+    first["conditions"][0]["lastTransitionTime"] = "2020-01-01T00:00:00Z"
+    again = build_status(st, first)
+    assert again["conditions"][0]["lastTransitionTime"] == "2020-01-01T00:00:00Z"
