@@ -35,7 +35,7 @@ def dev_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster
     """The session's control plane (etcd, kube-apiserver, controller manager, scheduler)
     with the CRDs installed and Established."""
     ensure_built(log=_log)
-    cluster = DevCluster(tmp_path_factory.mktemp("devcluster"), name="pytest")
+    cluster = DevCluster(tmp_path_factory.mktemp("devcluster"), name="pytest", ephemeral=True)
     try:
         cluster.up(log=_log)
         yield cluster
@@ -76,7 +76,7 @@ def k8s_client(kubeconfig: Path) -> Iterator[Any]:
     """A ``kubernetes.client.ApiClient`` for the session's cluster (admin)."""
     from kubernetes import config
 
-    api = config.new_client_from_config(config_file=str(kubeconfig))
+    api = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
     try:
         yield api
     finally:
@@ -103,7 +103,7 @@ def namespace(k8s_client: Any, request: pytest.FixtureRequest) -> Iterator[str]:
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
-    core = client.CoreV1Api(k8s_client)
+    core: Any = client.CoreV1Api(k8s_client)
     base = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
     name = f"{base or 't'}-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": name, "labels": {"numalign.io/test": "true"}}})

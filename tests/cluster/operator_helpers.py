@@ -86,6 +86,13 @@ def webhooks_ready(api: client.ApiClient, port: int) -> bool:
     return bool(urls) and all(f":{port}/" in u for u in urls)
 
 
+def webhook_answers(api: client.ApiClient) -> bool:
+    """A dry-run pod creation comes back resolved: the API server calls the webhook."""
+    pod = client.CoreV1Api(api).create_namespaced_pod(
+        "default", bare_pod(f"probe-{free_port()}"), dry_run="All")
+    return "numalign.io/resolved" in (pod.metadata.annotations or {})
+
+
 def delete_webhooks(api: client.ApiClient) -> None:
     adm = client.AdmissionregistrationV1Api(api)
     for fn in (adm.delete_mutating_webhook_configuration,
@@ -111,7 +118,7 @@ def operator(kubeconfig: Path, api: client.ApiClient, log: Path, *args: str,
         if webhooks:
             wait_for(lambda: webhooks_ready(api, port) or not op.alive(), 60,
                      "the operator's webhook configurations")
-            time.sleep(0.5)  # let the API server pick up the configuration
+            wait_for(lambda: webhook_answers(api), 30, "the mutating webhook to answer")
         assert op.alive(), op.text()[-4000:]
         yield op
     finally:

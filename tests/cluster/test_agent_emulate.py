@@ -107,7 +107,8 @@ def pod_manifest(name: str, node: str, resolved: str | None, cpu: str = "2",
 
 
 def allocation(pod: dict[str, Any]) -> dict[str, Any]:
-    return json.loads(pod["metadata"]["annotations"]["numalign.io/allocation"])
+    doc: dict[str, Any] = json.loads(pod["metadata"]["annotations"]["numalign.io/allocation"])
+    return doc
 
 
 def wait_phase(kubectl: Kubectl, wait: Callable[..., Any], ns: str, name: str,
@@ -162,8 +163,8 @@ def test_admits_like_the_kubelet_and_survives_restart(
         wait_phase(kubectl, wait, ns, name, "Running")
     a = get(kubectl, "-n", ns, "pod", "a")
     b = get(kubectl, "-n", ns, "pod", "b")
-    want_a = {"numaNodes": [0], "cpus": [0, 1], GPU: ["gpu0"], NIC: ["nic0"]}
-    want_b = {"numaNodes": [1], "cpus": [4, 5], GPU: ["gpu1"], NIC: ["nic1"]}
+    want_a: dict[str, Any] = {"numaNodes": [0], "cpus": [0, 1], GPU: ["gpu0"], NIC: ["nic0"]}
+    want_b: dict[str, Any] = {"numaNodes": [1], "cpus": [4, 5], GPU: ["gpu1"], NIC: ["nic1"]}
     for pod, want in ((a, want_a), (b, want_b)):
         alloc = allocation(pod)
         main = alloc["containers"]["main"]

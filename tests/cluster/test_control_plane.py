@@ -60,7 +60,7 @@ def test_apply_crds_establishes_them(kubectl: Kubectl) -> None:
 def test_nodetopology_printer_columns(kubectl: Kubectl, k8s_client: Any) -> None:
     from kubernetes import client
 
-    api = client.CustomObjectsApi(k8s_client)
+    api: Any = client.CustomObjectsApi(k8s_client)
     name = f"node-{_uid()}"
     api.create_cluster_custom_object(
         GROUP, VERSION, "nodetopologies",
@@ -200,22 +200,23 @@ def test_unknown_fields_need_strict_field_validation(k8s_client: Any) -> None:
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
-    api = client.CustomObjectsApi(k8s_client)
-    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TopologyPolicy",
-            "metadata": {"name": f"unknown-{_uid()}"},
-            "spec": {"policy": "restricted", "options": {"bogus": True}}}
+    api: Any = client.CustomObjectsApi(k8s_client)
+    name = f"unknown-{_uid()}"
+    body: dict[str, Any] = {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "TopologyPolicy", "metadata": {"name": name},
+        "spec": {"policy": "restricted", "options": {"bogus": True}},
+    }
     with pytest.raises(ApiException) as err:
         api.create_cluster_custom_object(GROUP, VERSION, "topologypolicies", body,
                                          field_validation="Strict")
     assert err.value.status == 400
-    assert 'unknown field \\"spec.options.bogus\\"' in str(err.value.body) or \
-        'unknown field "spec.options.bogus"' in str(err.value.body)
+    message = json.loads(err.value.body or "{}").get("message", "")
+    assert 'unknown field "spec.options.bogus"' in message
     created = api.create_cluster_custom_object(GROUP, VERSION, "topologypolicies", body)
     try:
         assert "bogus" not in created["spec"]["options"]
     finally:
-        api.delete_cluster_custom_object(GROUP, VERSION, "topologypolicies",
-                                         body["metadata"]["name"])
+        api.delete_cluster_custom_object(GROUP, VERSION, "topologypolicies", name)
 
 
 def _node(name: str) -> dict[str, Any]:
@@ -262,7 +263,8 @@ def test_deployment_pods_created_and_scheduled(k8s_client: Any, namespace: str,
     fake one: no kubelet runs)."""
     from kubernetes import client
 
-    core, apps = client.CoreV1Api(k8s_client), client.AppsV1Api(k8s_client)
+    core: Any = client.CoreV1Api(k8s_client)
+    apps: Any = client.AppsV1Api(k8s_client)
     node = f"fake-{_uid()}"
     core.create_node(_node(node))
     try:
@@ -289,7 +291,8 @@ def test_garbage_collection(k8s_client: Any, namespace: str, wait: Wait) -> None
     """Deleting a Deployment removes its ReplicaSet and pods."""
     from kubernetes import client
 
-    core, apps = client.CoreV1Api(k8s_client), client.AppsV1Api(k8s_client)
+    core: Any = client.CoreV1Api(k8s_client)
+    apps: Any = client.AppsV1Api(k8s_client)
     apps.create_namespaced_deployment(
         namespace, _deployment("gc", 2, {"numalign.io/no-such-node": "x"}))
 
@@ -310,7 +313,8 @@ def test_namespace_deletion(k8s_client: Any, wait: Wait) -> None:
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
-    core, apps = client.CoreV1Api(k8s_client), client.AppsV1Api(k8s_client)
+    core: Any = client.CoreV1Api(k8s_client)
+    apps: Any = client.AppsV1Api(k8s_client)
     name = f"doomed-{_uid()}"
     core.create_namespace({"metadata": {"name": name}})
     wait(lambda: core.list_namespaced_service_account(name).items, 30, "the default SA")

@@ -53,7 +53,7 @@ def test_restore_from_annotations_and_status() -> None:
     p2 = _pod("p2", "Running")  # no annotation: the published entry has it
     p3 = _pod("p3", "Failed", reason="TopologyAffinityError")
     p4 = _pod("p4", "Pending")
-    entries = [
+    entries: list[dict[str, Any]] = [
         {"pod": "p2", "namespace": "ns", "uid": "uid-p2", "policy": "single-numa-node",
          "scope": "pod", "source": "TopologyPolicy/x", "numaNodes": [1], "cpus": "4-5",
          "memory": {"1": MI200}, "devices": {GPU: ["gpu1"], NIC: ["nic1"]},

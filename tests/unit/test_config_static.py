@@ -3,6 +3,7 @@ their promises: hardened containers, least-privilege RBAC, one image name, every
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -72,7 +73,9 @@ def test_every_kustomization_renders(path: str) -> None:
 def test_prometheus_component_renders_a_service_monitor(tmp_path: Path) -> None:
     (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        "resources": [str(CONFIG / "default")], "components": [str(CONFIG / "prometheus")]}))
+        "namespace": "numalign-system",
+        "resources": [os.path.relpath(CONFIG / "default", tmp_path)],
+        "components": [os.path.relpath(CONFIG / "prometheus", tmp_path)]}))
     objs = kustomize(tmp_path)
     [sm] = of_kind(objs, "ServiceMonitor")
     assert sm["metadata"]["namespace"] == "numalign-system"
@@ -211,12 +214,12 @@ def test_operator_runs_in_peering_with_distinct_priorities(default: list[Obj]) -
     assert "pod-index" in env["POD_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"]
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert "--liveness=http://0.0.0.0:{}/healthz".format(ports["health"]) in args
+    assert f"--liveness=http://0.0.0.0:{ports['health']}/healthz" in args
     assert f"--metrics-port={ports['metrics']}" in args
     assert f"--webhook-port={ports['webhook']}" in args
     [webhook] = [s for s in of_kind(default, "Service")
                  if s["metadata"]["name"] == "numalign-webhook"]
-    assert f"--webhook-host=numalign-webhook.$(POD_NAMESPACE).svc" in args
+    assert "--webhook-host=numalign-webhook.$(POD_NAMESPACE).svc" in args
     assert webhook["spec"]["ports"][0]["port"] == ports["webhook"]
 
 

@@ -44,7 +44,7 @@ def test_multi_stage_with_pinned_bases() -> None:
     assert len(froms) >= 2, "a builder stage and a runtime stage"
     for args in froms:
         image = args.split()[0]
-        name, _, tag = image.partition(":")
+        _, _, tag = image.partition(":")
         assert tag and tag != "latest" and re.search(r"\d+\.\d+\.\d+", tag), (
             f"base image {image} is not pinned to a patch release")
 

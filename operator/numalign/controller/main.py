@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import logging
 import tempfile
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,15 @@ async def _periodic(interval: float) -> None:
         await asyncio.sleep(interval)
 
 
+class _NoWebhookServer:
+    """An admission 'server' that never serves (``--no-webhooks``): the pod backstop
+    handler resolves pods instead."""
+
+    async def __call__(self, fn: Any) -> AsyncIterator[Any]:
+        await asyncio.Event().wait()
+        yield {}  # never reached
+
+
 _tasks: list[asyncio.Task[None]] = []
 
 
@@ -95,6 +105,10 @@ async def startup(settings: kopf.OperatorSettings, logger: kopf.Logger, **_: Any
                                                     cert_dir)
         settings.admission.managed = MANAGED_WEBHOOKS
         logger.info(f"webhooks on https://{host}:{opts.webhook_port} (certificates in {cert_dir})")
+    else:
+        # Kopf refuses to start with admission handlers and no server: serve nothing.
+        settings.admission.server = _NoWebhookServer()
+        settings.admission.managed = None
     _tasks.append(asyncio.create_task(_periodic(opts.resync_interval)))
 
 

@@ -183,11 +183,14 @@ class WorkloadState:
 
 def with_node_avoidance(spec: Mapping[str, Any], avoid: list[str]) -> dict[str, Any]:
     """A copy of a pod spec whose required node affinity excludes ``avoid`` nodes (by
-    ``metadata.name`` field; added to every nodeSelectorTerm, since terms are ORed)."""
+    ``metadata.name`` field, one requirement per node; added to every nodeSelectorTerm,
+    since terms are ORed)."""
     out = copy.deepcopy(dict(spec))
     if not avoid:
         return out
-    req = {"key": "metadata.name", "operator": "NotIn", "values": sorted(set(avoid))}
+    # The API server allows one value per metadata.name field requirement: one each.
+    reqs = [{"key": "metadata.name", "operator": "NotIn", "values": [n]}
+            for n in sorted(set(avoid))]
     affinity = out.setdefault("affinity", {}) or {}
     out["affinity"] = affinity
     node_aff = affinity.setdefault("nodeAffinity", {}) or {}
@@ -200,7 +203,7 @@ def with_node_avoidance(spec: Mapping[str, Any], avoid: list[str]) -> dict[str, 
         term = dict(term)
         fields = [f for f in term.get("matchFields") or []
                   if not (f.get("key") == "metadata.name" and f.get("operator") == "NotIn")]
-        fields.append(req)
+        fields += reqs
         term["matchFields"] = fields
         new_terms.append(term)
     required["nodeSelectorTerms"] = new_terms

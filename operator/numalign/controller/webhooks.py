@@ -18,7 +18,9 @@ import base64
 import datetime as dt
 import ipaddress
 import logging
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import kopf
 from cryptography import x509
@@ -175,7 +177,27 @@ def certificates(cert_dir: Path, hosts: list[str], secret: str | None = None) ->
     return cert_dir
 
 
+class Server(kopf.WebhookServer):
+    """kopf.WebhookServer that fills ``metadata.namespace`` of the reviewed object from the
+    request: pods created by controllers (generateName) arrive without it."""
+
+    async def __call__(self, fn: Any) -> AsyncIterator[Any]:
+        async def with_namespace(request: Any, *args: Any, **kwargs: Any) -> Any:
+            req = request.get("request") if isinstance(request, dict) else None
+            if isinstance(req, dict) and req.get("namespace"):
+                for key in ("object", "oldObject"):
+                    obj = req.get(key)
+                    if isinstance(obj, dict):
+                        meta = obj.setdefault("metadata", {})
+                        if isinstance(meta, dict) and not meta.get("namespace"):
+                            meta["namespace"] = req["namespace"]
+            return await fn(request, *args, **kwargs)
+
+        async for config in super().__call__(with_namespace):
+            yield config
+
+
 def server(addr: str, port: int, host: str, cert_dir: Path) -> kopf.WebhookServer:
-    return kopf.WebhookServer(
+    return Server(
         addr=addr, port=port, host=host,
         certfile=cert_dir / CERT_FILE, pkeyfile=cert_dir / KEY_FILE, cafile=cert_dir / CA_FILE)

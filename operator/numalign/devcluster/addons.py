@@ -12,7 +12,9 @@ plane. The built-in hooks:
   Without it, no Node objects exist and pods stay Pending: nodes need the agent.
 * ``operator`` -- when asked for (``DevCluster.up(operator=True)``, the default of
   ``numalign dev up``) and ``numalign.commands.operator`` exists; run as
-  ``python -m numalign.cli operator --kubeconfig KC``.
+  ``python -m numalign.cli operator --kubeconfig KC --webhook-port P --metrics-port P
+  --metrics-addr 127.0.0.1 --cert-dir STATE/operator`` (free ports, recorded with every
+  addon's command line in ``state.json``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from .processes import free_ports
 
 
 class MachineSpecError(ValueError):
@@ -94,7 +98,10 @@ def _agent_argv(info: ClusterInfo) -> list[str] | None:
 def _operator_argv(info: ClusterInfo) -> list[str] | None:
     if not info.operator:
         return None
-    return ["-m", "numalign.cli", "operator", "--kubeconfig", str(info.kubeconfig)]
+    webhook_port, metrics_port = free_ports(2)  # several dev clusters may run side by side
+    return ["-m", "numalign.cli", "operator", "--kubeconfig", str(info.kubeconfig),
+            "--webhook-port", str(webhook_port), "--metrics-addr", "127.0.0.1",
+            "--metrics-port", str(metrics_port), "--cert-dir", str(info.state_dir / "operator")]
 
 
 ADDONS: list[Addon] = [

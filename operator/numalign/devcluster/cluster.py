@@ -45,7 +45,7 @@ CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-sche
 CONTROLLERS = ("*",)
 _STATE_FILES = ("kubeconfig", "controller-manager.kubeconfig", "scheduler.kubeconfig",
                 "state.json")
-_STATE_DIRS = ("pki", "etcd", "logs", "run")
+_STATE_DIRS = ("pki", "etcd", "logs", "run", "operator")
 
 
 class DevClusterError(RuntimeError):
@@ -61,10 +61,15 @@ def _quiet(_msg: str) -> None:
 
 
 class DevCluster:
-    def __init__(self, state_dir: Path | str | None = None, name: str | None = None) -> None:
+    def __init__(self, state_dir: Path | str | None = None, name: str | None = None,
+                 ephemeral: bool = False) -> None:
+        """``ephemeral`` (tests): the processes die with the Python process that started
+        them (Linux), so an aborted test run leaves no control plane behind. Call up()
+        from the main thread then: the kernel signals when the starting thread ends."""
         self.state_dir = Path(state_dir).expanduser() if state_dir else default_state_dir(
             name or "default")
         self.name = name or self.state_dir.name
+        self.ephemeral = ephemeral
         self.pki = certs.Pki.at(self.state_dir / "pki")
         self.addons = list(ADDONS)
         self._procs: dict[str, Process] = {}
@@ -94,7 +99,8 @@ class DevCluster:
 
     def process(self, name: str) -> Process:
         if name not in self._procs:
-            self._procs[name] = Process(name, self.state_dir / "run", self.state_dir / "logs")
+            self._procs[name] = Process(name, self.state_dir / "run", self.state_dir / "logs",
+                                        die_with_parent=self.ephemeral)
         return self._procs[name]
 
     def is_running(self) -> bool:
@@ -340,7 +346,8 @@ class DevCluster:
         info = ClusterInfo(name=self.name, state_dir=self.state_dir, kubeconfig=self.kubeconfig,
                            server=self.server or "", machines=machines, operator=operator)
         env = dict(os.environ, KUBECONFIG=str(self.kubeconfig))
-        started = []
+        started: list[str] = []
+        commands: dict[str, list[str]] = {}
         for addon in self.addons:
             argv = addon.argv(info)
             if argv is None:
@@ -358,12 +365,38 @@ class DevCluster:
             proc.start([sys.executable, *argv], env=env, cwd=self.state_dir,
                        program=argv[1] if argv[:1] == ["-m"] else None)
             started.append(addon.name)
-        if machines:
+            commands[addon.name] = argv
+        if machines or commands:
             st = self.state()
-            st["machines"] = [{"path": str(m.path), "count": m.count} for m in machines]
+            if machines:
+                st["machines"] = [{"path": str(m.path), "count": m.count} for m in machines]
+            st["addons"] = {**st.get("addons", {}), **commands}
             self._save_state(st)
         if started:
             say(f"started {', '.join(started)} (logs in {self.state_dir / 'logs'})")
+        if "agent" in started:
+            self._wait_for_nodes(sum(m.count for m in machines), say)
+
+    def _wait_for_nodes(self, count: int, say: Log, timeout: float = 120.0) -> None:
+        """Wait until ``count`` Nodes are Ready (the emulated nodes registered)."""
+        t = time.monotonic()
+        rest = self._admin_rest()
+
+        def ready() -> bool:
+            try:
+                code, body = rest.get("/api/v1/nodes")
+            except OSError:
+                return False
+            if code != 200 or not isinstance(body, dict):
+                return False
+            n = sum(1 for node in body.get("items", [])
+                    if any(c.get("type") == "Ready" and c.get("status") == "True"
+                           for c in (node.get("status") or {}).get("conditions") or []))
+            return n >= count
+
+        self._wait(f"{count} emulated nodes to be Ready", ready, time.monotonic() + timeout,
+                   ("kube-apiserver", "agent"))
+        say(f"{count} emulated node(s) Ready ({time.monotonic() - t:.1f}s)")
 
     # -------------------------------------------------------------------- stopping
 

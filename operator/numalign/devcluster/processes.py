@@ -4,10 +4,12 @@ whether one still runs (surviving the Python process that started it), stop it."
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -25,6 +27,15 @@ def free_ports(count: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """Linux: SIGTERM this process when the process that started it exits."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _proc_state(pid: int) -> str | None:
@@ -49,8 +60,10 @@ def _proc_exe_matches(pid: int, program: str) -> bool:
 class Process:
     """One named component: its command, log file and pid file under the state dir."""
 
-    def __init__(self, name: str, run_dir: Path, log_dir: Path) -> None:
+    def __init__(self, name: str, run_dir: Path, log_dir: Path,
+                 die_with_parent: bool = False) -> None:
         self.name = name
+        self.die_with_parent = die_with_parent
         self.pid_file = run_dir / f"{name}.pid"
         self.log_file = log_dir / f"{name}.log"
         self._popen: subprocess.Popen[bytes] | None = None
@@ -71,9 +84,14 @@ class Process:
             return ""
 
     def start(self, argv: Sequence[str], env: Mapping[str, str] | None = None,
-              cwd: Path | None = None, program: str | None = None) -> None:
+              cwd: Path | None = None, program: str | None = None,
+              die_with_parent: bool | None = None) -> None:
         """Start ``argv``; ``program`` (default: the executable's name) is what a later
-        is_running() looks for in the process's command line."""
+        is_running() looks for in the process's command line. ``die_with_parent``
+        (Linux; default: as constructed): the process gets SIGTERM when the caller
+        exits, e.g. a killed test run."""
+        if die_with_parent is None:
+            die_with_parent = self.die_with_parent
         self.pid_file.parent.mkdir(parents=True, exist_ok=True)
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "ab") as log:
@@ -85,6 +103,8 @@ class Process:
                 cwd=cwd,
                 env=dict(env) if env is not None else None,
                 start_new_session=True,  # own process group; survives the caller's Ctrl-C
+                preexec_fn=_die_with_parent if die_with_parent and sys.platform == "linux"
+                else None,
             )
         self.pid_file.write_text(f"{self._popen.pid}\n{program or Path(argv[0]).name}\n")
 

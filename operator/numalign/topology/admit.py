@@ -317,7 +317,8 @@ class _Run:
                                   free_sets.get(res, frozenset()), free_sets)
             fixed["devices"][res] = ov.hints(req)
         plan = plan_hints(demands, machine.numa_ids, machine.distances, self.policy,
-                          self.options.prefer_closest_numa_nodes)
+                          self.options.prefer_closest_numa_nodes,
+                          fixed=list(fixed["devices"].values()))
         cpu_p: dict[str, list[TopologyHint] | None] = {}
         mem_p: dict[str, list[TopologyHint] | None] = {}
         dev_p: dict[str, list[TopologyHint] | None] = {}
@@ -448,7 +449,7 @@ class _Run:
         start = max(1, within.bit_count())
         for k in range(start, len(d.domain) + 1):
             m = best_subset(d.domain, k, d.fits, tables=[(d.free, d.request)],
-                            forced=within | d.required)
+                            forced=within | d.required, prune=d.extendable)
             if m is not None:
                 return m
         return None

@@ -46,12 +46,13 @@ import heapq
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .hints import NumaMask, TopologyHint
+from .hints import NumaMask, TopologyHint, mask_of
 from .policy import POLICY_NONE, POLICY_SINGLE_NUMA_NODE
 from .providers import Demand, Vector, full_hints
 
 FULL_LIMIT = 10
 SEARCH_BUDGET = 300_000
+CLOSEST_BUDGET = 20_000  # prefer-closest-numa-nodes: branch-and-bound nodes per search
 
 Table = tuple[Mapping[int, Vector], Vector]  # per-node vector, request
 
@@ -70,11 +71,12 @@ def best_subset(cands: Sequence[int], k: int, pred: Callable[[NumaMask], bool], 
                 tables: Sequence[Table] = (), forced: NumaMask = 0,
                 distances: Mapping[int, Mapping[int, int]] | None = None,
                 budget: int = SEARCH_BUDGET, stats: SearchStats | None = None,
-                ) -> NumaMask | None:
+                prune: Callable[[NumaMask], bool] | None = None) -> NumaMask | None:
     """The best ``k``-node mask over ``cands`` (containing ``forced``) with ``pred``: the
     lowest mask value, or with ``distances`` the lowest sum of distances over ordered
     pairs, then the lowest value. ``tables`` give additive bounds for pruning: a partial
-    choice is dropped when even the best remaining nodes cannot reach a request."""
+    choice is dropped when even the best remaining nodes cannot reach a request; so is a
+    partial mask for which ``prune`` says False (no answer can contain it)."""
     forced_ids = [c for c in cands if forced >> c & 1]
     if len(forced_ids) != forced.bit_count() or k < len(forced_ids):
         return None
@@ -106,14 +108,22 @@ def best_subset(cands: Sequence[int], k: int, pred: Callable[[NumaMask], bool], 
         if st.visits > budget:
             raise _OutOfBudget
 
+    keep: Callable[[NumaMask], bool] = prune if prune is not None else _always
+    if not keep(forced):
+        return None
+    incumbent: list[tuple[int, NumaMask]] = []
     try:
         if distances is None:
-            return _numeric(rest, m, forced, base, reqs, cols, top, pred, tick)
+            return _numeric(rest, m, forced, base, reqs, cols, top, pred, tick, keep)
         return _closest(rest, m, forced, forced_ids, base, reqs, cols, top, pred, tick,
-                        distances)
+                        distances, keep, incumbent)
     except _OutOfBudget:
-        st.truncated = True
-        return None
+        st.truncated = True  # the best mask met so far (closest search) stands in
+        return incumbent[0][1] if incumbent else None
+
+
+def _always(mask: NumaMask) -> bool:
+    return True
 
 
 def _add(sums: list[int], tables: Sequence[Table], ids: Sequence[int]) -> list[int]:
@@ -131,7 +141,8 @@ def _add(sums: list[int], tables: Sequence[Table], ids: Sequence[int]) -> list[i
 
 def _numeric(rest: list[int], m: int, forced: NumaMask, base: list[int], reqs: list[int],
              cols: list[list[int]], top: Callable[[int, int, int], int],
-             pred: Callable[[NumaMask], bool], tick: Callable[[], None]) -> NumaMask | None:
+             pred: Callable[[NumaMask], bool], tick: Callable[[], None],
+             keep: Callable[[NumaMask], bool]) -> NumaMask | None:
     def rec(chosen: NumaMask, sums: list[int], need: int, hi: int) -> NumaMask | None:
         tick()
         if need == 0:
@@ -140,7 +151,10 @@ def _numeric(rest: list[int], m: int, forced: NumaMask, base: list[int], reqs: l
             new = [s + col[t] for s, col in zip(sums, cols, strict=True)]
             if any(new[j] + top(j, need - 1, t) < reqs[j] for j in range(len(reqs))):
                 continue
-            got = rec(chosen | 1 << rest[t], new, need - 1, t)
+            nxt = chosen | 1 << rest[t]
+            if not keep(nxt):
+                continue
+            got = rec(nxt, new, need - 1, t)
             if got is not None:
                 return got
         return None
@@ -153,12 +167,15 @@ def _numeric(rest: list[int], m: int, forced: NumaMask, base: list[int], reqs: l
 def _closest(rest: list[int], m: int, forced: NumaMask, forced_ids: list[int],
              base: list[int], reqs: list[int], cols: list[list[int]],
              top: Callable[[int, int, int], int], pred: Callable[[NumaMask], bool],
-             tick: Callable[[], None], d: Mapping[int, Mapping[int, int]]) -> NumaMask | None:
+             tick: Callable[[], None], d: Mapping[int, Mapping[int, int]],
+             keep: Callable[[NumaMask], bool],
+             best: list[tuple[int, NumaMask]]) -> NumaMask | None:
+    """Branch and bound on the distance sum. Nodes are decided from the highest id down,
+    leaving a node out before taking it, so complete masks are met in increasing value:
+    a later mask with the same distance sum loses, and bounds prune on >=."""
     n = len(rest)
-    best: list[tuple[int, NumaMask]] = []
+    order = sorted(range(n), key=lambda i: -rest[i])  # positions in rest, highest id first
     start_sum = sum(d[a][b] for a in forced_ids for b in forced_ids)
-    off = [min((d[a][b] for b in rest if b != a), default=0) for a in rest]
-    min_off = min(off, default=0)
 
     def rec(i: int, chosen: list[int], mask: NumaMask, dsum: int, sums: list[int]) -> None:
         tick()
@@ -172,17 +189,23 @@ def _closest(rest: list[int], m: int, forced: NumaMask, forced_ids: list[int],
             return
         if any(sums[j] + top(j, need, n) < reqs[j] for j in range(len(reqs))):
             return
-        # lower bound: each node still to add costs at least its own distance plus twice
-        # its distances to the chosen ones, plus the pairs among the new nodes
-        gains = sorted(d[c][c] + 2 * sum(d[a][c] for a in chosen) for c in rest[i:])
-        lb = dsum + sum(gains[:need]) + need * (need - 1) * min_off
-        if best and lb > best[0][0]:
-            return
-        c = rest[i]
-        add = d[c][c] + 2 * sum(d[a][c] for a in chosen)
-        rec(i + 1, [*chosen, c], mask | 1 << c, dsum + add,
-            [s + col[i] for s, col in zip(sums, cols, strict=True)])
+        if best:
+            # each node still to take costs at least its self distance, twice its distances
+            # to the nodes taken, and (need - 1) times its nearest other candidate
+            left = [rest[p] for p in order[i:]]
+            gains = sorted(
+                d[c][c] + 2 * sum(d[a][c] for a in chosen)
+                + (need - 1) * min((d[c][b] + d[b][c] for b in left if b != c), default=0) // 2
+                for c in left)
+            if dsum + sum(gains[:need]) >= best[0][0]:
+                return
+        p = order[i]
+        c = rest[p]
         rec(i + 1, chosen, mask, dsum, sums)
+        if keep(mask | 1 << c):
+            add = d[c][c] + 2 * sum(d[a][c] for a in chosen)
+            rec(i + 1, [*chosen, c], mask | 1 << c, dsum + add,
+                [s + col[p] for s, col in zip(sums, cols, strict=True)])
 
     rec(0, list(forced_ids), forced, start_sum, base)
     return best[0][1] if best else None
@@ -203,13 +226,18 @@ class HintPlan:
 
 def plan_hints(demands: Sequence[Demand], numa_ids: Sequence[int],
                distances: Mapping[int, Mapping[int, int]] | None, policy: str,
-               prefer_closest: bool, full_limit: int = FULL_LIMIT) -> HintPlan:
+               prefer_closest: bool, full_limit: int = FULL_LIMIT,
+               fixed: Sequence[Sequence[TopologyHint] | None] = ()) -> HintPlan:
+    """Hint lists for ``demands``. ``fixed`` are the other resources' lists of the same
+    decision (None = no preference, [] = cannot satisfy), which take part in the merge
+    as they are."""
     if policy == POLICY_NONE:
         return HintPlan([[] for _ in demands], "none")
     if len(numa_ids) <= full_limit:
         return HintPlan([full_hints(d) for d in demands], "full")
     return _reduced(demands, distances if prefer_closest and policy != POLICY_SINGLE_NUMA_NODE
-                    else None, policy)
+                    else None, policy, [list(f) for f in fixed if f is not None],
+                    mask_of(numa_ids))
 
 
 def _table(d: Demand) -> Table:
@@ -223,17 +251,49 @@ def _complete(d: Demand, s: NumaMask, exclude: NumaMask) -> NumaMask | None:
         return None
     if d.fits(m):
         return m
+    sums = d.sums(m)
+    cap = d.sums(m, d.capacity)
     others = [n for n in d.domain if not (m | exclude) >> n & 1]
     others.sort(key=lambda n: (*(-x for x in d.free.get(n, ())), n))
+    zero = (0,) * len(d.request)
     for n in others:
+        if d.reach is not None and not d.reach(m | 1 << n):
+            continue  # e.g. a node of another memory group: no hint can hold both
         m |= 1 << n
-        if d.fits(m):
+        for i, x in enumerate(d.free.get(n, zero)):
+            sums[i] += x
+        for i, x in enumerate(d.capacity.get(n, zero)):
+            cap[i] += x
+        if d.covers(sums) and d.covers(cap) and (d.valid is None or d.valid(m)):
             return m
     return None
 
 
+def _fixed_ok_preferred(fixed: Sequence[Sequence[TopologyHint]], mask: NumaMask) -> bool:
+    """Is ``mask`` a preferred merge with every fixed list (a preferred nil, or the same
+    mask preferred)?"""
+    for lst in fixed:
+        if not any(h.preferred and (h.mask is None or h.mask == mask) for h in lst):
+            return False
+    return True
+
+
+def _fixed_base(fixed: Sequence[Sequence[TopologyHint]], s: NumaMask,
+                universe: NumaMask) -> NumaMask | None:
+    """AND over fixed lists of each one's narrowest mask containing ``s`` (nil = all)."""
+    base = universe
+    for lst in fixed:
+        sup = [universe if h.mask is None else h.mask for h in lst
+               if h.mask is None or h.mask & s == s]
+        if not sup:
+            return None
+        base &= min(sup, key=lambda m: (m.bit_count(), m))
+    return base
+
+
 def _reduced(demands: Sequence[Demand], dist: Mapping[int, Mapping[int, int]] | None,
-             policy: str) -> HintPlan:
+             policy: str, fixed: Sequence[Sequence[TopologyHint]] = (),
+             universe: NumaMask = 0) -> HintPlan:
     stats = SearchStats()
     chosen: list[dict[NumaMask, None]] = [{} for _ in demands]
     plan = HintPlan([], "reduced")
@@ -242,7 +302,7 @@ def _reduced(demands: Sequence[Demand], dist: Mapping[int, Mapping[int, int]] | 
         w: int | None = None
         for k in range(1, len(d.domain) + 1):
             m = best_subset(d.domain, k, d.fits, tables=[_table(d)], forced=d.required,
-                            stats=stats)
+                            stats=stats, prune=d.extendable)
             if m is not None:
                 chosen[i][m] = None
                 w = k
@@ -257,7 +317,7 @@ def _reduced(demands: Sequence[Demand], dist: Mapping[int, Mapping[int, int]] | 
     live = [i for i, w in enumerate(narrowest) if w is not None]
     widths = {demands[i].min_width() for i in live}
     found = False
-    if live and len(live) == len(demands) and len(widths) == 1:
+    if live and len(live) == len(demands) and len(widths) == 1 and all(fixed):
         w = widths.pop()
         cands = _common_domain([demands[i] for i in live])
         forced = 0
@@ -265,16 +325,22 @@ def _reduced(demands: Sequence[Demand], dist: Mapping[int, Mapping[int, int]] | 
             forced |= demands[i].required
 
         def fits_all(mask: NumaMask) -> bool:
-            return all(demands[i].fits(mask) for i in live)
+            return (all(demands[i].fits(mask) for i in live)
+                    and _fixed_ok_preferred(fixed, mask))
+
+        def reach_all(mask: NumaMask) -> bool:
+            return all(demands[i].extendable(mask) for i in live)
 
         p = best_subset(cands, w, fits_all, tables=[_table(demands[i]) for i in live],
-                        forced=forced, distances=dist, stats=stats)
+                        forced=forced, distances=dist, stats=stats, prune=reach_all,
+                        budget=CLOSEST_BUDGET if dist is not None else SEARCH_BUDGET)
         if p is not None:
             found = True
             for i in live:
                 chosen[i][p] = None
     if not found and live and policy != POLICY_SINGLE_NUMA_NODE:
-        ok = _non_preferred(demands, live, narrowest, chosen, dist, stats)
+        ok = _non_preferred(demands, live, narrowest, chosen, dist, stats,
+                            [f for f in fixed if f], universe)
         if not ok:
             plan.notes.append("no non-preferred AND found by the witness search")
             plan.exact = False
@@ -295,20 +361,31 @@ def _common_domain(ds: Sequence[Demand]) -> list[int]:
 
 def _non_preferred(demands: Sequence[Demand], live: list[int], narrowest: list[int | None],
                    chosen: list[dict[NumaMask, None]],
-                   dist: Mapping[int, Mapping[int, int]] | None, stats: SearchStats) -> bool:
+                   dist: Mapping[int, Mapping[int, int]] | None, stats: SearchStats,
+                   fixed: Sequence[Sequence[TopologyHint]], universe: NumaMask) -> bool:
     ds = [demands[i] for i in live]
     b = max(w for w in narrowest if w is not None)
+    for lst in fixed:
+        widths = [h.mask.bit_count() for h in lst if h.mask is not None]
+        if widths:
+            b = max(b, min(widths))
     cands = _common_domain(ds)
     witnesses: dict[NumaMask, dict[int, NumaMask]] = {}
 
     def achievable(s: NumaMask) -> bool:
-        w = _witnesses(ds, s)
+        base = _fixed_base(fixed, s, universe)
+        if base is None:
+            return False
+        w = _witnesses(ds, s, base)
         if w is None:
             return False
         witnesses[s] = {live[j]: m for j, m in w.items()}
         return True
 
-    single = len(ds) == 1
+    def reach_all(mask: NumaMask) -> bool:
+        return all(d.extendable(mask) for d in ds)
+
+    single = len(ds) == 1 and not fixed
     tables = [_table(ds[0])] if single else []
     forced = ds[0].required if single else 0
     order = [b, *range(b - 1, 0, -1), *range(b + 1, len(cands) + 1)]
@@ -316,7 +393,8 @@ def _non_preferred(demands: Sequence[Demand], live: list[int], narrowest: list[i
         if k > len(cands):
             continue
         s = best_subset(cands, k, achievable, tables=tables, forced=forced, distances=dist,
-                        stats=stats)
+                        stats=stats, prune=reach_all,
+                        budget=CLOSEST_BUDGET if dist is not None else SEARCH_BUDGET)
         if s is not None:
             for i, m in witnesses[s].items():
                 chosen[i][m] = None
@@ -326,36 +404,30 @@ def _non_preferred(demands: Sequence[Demand], live: list[int], narrowest: list[i
     return False
 
 
-def _witnesses(ds: Sequence[Demand], s: NumaMask) -> dict[int, NumaMask] | None:
-    """One hint per demand whose AND is exactly ``s`` (see the module docstring)."""
-    alone = [j for j, d in enumerate(ds) if d.fits(s)]
-    if alone:
-        out: dict[int, NumaMask] = {}
-        for j, d in enumerate(ds):
-            m = s if j in alone else _complete(d, s, 0)
-            if m is None:
-                return None
-            out[j] = m
-        return out
-    if len(ds) < 2:
-        return None
+def _witnesses(ds: Sequence[Demand], s: NumaMask, base: NumaMask) -> dict[int, NumaMask] | None:
+    """One hint per demand whose AND (with ``base``, the fixed lists' part) is exactly
+    ``s`` (see the module docstring)."""
+    plain = [_complete(d, s, 0) for d in ds]
+    if any(m is None for m in plain):
+        return None  # some demand has no hint containing s (by the greedy completion)
+    total = base
+    for m in plain:
+        total &= m or 0
+    if total == s:
+        return {j: m for j, m in enumerate(plain) if m is not None}
     for a in range(len(ds)):
-        ma = _complete(ds[a], s, 0)
-        if ma is None:
+        ma = plain[a]
+        if ma is None:  # pragma: no cover - excluded above
             continue
+        if ma & base == s:
+            return {j: m for j, m in enumerate(plain) if m is not None}
         for b in range(len(ds)):
             if b == a:
                 continue
-            mb = _complete(ds[b], s, ma & ~s)
-            if mb is None or ma & mb != s:
+            mb = _complete(ds[b], s, ma & base & ~s)
+            if mb is None or ma & mb & base != s:
                 continue
-            out = {a: ma, b: mb}
-            for j, d in enumerate(ds):
-                if j not in out:
-                    m = _complete(d, s, 0)
-                    if m is None:
-                        break
-                    out[j] = m
-            else:
-                return out
+            out = {j: m for j, m in enumerate(plain) if m is not None}
+            out[a], out[b] = ma, mb
+            return out
     return None

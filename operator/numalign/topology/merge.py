@@ -46,7 +46,7 @@ from numalign.topology.policy import (
 )
 
 # Largest universe (NUMA nodes every resource can reach) handled by the zeta transform.
-ZETA_MAX_BITS = 12
+ZETA_MAX_BITS = 18
 # How many of the best merged candidates a MergeResult keeps for `numalign explain`.
 EXPLAIN_CANDIDATES = 5
 
@@ -367,61 +367,146 @@ def _reachable_non_preferred(
         reduced.append(sorted(r))
     n = universe.bit_count()
     stats["universe"] = n
+    classes = _node_classes(reduced, universe)
+    stats["node_classes"] = len(classes)
     product = 1
     for masks in reduced:
         product *= len(masks)
         if product > 1 << 40:
             break
-    if _use_zeta(n, len(reduced), product):
+    zeta_cost = (len(reduced) + 1) * len(classes) * (1 << len(classes))
+    if _use_zeta(len(classes), len(reduced), product):
         stats["method_zeta"] = 1
-        return _reachable_zeta(reduced, universe)
-    stats["method_layered"] = 1
-    return _reachable_layered(reduced, universe, bnp, stats)
+        return _reachable_zeta(reduced, classes)
+    budget = zeta_cost // 2 if len(classes) <= ZETA_MAX_BITS else None
+    try:
+        got = _reachable_layered(reduced, universe, bnp, stats, budget)
+        stats["method_layered"] = 1
+        return got
+    except _OverBudget:
+        stats["method_zeta"] = 1
+        return _reachable_zeta(reduced, classes)
+
+
+def _node_classes(lists: list[list[int]], universe: int) -> list[int]:
+    """Nodes that lie in exactly the same masks of every resource always go together in
+    a merged mask; group them (as masks), lowest node first."""
+    signature: dict[int, list[int]] = {low: [] for low in _low_bits(universe)}
+    tag = 0
+    for masks in lists:
+        for m in masks:
+            x = m
+            while x:
+                low = x & -x
+                signature[low].append(tag)
+                x ^= low
+            tag += 1
+    groups: dict[tuple[int, ...], int] = {}
+    for low, sig in signature.items():
+        key = tuple(sig)
+        groups[key] = groups.get(key, 0) | low
+    return sorted(groups.values(), key=lambda m: m & -m)
+
+
+def _low_bits(mask: int) -> Iterator[int]:
+    while mask:
+        low = mask & -mask
+        yield low
+        mask ^= low
 
 
 def _use_zeta(n: int, resources: int, product: int) -> bool:
-    """Zeta transforms cost about (resources + 1) * n * 2**n; the layered search at most
-    the product of the list sizes (much less with pruning)."""
-    return n <= ZETA_MAX_BITS and product > (resources + 1) * n * (1 << n)
+    """Zeta transforms cost about (resources + 1) * n * 2**n (n: node classes); the
+    layered search at most the product of the list sizes, usually far less."""
+    return n <= ZETA_MAX_BITS and product > 4 * (resources + 1) * n * (1 << n)
 
 
-def _reachable_zeta(lists: list[list[int]], universe: int) -> list[int]:
-    positions = list(_bits(universe))
-    n = len(positions)
-    index = {p: k for k, p in enumerate(positions)}
+class _OverBudget(Exception):
+    pass
+
+
+def _superset_sums(g: list[int], n: int, op: Callable[[int, int], int]) -> None:
+    """In place: g[T] = op-fold of g[U] over U containing T (op = add), or its inverse
+    (op = sub)."""
     size = 1 << n
+    for b in range(n):
+        step = 1 << b
+        span = step << 1
+        if step <= size // span:
+            # step strided slices: indices k + j*span (bit b clear) and k + step + j*span
+            for k in range(step):
+                g[k:size:span] = map(op, g[k:size:span], g[k + step : size : span])
+        else:
+            for base in range(0, size, span):
+                hi = base + step
+                g[base:hi] = map(op, g[base:hi], g[hi : hi + step])
+
+
+def _reachable_zeta(lists: list[list[int]], classes: list[int]) -> list[int]:
+    n = len(classes)
+    size = 1 << n
+
+    # Byte tables: compressed bits of the classes met by each byte value of a mask.
+    chunk_tables: list[tuple[int, list[int]]] = []
+    whole = 0
+    for c in classes:
+        whole |= c
+    for chunk in range((whole.bit_length() + 7) // 8):
+        part = (whole >> (8 * chunk)) & 0xFF
+        if not part:
+            continue
+        table = [0] * 256
+        for v in range(1, 256):
+            low = v & -v
+            node = 1 << (8 * chunk + low.bit_length() - 1)
+            bit = 0
+            if part & low:
+                for k, c in enumerate(classes):
+                    if c & node:
+                        bit = 1 << k
+                        break
+            table[v] = table[v ^ low] | bit
+        chunk_tables.append((8 * chunk, table))
 
     def compress(mask: int) -> int:
         out = 0
-        for b in _bits(mask):
-            out |= 1 << index[b]
+        for shift, table in chunk_tables:
+            out |= table[(mask >> shift) & 0xFF]
         return out
-
-    def superset_sums(g: list[int], op: Callable[[int, int], int]) -> None:
-        step = 1
-        while step < size:
-            for base in range(0, size, step << 1):
-                hi = base + step
-                g[base:hi] = map(op, g[base:hi], g[hi : hi + step])
-            step <<= 1
 
     total: list[int] | None = None
     for masks in lists:
         g = [0] * size
         for m in masks:
             g[compress(m)] = 1
-        superset_sums(g, operator.add)
+        _superset_sums(g, n, operator.add)
         total = g if total is None else list(map(operator.mul, total, g))
     assert total is not None
-    superset_sums(total, operator.sub)
+    _superset_sums(total, n, operator.sub)
     out: list[int] = []
     for t in range(1, size):
         if total[t] > 0:
             m = 0
-            for k in _bits(t):
-                m |= 1 << positions[k]
+            x = t
+            while x:
+                low = x & -x
+                m |= classes[low.bit_length() - 1]
+                x ^= low
             out.append(m)
     return out
+
+
+class _Meter:
+    """Counts (state, mask) pairs looked at; raises _OverBudget past the budget."""
+
+    def __init__(self, budget: int | None) -> None:
+        self.budget = budget
+        self.spent = 0
+
+    def spend(self, work: int) -> None:
+        self.spent += work
+        if self.budget is not None and self.spent > self.budget:
+            raise _OverBudget
 
 
 class _Layer:
@@ -453,7 +538,7 @@ class _Layer:
             self._buckets = b
         return self._buckets
 
-    def step(self, states: set[int], threshold: int) -> set[int]:
+    def step(self, states: set[int], threshold: int, meter: _Meter) -> set[int]:
         """{s & m} over states s and this resource's masks m, keeping results at least
         ``threshold`` nodes wide."""
         out: set[int] = set(states) if self.full else set()
@@ -461,6 +546,7 @@ class _Layer:
         if not masks:
             return out
         if len(states) * len(masks) <= self.NAIVE_PAIRS:
+            meter.spend(len(states) * len(masks))
             out.update(
                 x for s in states for m in masks if (x := s & m).bit_count() >= threshold
             )
@@ -494,22 +580,28 @@ class _Layer:
                     out.add(s)
                 continue
             seen: set[int] = set().union(*groups)
+            meter.spend(len(seen) + len(groups))
             out.update(x for m in seen if (x := s & m).bit_count() >= threshold)
         return out
 
 
 def _reachable_layered(
-    lists: list[list[int]], universe: int, bnp: int, stats: dict[str, int]
+    lists: list[list[int]],
+    universe: int,
+    bnp: int,
+    stats: dict[str, int],
+    budget: int | None = None,
 ) -> list[int]:
     ordered: list[list[int]] = sorted(lists, key=len)
     layers = [_Layer(m, universe) for m in ordered]
+    meter = _Meter(budget)
 
     def reach(threshold: int) -> set[int]:
         states = {universe} if universe.bit_count() >= threshold else set()
         for layer in layers:
             if not states:
                 break
-            states = layer.step(states, threshold)
+            states = layer.step(states, threshold, meter)
             stats["states"] = stats.get("states", 0) + len(states)
         return states
 

@@ -54,35 +54,57 @@ class Demand:
     capacity: Mapping[int, Vector]  # per node, for the minimal width
     required: NumaMask = 0  # nodes every hint must contain (reusable items)
     valid: Callable[[NumaMask], bool] | None = None  # extra rule (memory groups)
+    # False when no hint can contain the mask (for pruning searches); None: any subset of
+    # the domain can be extended to a hint (monotone providers)
+    reach: Callable[[NumaMask], bool] | None = None
     _min_width: int | None = field(default=None, repr=False)
+    _domain_mask: NumaMask = field(default=0, init=False, repr=False)
+    _free: dict[int, Vector] = field(default_factory=dict, init=False, repr=False)
+    _cap: dict[int, Vector] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._domain_mask = mask_of(self.domain)
+        self._free = {n: v for n, v in self.free.items() if any(v)}
+        self._cap = {n: v for n, v in self.capacity.items() if any(v)}
 
     @property
     def domain_mask(self) -> NumaMask:
-        return mask_of(self.domain)
+        return self._domain_mask
 
-    def _sums(self, mask: NumaMask, table: Mapping[int, Vector]) -> list[int]:
+    def sums(self, mask: NumaMask, table: Mapping[int, Vector] | None = None) -> list[int]:
+        """Per-dimension sums of ``table`` (default: free) over the nodes of ``mask``."""
+        tbl = self._free if table is None else table
         tot = [0] * len(self.request)
-        for n in mask_ids(mask):
-            v = table.get(n)
+        while mask:
+            low = mask & -mask
+            v = tbl.get(low.bit_length() - 1)
             if v is not None:
                 for i, x in enumerate(v):
                     tot[i] += x
+            mask ^= low
         return tot
+
+    def covers(self, sums: Sequence[int]) -> bool:
+        return all(s >= r for s, r in zip(sums, self.request, strict=True))
 
     def fits(self, mask: NumaMask) -> bool:
         """Would the kubelet list ``mask`` as a hint?"""
-        if mask & ~self.domain_mask or self.required & ~mask:
+        if mask & ~self._domain_mask or self.required & ~mask:
             return False
-        if any(s < r for s, r in zip(self._sums(mask, self.capacity), self.request,
-                                     strict=True)):
+        if not self.covers(self.sums(mask, self._cap)):
             return False  # memory manager: allocatable first (others: implied by free)
         if self.valid is not None and not self.valid(mask):
             return False
-        return all(s >= r for s, r in zip(self._sums(mask, self.free), self.request, strict=True))
+        return self.covers(self.sums(mask))
+
+    def extendable(self, mask: NumaMask) -> bool:
+        """Could some hint contain ``mask``? (False is certain; True may be optimistic.)"""
+        if mask & ~self.domain_mask:
+            return False
+        return self.reach is None or self.reach(mask)
 
     def fits_capacity(self, mask: NumaMask) -> bool:
-        return all(s >= r for s, r in zip(self._sums(mask, self.capacity), self.request,
-                                          strict=True))
+        return self.covers(self.sums(mask, self._cap))
 
     def min_width(self) -> int:
         """The kubelet's minAffinitySize: narrowest width whose capacity holds the request
@@ -183,8 +205,18 @@ def memory_demand(machine: Machine, ledger: Ledger, request: Mapping[str, int]) 
                     return False
         return True
 
+    def reach(mask: NumaMask) -> bool:
+        if mask.bit_count() < 2:
+            return True
+        for n in mask_ids(mask):
+            if assignments.get(n, 0) > 0:
+                group = cells.get(n, 0)
+                if group.bit_count() <= 1 or mask & ~group:
+                    return False
+        return True
+
     return Demand("memory", kinds, tuple(request[k] for k in kinds), domain, free, cap,
-                  valid=valid)
+                  valid=valid, reach=reach)
 
 
 def device_hints_or_demand(machine: Machine, ledger: Ledger, uid: str, resource: str,

@@ -1,0 +1,388 @@
+"""``numalign explain``: why a pod got (or did not get) its NUMA affinity.
+
+Offline, on a machine file::
+
+    numalign explain --machine FILE --pod POD.yaml [--policy P] [--scope S]
+                     [--option K=V]... [--allocated ALLOC.json] [-o text|json]
+
+``--allocated`` holds what the machine already gives to other pods: a NodeTopology
+(object or status), a list of its ``status.admitted`` entries, or ``numalign admit``
+output (JSON lines). ``--policy`` defaults to the pod's ``numalign.io/policy`` annotation
+(and ``--scope`` to ``numalign.io/scope``, else container); with neither, the command
+asks for ``--policy``.
+
+Live, on a cluster::
+
+    numalign explain POD [-n NS] [--kubeconfig K] [--context C] [-o text|json]
+
+reads the pod (its node, ``numalign.io/resolved`` and ``numalign.io/allocation``), the
+node's NodeTopology (machine facts from status zones, devices and distances; the other
+pods' allocations from ``status.admitted``) and replays the decision. ``--policy``,
+``--scope`` and ``--option`` replace the resolved policy ("what if").
+
+Errors are one line on stderr saying what to do next, exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, NoReturn
+
+import yaml
+
+from numalign.topology.errors import TopologyError
+from numalign.topology.explain import (
+    Explanation,
+    explain_pod,
+    held_from_admitted,
+    held_from_document,
+    ledger_from_held,
+    machine_from_status,
+    render_text,
+)
+from numalign.topology.ledger import Ledger
+from numalign.topology.machine import load_machine
+from numalign.topology.pod import pod_from_dict
+from numalign.topology.policy import (
+    SCOPE_CONTAINER,
+    check_policy,
+    check_scope,
+    parse_policy_options,
+)
+
+PROG = "numalign explain"
+POLICY_ANNOTATION = "numalign.io/policy"
+SCOPE_ANNOTATION = "numalign.io/scope"
+RESOLVED_ANNOTATION = "numalign.io/resolved"
+ALLOCATION_ANNOTATION = "numalign.io/allocation"
+
+
+class ExplainError(Exception):
+    """One line for the user: what is wrong and what to do next."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise ExplainError(f"{message} (see '{PROG} --help')")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("name", nargs="?", metavar="POD", help="live mode: the pod to explain")
+    p.add_argument("-n", "--namespace", default=None, help="live mode: the pod's namespace "
+                   "(default: the kubeconfig context's, else default)")
+    p.add_argument("--kubeconfig", help="live mode: kubeconfig (default $KUBECONFIG, "
+                                        "~/.kube/config, else in-cluster)")
+    p.add_argument("--context", help="live mode: kubeconfig context")
+    p.add_argument("--machine", metavar="FILE", help="offline mode: machine file")
+    p.add_argument("--pod", metavar="POD.yaml", help="offline mode: the pod manifest")
+    p.add_argument("--allocated", metavar="ALLOC.json",
+                   help="offline mode: allocations already on the machine")
+    p.add_argument("--policy", help="Topology Manager policy (offline: default the pod's "
+                                    "numalign.io/policy; live: replaces the resolved one)")
+    p.add_argument("--scope", help="container or pod")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="policy option, as the kubelet spells it; repeatable")
+    p.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    return p
+
+
+# ---------------------------------------------------------------- shared
+
+
+def _options(raw: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in raw:
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise ExplainError(f"--option: {item!r} is not KEY=VALUE, e.g. "
+                               "--option prefer-closest-numa-nodes=true")
+        out[k] = v
+    return out
+
+
+def _read_text(path: str, what: str) -> str:
+    try:
+        return sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as e:
+        raise ExplainError(f"{path}: cannot read the {what}: {e.strerror or e}") from None
+
+
+def _load_yaml(path: str, what: str) -> list[Any]:
+    text = _read_text(path, what)
+    try:
+        return [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ExplainError(f"{path}: the {what} is not valid YAML or JSON{where}: "
+                           f"{getattr(e, 'problem', None) or e}") from None
+
+
+def _load_allocated(path: str) -> Any:
+    """A JSON (or YAML) document, or JSON lines (``numalign admit`` output)."""
+    text = _read_text(path, "allocations")
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    try:
+        return [json.loads(ln) for ln in lines]
+    except ValueError:
+        pass
+    docs = _load_yaml(path, "allocations")
+    return docs[0] if len(docs) == 1 else docs
+
+
+def _emit(e: Explanation, output: str) -> None:
+    if output == "json":
+        print(json.dumps(e.to_json(), indent=2))
+    else:
+        print(render_text(e))
+
+
+# ---------------------------------------------------------------- offline
+
+
+def _offline(args: argparse.Namespace) -> Explanation:
+    if args.machine is None or args.pod is None:
+        raise ExplainError("offline mode needs both --machine FILE and --pod POD.yaml "
+                           "(or give a pod name for live mode)")
+    try:
+        machine = load_machine(args.machine)
+    except TopologyError as e:
+        raise ExplainError(f"{e} (fix the machine file)") from None
+    docs = _load_yaml(args.pod, "pod")
+    if len(docs) != 1:
+        raise ExplainError(f"{args.pod}: holds {len(docs)} documents; give exactly one pod")
+    try:
+        pod = pod_from_dict(docs[0], source=args.pod)
+    except TopologyError as e:
+        raise ExplainError(f"{args.pod}: {e}") from None
+    policy = args.policy or pod.annotations.get(POLICY_ANNOTATION)
+    if policy is None:
+        raise ExplainError("no policy: give --policy (none, best-effort, restricted, "
+                           "single-numa-node) or annotate the pod with numalign.io/policy")
+    scope = args.scope or pod.annotations.get(SCOPE_ANNOTATION) or SCOPE_CONTAINER
+    source = "--policy" if args.policy else f"pod annotation {POLICY_ANNOTATION}"
+    try:
+        check_policy(policy, "--policy" if args.policy else POLICY_ANNOTATION)
+        check_scope(scope, "--scope" if args.scope else SCOPE_ANNOTATION)
+        options = parse_policy_options(_options(args.option), "--option")
+    except TopologyError as e:
+        raise ExplainError(str(e)) from None
+    ledger = Ledger(machine)
+    notes: list[str] = []
+    if args.allocated:
+        try:
+            held = held_from_document(_load_allocated(args.allocated), args.allocated)
+        except TopologyError as e:
+            raise ExplainError(f"{e} (fix the allocations file)") from None
+        ledger, notes = ledger_from_held(machine, held, (pod.uid, pod.namespace, pod.name))
+    try:
+        ex = explain_pod(machine, pod, policy, scope, options, ledger, source=source)
+    except TopologyError as err:
+        raise ExplainError(f"{args.pod}: {err}") from None
+    ex.notes[:0] = notes
+    return ex
+
+
+# ---------------------------------------------------------------- live
+
+
+def _live(args: argparse.Namespace) -> Explanation:
+    if args.machine or args.pod or args.allocated:
+        raise ExplainError("give either a pod name (live mode) or --machine and --pod "
+                           "(offline mode), not both")
+    from numalign.agent.annotations import (
+        AnnotationError,
+        parse_resolved,
+        resolved_from_spec,
+    )
+
+    client = _Client(args.kubeconfig, args.context)
+    ns = args.namespace or client.namespace
+    name = str(args.name)
+    pod = client.get_pod(ns, name)
+    if pod is None:
+        raise ExplainError(f"pod {ns}/{name} not found: check the name and the namespace "
+                           "(-n NAMESPACE)")
+    meta = pod.get("metadata") or {}
+    annotations: Mapping[str, str] = meta.get("annotations") or {}
+    node = (pod.get("spec") or {}).get("nodeName")
+    if not node:
+        raise ExplainError(f"pod {ns}/{name} is not bound to a node yet: explain it once it "
+                           "is scheduled, or offline with --machine and --pod")
+    nt = client.get_nodetopology(str(node))
+    if nt is None:
+        raise ExplainError(f"node {node} has no NodeTopology: is the numalign agent running "
+                           "there? (kubectl get nodetopology)")
+    status = nt.get("status") or {}
+    try:
+        machine = machine_from_status(status, name=str(node))
+    except TopologyError as e:
+        raise ExplainError(f"NodeTopology {node}: {e}; wait for the agent to publish, or "
+                           "check its logs") from None
+    uid = str(meta.get("uid") or "")
+    notes = ["replayed against the node's allocations now (other pods as published in "
+             "NodeTopology status.admitted), which may differ from those at admission"]
+    entries = [x for x in status.get("admitted") or [] if isinstance(x, Mapping)]
+    mine = next((x for x in entries if uid and x.get("uid") == uid), None)
+    held = []
+    for i, entry in enumerate(entries):
+        try:
+            held.append(held_from_admitted(entry, f"NodeTopology {node} status.admitted[{i}]"))
+        except TopologyError as e:
+            notes.append(f"ignored: {e}")
+    ledger, more = ledger_from_held(machine, held, (uid, ns, name))
+    notes += more
+
+    # The policy: the operator's resolution, else what the agent admitted it with,
+    # else the node default; --policy/--scope/--option replace it.
+    policy = scope = None
+    options: dict[str, str] = {}
+    source = "none"
+    ann = annotations.get(RESOLVED_ANNOTATION)
+    if ann is not None:
+        try:
+            r = parse_resolved(str(ann))
+            policy, scope, options, source = r.policy, r.scope, dict(r.options), r.source
+        except AnnotationError as e:
+            notes.append(f"{e}; using the node default")
+    if policy is None and mine is not None:
+        policy = str(mine.get("policy") or "none")
+        scope = str(mine.get("scope") or SCOPE_CONTAINER)
+        source = str(mine.get("source") or "NodeTopology status.admitted")
+    if policy is None:
+        r = resolved_from_spec(nt.get("spec"))
+        policy, scope, options, source = r.policy, r.scope, dict(r.options), r.source
+        notes.append(f"the pod has no {RESOLVED_ANNOTATION} annotation (is the operator "
+                     "running?): using the node default")
+    if args.policy or args.scope or args.option:
+        policy = args.policy or policy
+        scope = args.scope or scope
+        options.update(_options(args.option))
+        source = "command line (what if)"
+    try:
+        check_policy(policy, "--policy")
+        check_scope(scope or SCOPE_CONTAINER, "--scope")
+        opts = parse_policy_options(options, "--option")
+        model = pod_from_dict(pod, source=f"pod {ns}/{name}")
+        ex = explain_pod(machine, model, policy, scope or SCOPE_CONTAINER, opts, ledger,
+                        source=source)
+    except TopologyError as err:
+        raise ExplainError(str(err)) from None
+    ex.node = str(node)
+    recorded = annotations.get(ALLOCATION_ANNOTATION)
+    if recorded is not None:
+        try:
+            ex.recorded = json.loads(recorded)
+        except ValueError:
+            notes.append(f"the pod's {ALLOCATION_ANNOTATION} annotation is not valid JSON")
+    if isinstance(ex.recorded, Mapping):
+        rec_numa = sorted(int(n) for n in ex.recorded.get("numaNodes") or [])
+        if ex.admit and rec_numa and rec_numa != ex.allocation.get("numaNodes"):
+            notes.append(f"the agent recorded NUMA nodes {rec_numa}; the replay now gives "
+                         f"{ex.allocation.get('numaNodes')} (the node's state changed since)")
+    phase = (pod.get("status") or {}).get("phase")
+    reason = (pod.get("status") or {}).get("reason")
+    if phase == "Failed" and reason:
+        notes.append(f"the pod is Failed with reason {reason}")
+    ex.notes[:0] = notes
+    return ex
+
+
+class _Client:
+    """The few reads live mode makes, with the official client (errors -> ExplainError)."""
+
+    def __init__(self, kubeconfig: str | None, context: str | None) -> None:
+        import os
+
+        from kubernetes import client as k8s
+        from kubernetes import config as k8s_config
+
+        conf = k8s.Configuration()
+        path = kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or None
+        self.namespace = "default"
+        try:
+            if path is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+                k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
+                    client_configuration=conf)
+            else:
+                k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+                    config_file=path, context=context, client_configuration=conf)
+                _, active = k8s_config.list_kube_config_contexts(  # type: ignore[no-untyped-call]
+                    config_file=path)
+                if context:
+                    contexts, _ = k8s_config.list_kube_config_contexts(  # type: ignore[no-untyped-call]
+                        config_file=path)
+                    active = next((c for c in contexts if c.get("name") == context), active)
+                ns = ((active or {}).get("context") or {}).get("namespace")
+                if ns:
+                    self.namespace = str(ns)
+        except Exception as e:  # ConfigException, missing file, bad YAML ...
+            raise ExplainError(f"cannot load the Kubernetes credentials: {e}; give "
+                               "--kubeconfig (e.g. from 'numalign dev kubeconfig')") from None
+        self.host = str(conf.host)
+        self.api = k8s.ApiClient(conf)
+
+    def _get(self, call: Callable[[], Any], what: str) -> dict[str, Any] | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            obj = call()
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            if e.status in (401, 403):
+                raise ExplainError(f"not allowed to read {what} ({e.status} {e.reason}): "
+                                   "use credentials that may get pods and nodetopologies"
+                                   ) from None
+            raise ExplainError(f"reading {what} failed: {e.status} {e.reason}") from None
+        except Exception as e:  # connection refused, DNS, TLS ...
+            raise ExplainError(f"cannot reach the API server at {self.host}: "
+                               f"{type(e).__name__}; is the cluster up? check --kubeconfig"
+                               ) from None
+        if not isinstance(obj, dict):
+            obj = self.api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
+        return obj if isinstance(obj, dict) else None
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        from kubernetes import client as k8s
+
+        core = k8s.CoreV1Api(self.api)
+        return self._get(lambda: core.read_namespaced_pod(name, namespace, _request_timeout=30),
+                         f"pod {namespace}/{name}")
+
+    def get_nodetopology(self, name: str) -> dict[str, Any] | None:
+        from kubernetes import client as k8s
+
+        custom = k8s.CustomObjectsApi(self.api)
+        return self._get(lambda: custom.get_cluster_custom_object(
+            "numalign.io", "v1alpha1", "nodetopologies", name, _request_timeout=30),
+            f"NodeTopology {name}")
+
+
+# ---------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = _parser().parse_args(args_list)
+        e = _live(args) if args.name is not None else _offline(args)
+    except ExplainError as err:
+        print(f"{PROG}: {err}", file=sys.stderr)
+        return 1
+    _emit(e, args.output)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

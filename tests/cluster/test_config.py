@@ -1,0 +1,225 @@
+"""config/ installs on a real API server, and the agent's identity is confined to its node.
+
+The install follows config/README.md: ``kubectl apply -k config/crd``, wait until the CRDs
+are Established, create the namespace, then ``kubectl apply -k config/default`` (server-side
+dry run first). No kubelet runs, so the pods stay Pending: that is fine here. The agent is
+played by impersonating its ServiceAccount with the node-name extra the API server puts
+into a pod-bound token's user info.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = REPO / "config"
+NS = "numalign-system"
+AGENT = f"system:serviceaccount:{NS}:numalign-agent"
+OPERATOR = f"system:serviceaccount:{NS}:numalign-operator"
+NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+POLICY = "numalign-agent-node-restriction"
+Kubectl = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@dataclass(frozen=True)
+class Install:
+    dry_run: subprocess.CompletedProcess[str]
+    apply: subprocess.CompletedProcess[str]
+
+
+def _rendered(kubectl: Kubectl, path: Path) -> list[dict[str, Any]]:
+    out = kubectl("kustomize", str(path)).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+@pytest.fixture(scope="module")
+def installed(kubectl: Kubectl) -> Iterator[Install]:
+    kubectl("apply", "-k", str(CONFIG / "crd"))
+    crds = [f"crd/{o['metadata']['name']}" for o in _rendered(kubectl, CONFIG / "crd")]
+    kubectl("wait", "--for=condition=Established", "--timeout=60s", *crds)
+    # A server-side dry run persists nothing, not even the Namespace the rest goes into.
+    kubectl("apply", "-f", str(CONFIG / "default" / "namespace.yaml"))
+    dry_run = kubectl("apply", "-k", str(CONFIG / "default"), "--dry-run=server")
+    apply = kubectl("apply", "-k", str(CONFIG / "default"))
+    try:
+        yield Install(dry_run, apply)
+    finally:
+        # Remove everything but the CRDs (other tests of the session use them).
+        keep = {"CustomResourceDefinition"}
+        objs = [o for o in _rendered(kubectl, CONFIG / "default") if o["kind"] not in keep]
+        kubectl("delete", "--ignore-not-found", "--wait=false", "-f", "-",
+                input=yaml.safe_dump_all(objs), check=False)
+
+
+@pytest.fixture(scope="module")
+def impersonate(kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
+                ) -> Callable[..., Path]:
+    """A kubeconfig acting as ``user`` (groups of a ServiceAccount) with ``extra``."""
+    base = yaml.safe_load(kubeconfig.read_text())
+    out_dir = tmp_path_factory.mktemp("impersonate")
+
+    def make(user: str, extra: dict[str, list[str]] | None = None) -> Path:
+        kc = json.loads(json.dumps(base))
+        ns = user.split(":")[2]
+        auth = kc["users"][0]["user"]
+        auth["as"] = user
+        auth["as-groups"] = ["system:serviceaccounts", f"system:serviceaccounts:{ns}",
+                             "system:authenticated"]
+        if extra:
+            auth["as-user-extra"] = extra
+        path = out_dir / f"{uuid.uuid4().hex[:8]}.kubeconfig"
+        path.write_text(yaml.safe_dump(kc))
+        path.chmod(0o600)
+        return path
+
+    return make
+
+
+def _node() -> str:
+    return f"cfg-node-{uuid.uuid4().hex[:6]}"
+
+
+def _nodetopology(name: str) -> str:
+    return yaml.safe_dump({"apiVersion": "numalign.io/v1alpha1", "kind": "NodeTopology",
+                           "metadata": {"name": name}})
+
+
+def _status_patch() -> str:
+    return json.dumps({"status": {"observedPolicyGeneration": 0}})
+
+
+def _refused(proc: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    assert proc.returncode != 0, f"expected a refusal, got:\n{proc.stdout}"
+    assert "Forbidden" in proc.stderr or "forbidden" in proc.stderr, proc.stderr
+    assert f"ValidatingAdmissionPolicy '{POLICY}'" in proc.stderr, proc.stderr
+    for f in fragments:
+        assert f in proc.stderr, proc.stderr
+
+
+def test_default_installs_with_dry_run_and_for_real(installed: Install,
+                                                    kubectl: Kubectl) -> None:
+    dry = installed.dry_run.stdout.splitlines()
+    assert dry and all(line.endswith("(server dry run)") for line in dry), dry
+    for what in ("statefulset.apps/numalign-operator", "daemonset.apps/numalign-agent",
+                 "service/numalign-webhook", "service/numalign-operator",
+                 f"validatingadmissionpolicy.admissionregistration.k8s.io/{POLICY}",
+                 "clusterkopfpeering.kopf.dev/numalign"):
+        assert what in installed.apply.stdout
+    sts = json.loads(kubectl("get", "-n", NS, "statefulset/numalign-operator",
+                             "-o", "json").stdout)
+    assert sts["spec"]["template"]["spec"]["containers"][0]["image"] == (
+        "ghcr.io/numalign/numalign:0.1.0")
+    # The policy's CEL type-checks against the API server's schemas.
+    vap = json.loads(kubectl("get", f"validatingadmissionpolicy/{POLICY}", "-o",
+                             "json").stdout)
+    warnings = ((vap.get("status") or {}).get("typeChecking") or {}).get("expressionWarnings")
+    assert not warnings, warnings
+    # Applying again succeeds, and what is installed is what config/default says.
+    kubectl("apply", "-k", str(CONFIG / "default"))
+    diff = kubectl("diff", "-k", str(CONFIG / "default"), check=False)
+    assert diff.returncode == 0, f"kubectl diff -k config/default:\n{diff.stdout}{diff.stderr}"
+
+
+def test_rbac_grants_each_identity_its_half(installed: Install, kubectl: Kubectl) -> None:
+    def can(user: str, verb: str, resource: str, *extra: str) -> bool:
+        proc = kubectl("auth", "can-i", verb, resource, f"--as={user}", *extra, check=False)
+        return proc.stdout.strip() == "yes"
+
+    assert can(AGENT, "create", "nodetopologies.numalign.io")
+    assert can(AGENT, "patch", "nodetopologies.numalign.io", "--subresource=status")
+    assert not can(AGENT, "patch", "nodetopologies.numalign.io")
+    assert can(AGENT, "patch", "pods", "--subresource=status", "-A")
+    assert not can(AGENT, "delete", "pods", "-A")
+    assert not can(AGENT, "get", "secrets", "-A")
+    assert can(OPERATOR, "patch", "nodetopologies.numalign.io")
+    assert not can(OPERATOR, "patch", "nodetopologies.numalign.io", "--subresource=status")
+    assert can(OPERATOR, "delete", "pods", "-A")
+    assert can(OPERATOR, "patch", "clusterkopfpeerings.kopf.dev/numalign")
+    assert can(OPERATOR, "get", "secrets/numalign-webhook-cert", "-n", NS)
+    assert not can(OPERATOR, "get", "secrets", "-A")
+
+
+def test_agent_writes_only_its_own_nodetopology(installed: Install, kubectl: Kubectl,
+                                                impersonate: Callable[..., Path]) -> None:
+    mine, other = _node(), _node()
+    agent = str(impersonate(AGENT, {NODE_NAME_EXTRA: [mine]}))
+    try:
+        kubectl("--kubeconfig", agent, "create", "-f", "-", input=_nodetopology(mine))
+        _refused(kubectl("--kubeconfig", agent, "create", "-f", "-",
+                         input=_nodetopology(other), check=False),
+                 f"on node {mine} may write only objects of its own node",
+                 f"NodeTopology {other}")
+        kubectl("create", "-f", "-", input=_nodetopology(other))  # as admin
+        kubectl("--kubeconfig", agent, "patch", f"nodetopology/{mine}", "--subresource=status",
+                "--type=merge", "-p", _status_patch())
+        _refused(kubectl("--kubeconfig", agent, "patch", f"nodetopology/{other}",
+                         "--subresource=status", "--type=merge", "-p", _status_patch(),
+                         check=False),
+                 f"NodeTopology {other}")
+    finally:
+        kubectl("delete", "--ignore-not-found", "--wait=false",
+                f"nodetopology/{mine}", f"nodetopology/{other}", check=False)
+
+
+def test_agent_writes_status_only_of_pods_on_its_node(installed: Install, kubectl: Kubectl,
+                                                      impersonate: Callable[..., Path],
+                                                      namespace: str) -> None:
+    mine, other = _node(), _node()
+    for name, node in (("here", mine), ("there", other)):
+        kubectl("create", "-n", namespace, "-f", "-", input=yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"nodeName": node,
+                     "containers": [{"name": "c", "image": "registry.example/none:1"}]}}))
+    agent = str(impersonate(AGENT, {NODE_NAME_EXTRA: [mine]}))
+    patch = json.dumps({"status": {"conditions": [
+        {"type": "numalign.io/Admitted", "status": "True"}]}})
+    kubectl("--kubeconfig", agent, "patch", "-n", namespace, "pod/here",
+            "--subresource=status", "--type=merge", "-p", patch)
+    _refused(kubectl("--kubeconfig", agent, "patch", "-n", namespace, "pod/there",
+                     "--subresource=status", "--type=merge", "-p", patch, check=False),
+             f"pod {namespace}/there", f'(on node "{other}")')
+
+
+def test_agent_without_node_bound_token_writes_nothing(installed: Install, kubectl: Kubectl,
+                                                       impersonate: Callable[..., Path]
+                                                       ) -> None:
+    name = _node()
+    agent = str(impersonate(AGENT))
+    _refused(kubectl("--kubeconfig", agent, "create", "-f", "-", input=_nodetopology(name),
+                     check=False),
+             "has no node-bound token")
+
+
+def test_policy_leaves_other_identities_alone(installed: Install, kubectl: Kubectl,
+                                              impersonate: Callable[..., Path]) -> None:
+    # The operator (no node-name extra) is not the agent: only RBAC applies to it.
+    name = _node()
+    operator = str(impersonate(OPERATOR))
+    kubectl("create", "-f", "-", input=_nodetopology(name))
+    try:
+        kubectl("--kubeconfig", operator, "patch", f"nodetopology/{name}", "--type=merge",
+                "-p", json.dumps({"spec": {"policy": "best-effort"}}))
+    finally:
+        kubectl("delete", "--ignore-not-found", "--wait=false", f"nodetopology/{name}",
+                check=False)
+
+
+def test_samples_are_accepted(installed: Install, kubectl: Kubectl, namespace: str) -> None:
+    for obj in _rendered(kubectl, CONFIG / "samples"):
+        if obj["kind"] == "Namespace":
+            continue
+        if obj["metadata"].get("namespace"):
+            obj["metadata"]["namespace"] = namespace
+        proc = kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(obj))
+        assert "(server dry run)" in proc.stdout

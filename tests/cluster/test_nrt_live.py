@@ -1,0 +1,63 @@
+"""config/nrt/crd.yaml on a real API server, and NodeResourceTopology objects built from a
+published NodeTopology status created, then replaced, through ``publish_nrt_sync``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from numalign.agent import nrt
+from numalign.agent.publish import build_status
+from numalign.agent.state import NodeState
+from numalign.topology.machine import load_machine
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[2]
+MACHINES = REPO.parent / "shared" / "fixtures" / "machines"
+
+Kubectl = Callable[..., subprocess.CompletedProcess[str]]
+
+
+def test_nrt_crd_and_publish(kubectl: Kubectl, k8s_client: Any,
+                             wait: Callable[..., Any]) -> None:
+    kubectl("apply", "-f", str(REPO / "config" / "nrt" / "crd.yaml"))
+    kubectl("wait", "--for", "condition=Established", "--timeout", "60s",
+            "crd/noderesourcetopologies.topology.node.k8s.io")
+    status = build_status(NodeState("nrt-test", load_machine(MACHINES / "dgx-a100-like.yaml")))
+    name = "nrt-test-node"
+    try:
+        obj = nrt.build_nrt(name, status, {"policy": "single-numa-node", "scope": "pod"})
+        wait(lambda: _try_publish(k8s_client, obj), 30, "the NRT API to be served")
+        got = json.loads(kubectl("get", "noderesourcetopology", name, "-o", "json").stdout)
+        assert got["zones"] == obj["zones"]
+        assert got["attributes"] == obj["attributes"]
+        assert got["topologyPolicies"] == ["SingleNUMANodePodLevel"]
+
+        status["zones"][0]["available"]["cpu"] = 3
+        again = nrt.build_nrt(name, status, {"policy": "restricted", "scope": "container"})
+        nrt.publish_nrt_sync(k8s_client, again)
+        got = json.loads(kubectl("get", "node-res-topo", name, "-o", "json").stdout)
+        cpu = next(r for r in got["zones"][0]["resources"] if r["name"] == "cpu")
+        assert cpu["available"] == "3"
+        assert {a["name"]: a["value"] for a in got["attributes"]} == {
+            "topologyManagerPolicy": "restricted", "topologyManagerScope": "container"}
+    finally:
+        kubectl("delete", "noderesourcetopology", name, "--ignore-not-found", check=False)
+
+
+def _try_publish(api: Any, obj: dict[str, Any]) -> bool:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        nrt.publish_nrt_sync(api, obj)
+        return True
+    except ApiException as e:
+        if e.status == 404:  # discovery not caught up with the new CRD yet
+            return False
+        raise
