@@ -50,7 +50,7 @@ def test_double_allocation_is_refused_and_nothing_changes() -> None:
     with pytest.raises(LedgerError, match="cpu 1 is already held by u1/c"):
         led.allocate("u2", "c", ContainerAllocation(cpus=(2, 1)))
     led.allocate("u2", "d", ContainerAllocation(devices={"x.com/gpu": ("g1",)}))
-    with pytest.raises(LedgerError, match="device g1 of x.com/gpu is already held"):
+    with pytest.raises(LedgerError, match=r"device g1 of x\.com/gpu is already held"):
         led.allocate("u3", "c", ContainerAllocation(cpus=(5,), devices={"x.com/gpu": ("g1",)}))
     assert 5 in led.free_cpus()
     with pytest.raises(LedgerError, match="bytes short"):

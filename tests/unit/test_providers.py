@@ -208,7 +208,7 @@ def test_reduced_hints_give_the_full_merge_answer() -> None:
             fixed = list(others.values())
             full = plan_hints(demands, m.numa_ids, m.distances, policy, closest)
             red = plan_hints(demands, m.numa_ids, m.distances, policy, closest, full_limit=0,
-                             fixed=fixed)  # type: ignore[arg-type]
+                             fixed=fixed)
             assert full.method == "full" and red.method == "reduced"
             for fl, rl in zip(full.lists, red.lists, strict=True):
                 assert set(rl) <= set(fl)  # reduced lists are sub-lists of the kubelet's
@@ -216,7 +216,7 @@ def test_reduced_hints_give_the_full_merge_answer() -> None:
             for plan in (full, red):
                 provider: dict[str, list[TopologyHint] | None] = {
                     f"r{i}": lst for i, lst in enumerate(plan.lists)}
-                provider.update(others)  # type: ignore[arg-type]
+                provider.update(others)
                 res = merge(policy, [provider], m.numa_ids, m.distances, opts)
                 answers.append((res.hint, res.admit))
             if not red.exact:

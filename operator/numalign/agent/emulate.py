@@ -197,6 +197,7 @@ class Emulator:
             asyncio.create_task(self._lease_loop(), name="leases"),
             asyncio.create_task(self._status_loop(), name="node-status"),
             asyncio.create_task(self.publisher.run(), name="publisher"),
+            asyncio.create_task(self._report_loop(), name="report"),
         ]
         self.ready.set()
         log.info("emulating %d nodes", len(self.states))
@@ -215,6 +216,22 @@ class Emulator:
                     await asyncio.wait_for(self.publisher.flush(), 10)
             except Exception as e:  # best effort on the way out
                 log.debug("final publish failed: %s", e)
+
+    async def _report_loop(self, every: float = 30.0) -> None:
+        last = 0
+        while True:
+            await asyncio.sleep(every)
+            lat = self.stats.latencies[last:]
+            last = len(self.stats.latencies)
+            if not lat:
+                continue
+            lat.sort()
+            log.info("decided %d pods (%d admitted, %d rejected), %d released; last %ds: "
+                     "watch-to-written p50 %.3fs p99 %.3fs; %d writes in flight; "
+                     "%d NodeTopology writes", self.stats.admitted + self.stats.rejected,
+                     self.stats.admitted, self.stats.rejected, self.stats.released, every,
+                     lat[len(lat) // 2], lat[min(len(lat) - 1, round(len(lat) * 0.99))],
+                     len(self._tasks), self.publisher.writes)
 
     async def _lease_loop(self) -> None:
         names = list(self.states)

@@ -232,12 +232,12 @@ class Kube:
                 raise ApiError(resp.status, body, "WATCH", path)
             buf = b""
             async for chunk in resp.content.iter_any():
-                buf += chunk
-                while True:
-                    nl = buf.find(b"\n")
-                    if nl < 0:
-                        break
-                    line, buf = buf[:nl], buf[nl + 1:]
+                if b"\n" not in chunk:
+                    buf += chunk
+                    continue
+                lines = (buf + chunk).split(b"\n")
+                buf = lines.pop()
+                for line in lines:
                     if line.strip():
                         yield json.loads(line)
             if buf.strip():

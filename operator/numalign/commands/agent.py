@@ -41,9 +41,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="number of the first emulated node of each machine (default 0)")
     p.add_argument("--lease-interval", type=float, default=10.0,
                    help="seconds between node Lease renewals (default 10)")
-    p.add_argument("--publish-interval", type=float, default=1.0,
+    p.add_argument("--publish-interval", type=float, default=None,
                    help="at most one NodeTopology status write per node per this many "
-                        "seconds (default 1)")
+                        "seconds (default: 1, or one per 50 emulated nodes)")
     p.add_argument("--concurrency", type=int, default=24,
                    help="concurrent pod writes (default 24)")
     p.add_argument("--metrics-port", type=int, default=0,
@@ -127,9 +127,12 @@ def main(argv: list[str] | None = None) -> int:
             if args.emulate:
                 from numalign.agent.emulate import Emulator, expand
 
-                emulator = Emulator(kube, expand(machines, args.start),
-                                    lease_interval=args.lease_interval,
-                                    publish_interval=args.publish_interval,
+                nodes = expand(machines, args.start)
+                interval = args.publish_interval
+                if interval is None:
+                    interval = max(1.0, len(nodes) / 50)
+                emulator = Emulator(kube, nodes, lease_interval=args.lease_interval,
+                                    publish_interval=interval,
                                     concurrency=args.concurrency)
                 if args.metrics_port:
                     _metrics(args.metrics_port, emulator)

@@ -401,14 +401,18 @@ class DevCluster:
     # -------------------------------------------------------------------- stopping
 
     def _stop_all(self, say: Log = _quiet) -> None:
-        names = [a.name for a in reversed(self.addons)] + list(reversed(CONTROL_PLANE))
-        for name in names:
-            proc = self.process(name)
+        """Addons first (all at once, SIGKILL after 5s), then the control plane in
+        reverse start order."""
+        addons = [self.process(a.name) for a in reversed(self.addons)]
+        plane = [self.process(n) for n in reversed(CONTROL_PLANE)]
+        running = {p.name for p in (*addons, *plane) if p.is_running()}
+        for proc in addons:
+            proc.terminate()
+        for proc, timeout in [*((a, 5.0) for a in addons), *((p, 10.0) for p in plane)]:
             if proc.pid is not None:
-                running = proc.is_running()
-                proc.stop()
-                if running:
-                    say(f"stopped {name}")
+                proc.stop(timeout)
+                if proc.name in running:
+                    say(f"stopped {proc.name}")
 
     def _clean(self) -> None:
         """Remove what up() wrote (and nothing else) from the state dir."""

@@ -127,6 +127,12 @@ class Process:
     def exit_code(self) -> int | None:
         return self._popen.poll() if self._popen is not None else None
 
+    def terminate(self) -> None:
+        """Send SIGTERM without waiting (stop() then waits); lets several stop at once."""
+        pid = self.pid
+        if pid is not None and self.is_running():
+            self._signal(pid, signal.SIGTERM)
+
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM the process group, SIGKILL after ``timeout``; forget the pid file."""
         pid = self.pid

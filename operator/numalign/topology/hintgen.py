@@ -237,7 +237,7 @@ def plan_hints(demands: Sequence[Demand], numa_ids: Sequence[int],
         return HintPlan([full_hints(d) for d in demands], "full")
     return _reduced(demands, distances if prefer_closest and policy != POLICY_SINGLE_NUMA_NODE
                     else None, policy, [list(f) for f in fixed if f is not None],
-                    mask_of(numa_ids))
+                    mask_of(list(numa_ids)))
 
 
 def _table(d: Demand) -> Table:

@@ -190,30 +190,41 @@ def memory_demand(machine: Machine, ledger: Ledger, request: Mapping[str, int]) 
     domain = tuple(sorted(machine.numa_ids))
     free = {n: tuple(max(0, ledger.free_memory(n, k)) for k in kinds) for n in domain}
     cap = {n: tuple(ledger.capacity(n, k) for k in kinds) for n in domain}
-    assignments = dict(ledger.assignments)
-    cells = dict(ledger.cells)
+    assigned = 0  # nodes with memory assignments
+    singles = 0  # nodes used by single-node allocations
+    group_of: dict[int, NumaMask] = {}
+    for n, count in ledger.assignments.items():
+        if count > 0:
+            assigned |= 1 << n
+            group = ledger.cells.get(n, 1 << n)
+            if group.bit_count() <= 1:
+                singles |= 1 << n
+            else:
+                group_of[n] = group
+
+    def _in_groups(mask: NumaMask, exact: bool) -> bool:
+        a = mask & assigned
+        if a & singles:
+            return False
+        while a:
+            low = a & -a
+            group = group_of[low.bit_length() - 1]
+            if (group != mask) if exact else bool(mask & ~group):
+                return False
+            a ^= low
+        return True
 
     def valid(mask: NumaMask) -> bool:
-        nodes = mask_ids(mask)
-        if len(nodes) == 1:
-            group = cells.get(nodes[0])
-            return group is None or group.bit_count() <= 1
-        for n in nodes:
-            if assignments.get(n, 0) > 0:
-                group = cells.get(n, 0)
-                if group.bit_count() <= 1 or group != mask:
-                    return False
-        return True
+        """The memory manager's grouping rule for a hint mask."""
+        if mask.bit_count() == 1:
+            return not mask & assigned or bool(mask & singles)
+        return _in_groups(mask, exact=True)
 
     def reach(mask: NumaMask) -> bool:
+        """Could a valid multi-node mask contain ``mask``?"""
         if mask.bit_count() < 2:
             return True
-        for n in mask_ids(mask):
-            if assignments.get(n, 0) > 0:
-                group = cells.get(n, 0)
-                if group.bit_count() <= 1 or mask & ~group:
-                    return False
-        return True
+        return _in_groups(mask, exact=False)
 
     return Demand("memory", kinds, tuple(request[k] for k in kinds), domain, free, cap,
                   valid=valid, reach=reach)

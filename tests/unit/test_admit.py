@@ -1,0 +1,218 @@
+"""Admission: scopes, policies, allocation, rejection without half allocation."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from numalign.topology.admit import UNEXPECTED_REASON, AdmitResult, admit_pod
+from numalign.topology.errors import TopologyError
+from numalign.topology.ledger import ContainerAllocation, Ledger
+from numalign.topology.machine import Machine, load_machine
+from numalign.topology.merge import REJECT_MESSAGE, REJECT_REASON
+from numalign.topology.pod import Pod, pod_from_dict
+from numalign.topology.policy import PolicyOptions
+
+SHARED = Path(__file__).resolve().parents[2].parent / "shared"
+MACHINES = SHARED / "fixtures" / "machines"
+PODS = Path(__file__).resolve().parents[1] / "fixtures" / "pods"
+MI = 2**20
+SEED_LIMITS = {"cpu": "2", "memory": "200Mi", "gpu-vendor.com/gpu": "1",
+               "nic-vendor.com/nic": "1"}
+
+
+def _machine(name: str) -> Machine:
+    path = MACHINES / name
+    if not path.exists():
+        pytest.skip(f"shared fixtures not found at {MACHINES}")
+    return load_machine(path)
+
+
+def _pod(name: str, limits: dict[str, str], inits: list[dict[str, Any]] | None = None,
+         extra: list[dict[str, Any]] | None = None) -> Pod:
+    spec: dict[str, Any] = {"containers": [{"name": "app", "resources": {"limits": limits}}]
+                            + (extra or [])}
+    if inits:
+        spec["initContainers"] = inits
+    return pod_from_dict({"metadata": {"name": name}, "spec": spec})
+
+
+def _c(r: AdmitResult, name: str = "app") -> dict[str, Any]:
+    out: dict[str, Any] = r.to_json()["containers"][name]
+    return out
+
+
+def test_seed_scenario_single_numa_node() -> None:
+    m = _machine("seed-figure1.yaml")
+    led = Ledger(m)
+    docs = list(yaml.safe_load_all((PODS / "seed-two-pods.yaml").read_text()))
+    a = admit_pod(m, led, pod_from_dict(docs[0]), "single-numa-node")
+    b = admit_pod(m, led, pod_from_dict(docs[1]), "single-numa-node")
+    assert a.admit and b.admit
+    assert _c(a) == {"numaNodes": [0], "cpus": [0, 1], "memory": {"0": 200 * MI},
+                     "devices": {"gpu-vendor.com/gpu": ["gpu0"], "nic-vendor.com/nic": ["nic0"]}}
+    assert _c(b) == {"numaNodes": [1], "cpus": [4, 5], "memory": {"1": 200 * MI},
+                     "devices": {"gpu-vendor.com/gpu": ["gpu1"], "nic-vendor.com/nic": ["nic1"]}}
+    assert a.to_json()["hint"] == {"numaNodes": [0], "preferred": True}
+    # a third one does not fit on one NUMA node any more (no GPU left): rejected
+    c = admit_pod(m, led, _pod("c", SEED_LIMITS), "single-numa-node")
+    assert not c.admit and c.reason == REJECT_REASON and c.message == REJECT_MESSAGE
+    assert c.containers == {} and len(led.pods) == 2
+
+
+def _two_cpus_left(m: Machine) -> Ledger:
+    led = Ledger(m)
+    led.allocate("other", "c", ContainerAllocation(cpus=(0, 1, 2, 4, 5, 6)))
+    return led
+
+
+def test_split_cpus_restricted_rejects_best_effort_spans() -> None:
+    m = _machine("seed-figure1.yaml")
+    limits = {"cpu": "2", "memory": "200Mi"}
+    led = _two_cpus_left(m)
+    before = led.to_json()
+    r = admit_pod(m, led, _pod("p", limits), "restricted")
+    assert not r.admit and r.reason == "TopologyAffinityError"
+    assert r.hint.preferred is False
+    assert led.to_json() == before  # nothing allocated
+    r = admit_pod(m, _two_cpus_left(m), _pod("p", limits), "single-numa-node")
+    assert not r.admit and r.reason == "TopologyAffinityError"
+    r = admit_pod(m, led, _pod("p", limits), "best-effort")
+    assert r.admit and r.reason is None
+    assert _c(r)["cpus"] == [3, 7] and _c(r)["numaNodes"] == [0, 1]
+    assert r.to_json()["hint"] == {"numaNodes": [0, 1], "preferred": False}
+
+
+def test_allocation_failure_is_unexpected_admission_error() -> None:
+    m = _machine("seed-figure1.yaml")
+    led = _two_cpus_left(m)
+    r = admit_pod(m, led, _pod("p", {"cpu": "3", "memory": "1Gi"}), "best-effort")
+    assert not r.admit and r.reason == UNEXPECTED_REASON
+    assert r.message is not None and "not enough cpus" in r.message
+    assert set(led.pods) == {"other"}
+
+
+def test_non_guaranteed_pods_share_the_pool() -> None:
+    m = _machine("seed-figure1.yaml")
+    led = Ledger(m)
+    p = pod_from_dict({"metadata": {"name": "b"}, "spec": {"containers": [
+        {"name": "app", "resources": {"requests": {"cpu": "2", "memory": "1Gi"},
+                                      "limits": {"gpu-vendor.com/gpu": "1"}}}]}})
+    r = admit_pod(m, led, p, "single-numa-node")
+    assert r.admit and _c(r)["cpus"] == [] and _c(r)["memory"] == {}
+    assert _c(r)["devices"] == {"gpu-vendor.com/gpu": ["gpu0"]}
+    assert led.free_cpus() == set(range(8))
+
+
+def test_container_scope_init_cpus_are_reused() -> None:
+    m = _machine("seed-figure1.yaml")
+    led = Ledger(m)
+    init = [{"name": "init", "resources": {"limits": {"cpu": "4", "memory": "100Mi"}}}]
+    r = admit_pod(m, led, _pod("p", {"cpu": "2", "memory": "100Mi"}, init), "restricted")
+    assert r.admit
+    assert _c(r, "init")["cpus"] == [0, 1, 2, 3]
+    assert set(_c(r)["cpus"]) <= {0, 1, 2, 3}
+    # the init container's memory block is reused by the app container (same affinity)
+    assert sum(led.memory_used.values()) == 100 * MI
+    # a second pod cannot take the first pod's CPUs
+    r2 = admit_pod(m, led, _pod("q", {"cpu": "4", "memory": "100Mi"}), "restricted")
+    assert r2.admit and _c(r2)["cpus"] == [4, 5, 6, 7]
+
+
+def test_pod_scope_uses_the_effective_request() -> None:
+    m = _machine("dual-16core.yaml")
+    led = Ledger(m)
+    p = pod_from_dict(yaml.safe_load((PODS / "sidecar-init.yaml").read_text()))
+    r = admit_pod(m, led, p, "single-numa-node", "pod")
+    assert r.admit and r.hint.mask == 1 and len(r.decisions) == 1
+    cpus = {c: _c(r, c)["cpus"] for c in ("setup", "proxy", "late-init", "main", "helper")}
+    assert all(set(v) <= set(range(16)) for v in cpus.values())
+    assert len(cpus["setup"]) == 6 and len(cpus["proxy"]) == 1
+    # container scope: one decision per container
+    r = admit_pod(m, Ledger(m), p, "single-numa-node", "container")
+    assert r.admit and [d.unit for d in r.decisions] == ["setup", "proxy", "late-init",
+                                                         "main", "helper"]
+
+
+def test_pod_scope_rejects_what_no_single_node_holds() -> None:
+    m = _machine("dual-16core.yaml")
+    p = _pod("big", {"cpu": "10", "memory": "1Gi"},
+             extra=[{"name": "second", "resources": {"limits": {"cpu": "10", "memory": "1Gi"}}}])
+    assert admit_pod(m, Ledger(m), p, "single-numa-node", "container").admit
+    r = admit_pod(m, Ledger(m), p, "single-numa-node", "pod")
+    assert not r.admit and r.reason == REJECT_REASON
+
+
+def test_more_than_the_machine_is_an_error() -> None:
+    m = _machine("seed-figure1.yaml")
+    with pytest.raises(TopologyError, match=r"spec.containers\[0\].resources.requests.cpu: "
+                                            r"asks 9 CPUs"):
+        admit_pod(m, Ledger(m), _pod("p", {"cpu": "9", "memory": "1Gi"}), "restricted")
+    with pytest.raises(TopologyError, match=r"has no example\.com/fpga devices"):
+        admit_pod(m, Ledger(m), _pod("p", {"example.com/fpga": "1"}), "restricted")
+    with pytest.raises(TopologyError, match="unknown policy"):
+        admit_pod(m, Ledger(m), _pod("p", {"cpu": "1"}), "strict")
+    with pytest.raises(TopologyError, match="unknown scope"):
+        admit_pod(m, Ledger(m), _pod("p", {"cpu": "1"}), "restricted", "node")
+
+
+@pytest.mark.parametrize("policy", ["none", "best-effort", "restricted", "single-numa-node"])
+def test_wide64_decisions(policy: str) -> None:
+    m = _machine("wide64.yaml")
+    led = Ledger(m)
+    p = _pod("a", {"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": "1"})
+    t = time.perf_counter()
+    r = admit_pod(m, led, p, policy)
+    assert time.perf_counter() - t < 2.0
+    assert r.admit
+    if policy != "none":
+        assert r.hint.mask == 1 and r.hint.preferred  # GPU 0 sits on NUMA node 0
+        assert _c(r)["cpus"] == [0, 1, 2, 3] and _c(r)["devices"] == {"nvidia.com/gpu": ["gpu0"]}
+    # GPU and NIC never share a NUMA node on wide64: no preferred mask
+    q = _pod("b", {"cpu": "2", "memory": "1Gi", "nvidia.com/gpu": "1", "nvidia.com/hca": "1"})
+    r = admit_pod(m, led, q, policy)
+    assert r.admit == (policy in ("none", "best-effort"))
+    if policy == "best-effort":
+        assert not r.hint.preferred and r.decisions[0].plan is not None
+        assert r.decisions[0].plan.method == "reduced" and r.decisions[0].plan.exact
+    # 24 CPUs and 40Gi both need 3 NUMA nodes: preferred width 3
+    big = _pod("c", {"cpu": "24", "memory": "40Gi"})
+    r = admit_pod(m, led, big, policy)
+    if policy in ("best-effort", "restricted"):
+        assert r.admit and r.hint.preferred and r.hint.mask is not None
+        assert r.hint.mask.bit_count() == 3
+    if policy == "single-numa-node":
+        assert not r.admit
+
+
+@pytest.mark.parametrize("policy", ["best-effort", "restricted", "single-numa-node"])
+def test_gb200_cpu_less_nodes(policy: str) -> None:
+    m = _machine("gb200-like-34numa.yaml")
+    led = Ledger(m)
+    p = _pod("a", {"cpu": "8", "memory": "16Gi", "hugepages-2Mi": "1Gi", "nvidia.com/gpu": "2",
+                   "nvidia.com/hca": "1"})
+    r = admit_pod(m, led, p, policy, options=PolicyOptions(prefer_closest_numa_nodes=True))
+    assert r.admit and r.hint.preferred and r.hint.mask == 1
+    assert _c(r)["devices"] == {"nvidia.com/gpu": ["gpu0", "gpu1"], "nvidia.com/hca": ["mlx5_0"]}
+    assert _c(r)["hugepages"] == {"2Mi": {"0": 1024 * MI}}
+    # memory beyond a Grace node: needs two NUMA nodes, CPUs need one: not preferred
+    q = _pod("b", {"cpu": "2", "memory": "500Gi"})
+    r = admit_pod(m, led, q, policy)
+    assert r.admit == (policy == "best-effort")
+    if r.admit:
+        assert sum(_c(r)["memory"].values()) == 500 * 1024 * MI
+
+
+def test_explain_detail() -> None:
+    m = _machine("seed-figure1.yaml")
+    r = admit_pod(m, Ledger(m), _pod("p", SEED_LIMITS), "restricted", commit=False)
+    ex = r.explain()
+    dec = ex["decisions"][0]
+    assert dec["unit"] == "app" and dec["hintGeneration"]["method"] == "full"
+    names = [p["provider"] for p in dec["providers"]]
+    assert names == ["cpu", "memory", "devices"]
+    assert dec["providers"][0]["hints"]["cpu"][0] == {"numaNodes": [0], "preferred": True}
