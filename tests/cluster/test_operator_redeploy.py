@@ -153,8 +153,11 @@ def test_standby_takes_over(kubeconfig: Path, k8s_client: Any, core: client.Core
                   webhooks=False) as standby:
         with operator(kubeconfig, k8s_client, tmp_path / "a.log", *peering, "--priority",
                       "100", webhooks=False) as active:
-            wait_for(lambda: "Pausing operations in favour of" in standby.text(), 30,
-                     "the standby to pause")
+            try:
+                wait_for(lambda: "Pausing operations in favour of" in standby.text(), 30,
+                         "the standby to pause")
+            except AssertionError:
+                raise AssertionError(standby.text()[-3000:] + active.text()[-3000:]) from None
             core.create_namespaced_pod(namespace, bare_pod("one", node="node-a"))
             reject(core, namespace, "one")
             wait_for(lambda: set(pods_named(core, namespace)) == {"one-r1"}, 30,

@@ -33,6 +33,12 @@ nodes reusable items pin, plus the memory manager's group rule), so
   any superset). The witnesses found are put in the lists.
 * single-numa-node keeps only preferred one-node hints and nil: every fitting one-node
   mask is listed, so its filtered lists are the kubelet's.
+* lists the caller already has (``fixed``: device resources without a NUMA node, a GPU
+  override's hints, "cannot satisfy") take part as they are: a preferred answer must be
+  preferred in them too, and a non-preferred AND may use any of their masks.
+
+``tests/unit/test_providers.py`` checks the claim: on random machines, states and
+requests, the merge of the reduced lists equals the merge of the full kubelet lists.
 
 Limits, reported as ``exact=False`` on the plan: a search that runs out of its budget
 (very wide masks under prefer-closest-numa-nodes), and a non-preferred AND the greedy

@@ -390,22 +390,24 @@ def _reachable_non_preferred(
 
 def _node_classes(lists: list[list[int]], universe: int) -> list[int]:
     """Nodes that lie in exactly the same masks of every resource always go together in
-    a merged mask; group them (as masks), lowest node first."""
-    signature: dict[int, list[int]] = {low: [] for low in _low_bits(universe)}
-    tag = 0
+    a merged mask; group them (as masks), lowest node first. Refines the partition by
+    each mask in turn and stops as soon as every node is alone."""
+    classes = [universe]
+    alone = universe.bit_count()
     for masks in lists:
         for m in masks:
-            x = m
-            while x:
-                low = x & -x
-                signature[low].append(tag)
-                x ^= low
-            tag += 1
-    groups: dict[tuple[int, ...], int] = {}
-    for low, sig in signature.items():
-        key = tuple(sig)
-        groups[key] = groups.get(key, 0) | low
-    return sorted(groups.values(), key=lambda m: m & -m)
+            if len(classes) == alone:
+                return sorted(classes, key=lambda c: c & -c)
+            split: list[int] = []
+            for c in classes:
+                inside = c & m
+                if inside and inside != c:
+                    split.append(inside)
+                    split.append(c ^ inside)
+                else:
+                    split.append(c)
+            classes = split
+    return sorted(classes, key=lambda c: c & -c)
 
 
 def _low_bits(mask: int) -> Iterator[int]:

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
 
-from .hints import NumaMask, TopologyHint, mask_ids, mask_of
+from .hints import NumaMask, TopologyHint, mask_of
 from .ledger import MEMORY, Ledger
 from .machine import Machine
 from .pod import QOS_GUARANTEED, Container, Pod, is_hugepages
