@@ -101,7 +101,7 @@ def test_deployment_replacement_avoids_rejecting_node(kubeconfig: Path, k8s_clie
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "dep"},
         "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "dep"}},
                  "template": {"metadata": tmpl["metadata"], "spec": tmpl["spec"]}}})
-    with operator(kubeconfig, k8s_client, tmp_path / "op.log"):
+    with operator(kubeconfig, k8s_client, tmp_path / "op.log") as op:
         first = wait_for(lambda: list(pods_named(core, namespace)), 60, "the Deployment's pod")[0]
         reject(core, namespace, first, node="node-a")
 
@@ -109,7 +109,12 @@ def test_deployment_replacement_avoids_rejecting_node(kubeconfig: Path, k8s_clie
             ps = [p for n, p in pods_named(core, namespace).items() if n != first]
             return ps[0] if ps and first not in pods_named(core, namespace) else None
 
+        # The ReplicaSet replaces the Failed pod at once; the operator deletes the failed one.
         new = wait_for(replacement, 60, "the ReplicaSet's replacement")
+        assert len(pods_named(core, namespace)) == 1
+        assert new.spec.affinity is not None, (op.text()[-5000:], new.metadata,
+                                               core.read_namespaced_config_map(
+                                                   "numalign-redeploy", namespace).data)
         aff = new.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution
         assert aff.node_selector_terms[0].match_fields[0].to_dict() == {
             "key": "metadata.name", "operator": "NotIn", "values": ["node-a"]}
@@ -154,7 +159,7 @@ def test_standby_takes_over(kubeconfig: Path, k8s_client: Any, core: client.Core
         with operator(kubeconfig, k8s_client, tmp_path / "a.log", *peering, "--priority",
                       "100", webhooks=False) as active:
             try:
-                wait_for(lambda: "Pausing operations in favour of" in standby.text(), 30,
+                wait_for(lambda: "Pausing operations in favour of" in standby.text(), 60,
                          "the standby to pause")
             except AssertionError:
                 raise AssertionError(standby.text()[-3000:] + active.text()[-3000:]) from None

@@ -36,7 +36,8 @@ def _requests(container: Mapping[str, Any]) -> dict[str, Decimal]:
 def pod_requests(pod: Mapping[str, Any]) -> dict[str, Decimal]:
     """The pod's effective request per resource, as the Topology Manager's pod scope."""
     spec = pod.get("spec") or {}
-    total: dict[str, Decimal] = {}
+    total: dict[str, Decimal] = {}  # app containers plus restartable init containers
+    init_max: dict[str, Decimal] = {}
     for c in spec.get("containers") or []:
         for k, v in _requests(c).items():
             total[k] = total.get(k, Decimal(0)) + v
@@ -47,7 +48,9 @@ def pod_requests(pod: Mapping[str, Any]) -> dict[str, Decimal]:
                 total[k] = total.get(k, Decimal(0)) + v
         else:
             for k, v in r.items():
-                total[k] = max(total.get(k, Decimal(0)), v)
+                init_max[k] = max(init_max.get(k, Decimal(0)), v)
+    for k, v in init_max.items():
+        total[k] = max(total.get(k, Decimal(0)), v)
     return {k: v for k, v in total.items() if v > 0}
 
 

@@ -370,16 +370,25 @@ def step(pod: Mapping[str, Any], first_seen: float, now: float | None = None) ->
 
 
 def avoidance_for(pod: Mapping[str, Any], namespace: str) -> list[str]:
-    """Nodes a new controller-owned pod should avoid (used by the mutating webhook)."""
+    """Nodes a new controller-owned pod should avoid (used by the mutating webhook): the
+    nodes in the workload's record, and the nodes of its pods that are Failed with
+    TopologyAffinityError right now (a ReplicaSet or Job replaces a Failed pod at once,
+    before the operator has recorded the rejection)."""
     ref = controller_ref(pod)
     if ref is None:
         return []
     st = workload_state(namespace, workload_key(pod))
     now = time.time()
-    if not st.rejections:
+    avoid = set(st.avoid_nodes(now))
+    failed = kube.core().list_namespaced_pod(namespace, field_selector="status.phase=Failed")
+    for other in failed.items:
+        refs = other.metadata.owner_references or []
+        if (other.status.reason == REASON and other.spec.node_name
+                and any(r.controller and r.uid == ref.get("uid") for r in refs)):
+            avoid.add(other.spec.node_name)
+    if not avoid:
         return []
-    avoid = st.avoid_nodes(now)
-    return sorted(set(avoid) | set(unfit_nodes(pod, avoid)))
+    return sorted(avoid | set(unfit_nodes(pod, sorted(avoid))))
 
 
 # ---------------------------------------------------------------------------

@@ -1,0 +1,154 @@
+"""Pure parts of the operator: redeploy naming/backoff/idempotency keys, node avoidance,
+fit checks, node-default patches, policy status."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from numalign.controller import policies
+from numalign.controller.fit import node_fits, pod_requests
+from numalign.controller.nodedefaults import desired_spec, spec_patch
+from numalign.controller.redeploy import (
+    WorkloadState,
+    backoff_delay,
+    build_replacement,
+    is_topology_rejected,
+    replacement_name,
+    with_node_avoidance,
+    workload_key,
+)
+from numalign.controller.resolution import PolicyRef
+
+
+def test_backoff_doubles_and_caps() -> None:
+    assert [backoff_delay(10, a) for a in range(4)] == [10, 20, 40, 80]
+    assert backoff_delay(10, 100) == 3600
+    assert backoff_delay(0, 3) == 0
+
+
+def test_replacement_names_are_deterministic() -> None:
+    assert replacement_name("web", 1) == "web-r1"
+    assert replacement_name("web", 1) == replacement_name("web", 1)
+    long = replacement_name("a" * 300, 12)
+    assert len(long) <= 253 and long.endswith("-r12")
+
+
+def test_workload_keys() -> None:
+    owned = {"metadata": {"name": "x", "ownerReferences": [
+        {"kind": "ReplicaSet", "uid": "u-1", "controller": True},
+        {"kind": "Other", "uid": "u-2"}]}}
+    assert workload_key(owned) == "owner-u-1"
+    bare = {"metadata": {"name": "web-r2", "annotations": {"numalign.io/redeploy-base": "web"}}}
+    assert workload_key(bare) == "pod-web"
+    assert workload_key({"metadata": {"name": "web"}}) == "pod-web"
+    assert len(workload_key({"metadata": {"name": "a" * 300}})) <= 200
+
+
+def test_is_topology_rejected() -> None:
+    assert is_topology_rejected({"status": {"phase": "Failed", "reason": "TopologyAffinityError"}})
+    assert not is_topology_rejected({"status": {"phase": "Failed", "reason": "Evicted"}})
+    assert not is_topology_rejected({})
+
+
+def test_workload_state_round_trip_and_expiry() -> None:
+    st = WorkloadState.parse("garbage")
+    assert st.attempts == 0
+    st.attempts = 2
+    st.rejections = {"a": "2020-01-01T00:00:00Z", "b": "2020-01-01T00:50:00Z"}
+    st.handled = {"uid": {"action": "recreate", "replacement": "x-r1", "at": "x"}}
+    back = WorkloadState.parse(st.dump())
+    assert back.attempts == 2 and back.handled == st.handled
+    t0 = 1577836800.0  # 2020-01-01T00:00:00Z
+    assert back.avoid_nodes(t0 + 60) == ["a", "b"]
+    assert back.avoid_nodes(t0 + 1900) == ["b"]
+    back.expire(t0 + 3000 + 3600 + 1)
+    assert back.attempts == 0 and back.rejections == {}
+
+
+def test_node_avoidance_is_added_to_every_term() -> None:
+    spec: dict[str, Any] = {"affinity": {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a"]}]},
+            {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["b"]}]}]}}}}
+    out = with_node_avoidance(spec, ["n2", "n1", "n1"])
+    terms = out["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+    for t in terms:
+        assert t["matchFields"] == [
+            {"key": "metadata.name", "operator": "NotIn", "values": ["n1"]},
+            {"key": "metadata.name", "operator": "NotIn", "values": ["n2"]}]
+    assert "matchFields" not in spec["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+    assert with_node_avoidance({}, []) == {}
+
+
+def test_build_replacement() -> None:
+    pod = {"metadata": {"name": "web", "namespace": "ns", "uid": "u", "labels": {"a": "b"},
+                        "annotations": {"numalign.io/resolved": "{}", "keep": "me",
+                                        "kopf.zalando.org/x": "y"}},
+           "spec": {"nodeName": "n1", "containers": [{"name": "c"}]},
+           "status": {"phase": "Failed"}}
+    new = build_replacement(pod, "web-r1", ["n1"])
+    assert new["metadata"]["name"] == "web-r1" and new["metadata"]["labels"] == {"a": "b"}
+    assert new["metadata"]["annotations"] == {"keep": "me", "numalign.io/redeploy-of": "web",
+                                              "numalign.io/redeploy-base": "web"}
+    assert "nodeName" not in new["spec"] and "status" not in new
+    assert pod["spec"]["nodeName"] == "n1"  # the original is untouched
+
+
+def test_pod_requests_and_fit() -> None:
+    pod = {"spec": {
+        "initContainers": [{"resources": {"requests": {"cpu": "6"}}},
+                           {"restartPolicy": "Always", "resources": {"requests": {"cpu": "1"}}}],
+        "containers": [{"resources": {"requests": {"cpu": "2", "memory": "1Gi"}}},
+                       {"resources": {"limits": {"cpu": "1", "example.com/gpu": "1"}}}]}}
+    req = pod_requests(pod)
+    assert req == {"cpu": Decimal(6), "memory": Decimal(2**30), "example.com/gpu": Decimal(1)}
+    zones = [{"available": {"cpu": "4", "memory": "4Gi"}},
+             {"available": {"cpu": "4", "memory": "4Gi"}}]
+    assert node_fits(req, zones, single_zone=False) is True
+    assert node_fits(req, zones, single_zone=True) is False
+    assert node_fits({"other": Decimal(1)}, zones, single_zone=True) is None
+    assert node_fits(req, [], single_zone=False) is None
+
+
+def test_node_default_patch() -> None:
+    pols = [{"metadata": {"name": "gpu"}, "spec": {
+        "policy": "single-numa-node", "scope": "pod", "nodeSelector": {"matchLabels": {"p": "g"}},
+        "options": {"maxAllowableNumaNodes": 16}}}]
+    want = desired_spec({"p": "g"}, pols)
+    assert want == {"policy": "single-numa-node", "scope": "pod",
+                    "options": {"maxAllowableNumaNodes": 16}, "source": "TopologyPolicy/gpu"}
+    patch = spec_patch({}, want)
+    assert patch is not None and patch["policyGeneration"] == 1
+    current = {**want, "policyGeneration": 1}
+    assert spec_patch(current, want) is None
+    cleared = spec_patch(current, desired_spec({}, pols))
+    assert cleared == {"policy": None, "scope": None, "options": None, "source": None,
+                       "policyGeneration": 2}
+    changed = spec_patch({**current, "options": {"maxAllowableNumaNodes": 16,
+                                                 "preferClosestNumaNodes": True}}, want)
+    assert changed is not None and changed["options"] == {
+        "maxAllowableNumaNodes": 16, "preferClosestNumaNodes": None}
+
+
+def test_policy_status() -> None:
+    obj = {"metadata": {"name": "a", "generation": 3},
+           "spec": {"policy": "restricted", "namespaces": ["ml"]}}
+    twin = PolicyRef("b", {"policy": "none", "namespaces": ["ml"]})
+    nts = [{"spec": {"source": "TopologyPolicy/a"}, "status": {"admitted": [
+        {"source": "TopologyPolicy/a"}, {"source": "node-default"}, {"source": "pod"}]}}]
+    rd = WorkloadState(policy="a", handled={"u1": {}}, gave_up={"u2": "t"})
+    st = policies.compute_status(obj, [PolicyRef("a", obj["spec"]), twin],
+                                 {"ml": {}, "web": {}}, nts, [rd])
+    conds = {c["type"]: c for c in st["conditions"]}
+    assert conds["Valid"]["status"] == "True"
+    assert conds["Conflicting"]["status"] == "True" and "b" in conds["Conflicting"]["message"]
+    assert conds["RedeployExhausted"]["status"] == "True"
+    assert st["matchedNamespaces"] == ["ml"] and st["namespaceSummary"] == "ml"
+    assert (st["admittedPods"], st["rejectedPods"], st["observedGeneration"]) == (2, 2, 3)
+    bad = {"metadata": {"name": "x"}, "spec": {"policy": "nope"}}
+    st = policies.compute_status(bad, [], {}, [], [])
+    valid = next(c for c in st["conditions"] if c["type"] == "Valid")
+    assert valid["status"] == "False" and "spec.policy" in valid["message"]
