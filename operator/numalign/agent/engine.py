@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from numalign.topology.admit import AdmitResult, DeviceOverride, admit_pod
+from numalign.topology.admit import AdmitResult, DeviceOverride, admit_pod, default_overrides
 from numalign.topology.hints import mask_ids, mask_of
 from numalign.topology.ledger import MEMORY, ContainerAllocation, Ledger, LedgerError
 from numalign.topology.machine import Machine
@@ -17,8 +17,6 @@ from numalign.topology.policy import parse_policy_options
 from .annotations import Allocation, Resolved
 from .annotations import ContainerAllocation as AnnotatedContainer
 from .kubelet_status import TOPOLOGY_MESSAGE, TOPOLOGY_REASON
-
-GPUS_ANNOTATION = "numalign.io/gpus"
 
 
 class RestoreConflict(Exception):
@@ -83,16 +81,9 @@ def admit(machine: Machine, ledger: Ledger, pod: Mapping[str, Any], resolved: Re
 
 
 def _overrides(machine: Machine, pod: Pod) -> Sequence[DeviceOverride]:
-    """GPU group allocation for pods with ``numalign.io/gpus``, where the engine has it."""
-    if GPUS_ANNOTATION not in pod.annotations:
-        return ()
-    from numalign.topology import gpu
-
-    factory = getattr(gpu, "device_overrides", None)
-    if factory is None:
-        return ()
-    found: Sequence[DeviceOverride] = factory(machine, pod)
-    return found
+    """GPU group allocation for pods with ``numalign.io/gpus`` (the same hook
+    ``numalign admit`` and ``numalign explain`` use)."""
+    return default_overrides(machine, pod)
 
 
 def _allocation_of(ledger: Ledger, uid: str, result: AdmitResult) -> Allocation:
