@@ -42,6 +42,18 @@ def per_call(fn: Callable[[], object], min_time: float = 0.3, max_calls: int = 1
     return best
 
 
+def cost(
+    policy: str,
+    providers: list[ProviderHints],
+    ids: list[int],
+    dist: dict[int, dict[int, int]] | None,
+    opts: PolicyOptions,
+    min_time: float,
+) -> float:
+    """Seconds per merge decision."""
+    return per_call(lambda: merge(policy, providers, ids, dist, opts), min_time)
+
+
 def distances_for(ids: list[int]) -> dict[int, dict[int, int]]:
     # Sockets of 4 NUMA nodes: 10 local, 12 same socket, 20 + 2 * hops across sockets.
     return {
@@ -136,9 +148,9 @@ def main(argv: list[str]) -> int:
         al = realistic_providers(ids, True)
         mis = realistic_providers(ids, False)
         hints = max(len(v or []) for p in al for v in (p or {}).values())
-        t_al = per_call(lambda: merge("best-effort", al, ids, None, plain), min_time)
-        t_mis = per_call(lambda: merge("best-effort", mis, ids, None, plain), min_time)
-        t_cl = per_call(lambda: merge("best-effort", mis, ids, dist, closest), min_time)
+        t_al = cost("best-effort", al, ids, None, plain, min_time)
+        t_mis = cost("best-effort", mis, ids, None, plain, min_time)
+        t_cl = cost("best-effort", mis, ids, dist, closest, min_time)
         grow = "" if previous is None else f"  (mixed: x{t_mis / previous:.1f} for twice the nodes)"
         previous = t_mis
         print(f"{n:>5} {hints:>10} {t_al * 1e3:>10.3f}ms {t_mis * 1e3:>10.3f}ms "
@@ -156,7 +168,7 @@ def main(argv: list[str]) -> int:
             for opts_label, opts, dist in (("", plain, None), (", closest", closest, dist8)):
                 if policy == "single-numa-node" and opts_label:
                     continue
-                t = per_call(lambda: merge(policy, providers, ids8, dist, opts), min_time)
+                t = cost(policy, providers, ids8, dist, opts, min_time)
                 print(f"  {label:<34} {policy + opts_label:<26} {t * 1e3:8.3f} ms")
     print()
 
@@ -169,7 +181,7 @@ def main(argv: list[str]) -> int:
             ("misaligned", full_providers(n, resources, False)),
         ):
             for opts, d in ((plain, None), (closest, dist)):
-                fast = per_call(lambda: merge("best-effort", providers, ids, d, opts), min_time)
+                fast = cost("best-effort", providers, ids, d, opts, min_time)
                 start = time.perf_counter()
                 want = reference_merge("best-effort", providers, ids, d, opts)
                 slow = time.perf_counter() - start
@@ -184,7 +196,7 @@ def main(argv: list[str]) -> int:
                 per_combo = slow / combos
     combos8 = 255**4
     mis8 = full_providers(8, 4, False)
-    t8 = per_call(lambda: merge("best-effort", mis8, ids8, None, plain), min_time)
+    t8 = cost("best-effort", mis8, ids8, None, plain, min_time)
     print(f"  8 nodes x 4 res x 255 hints: {combos8:,} combinations; at the reference's "
           f"{per_combo * 1e9:.0f} ns per combination that is ~{combos8 * per_combo:,.0f} s, "
           f"vs {t8 * 1e3:.2f} ms (x{combos8 * per_combo / t8:,.0f}, extrapolated)")
