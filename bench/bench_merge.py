@@ -105,13 +105,14 @@ def realistic_providers(ids: list[int], aligned: bool) -> list[ProviderHints]:
 
 def full_providers(n: int, resources: int, aligned: bool) -> list[ProviderHints]:
     """The kubelet's providers at n NUMA nodes: a hint for every non-empty mask;
-    preferred = the minimal width. Resource r needs r + 1 nodes' worth (aligned) or can
-    only be preferred on masks holding node r and not node r + 1 (misaligned)."""
+    preferred = the minimal width. Aligned: every resource needs 2 nodes' worth, so every
+    pair is preferred everywhere. Misaligned: resources need 1 or 2 nodes and are preferred
+    only on different nodes, so no preferred mask lines up."""
     ids = list(range(n))
     masks = range(1, 1 << n)
     out: list[ProviderHints] = []
     for r in range(resources):
-        need = 1 + r % 2
+        need = 2 if aligned else 1 + r % 2
         if aligned:
             hints = [TopologyHint(m, m.bit_count() == need) for m in masks]
         else:
@@ -165,10 +166,10 @@ def main(argv: list[str]) -> int:
         ("misaligned (non-preferred search)", full_providers(8, 4, False)),
     ):
         for policy in ("best-effort", "restricted", "single-numa-node"):
-            for opts_label, opts, dist in (("", plain, None), (", closest", closest, dist8)):
+            for opts_label, opts, d8 in (("", plain, None), (", closest", closest, dist8)):
                 if policy == "single-numa-node" and opts_label:
                     continue
-                t = cost(policy, providers, ids8, dist, opts, min_time)
+                t = cost(policy, providers, ids8, d8, opts, min_time)
                 print(f"  {label:<34} {policy + opts_label:<26} {t * 1e3:8.3f} ms")
     print()
 

@@ -64,6 +64,12 @@ def test_resolve_pod_falls_back_to_node_default() -> None:
     assert r.policy == "none" and problem is None
 
 
+def test_deferred_resolution_takes_the_node_default_without_a_warning() -> None:
+    # The operator resolves unbound pods that no policy matches to "this node's default".
+    deferred = '{"options":{},"policy":null,"scope":null,"source":"node-default"}'
+    assert resolve_pod(_pod({RESOLVED: deferred}), DEFAULT) == (DEFAULT, None)
+
+
 def test_node_default_from_spec() -> None:
     assert resolved_from_spec(None).policy == "none"
     r = resolved_from_spec({"policy": "single-numa-node", "scope": "pod",

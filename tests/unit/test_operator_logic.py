@@ -6,6 +6,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
+from numalign.api.resolution import PolicyRef
 from numalign.controller import policies
 from numalign.controller.fit import node_fits, pod_requests
 from numalign.controller.nodedefaults import desired_spec, spec_patch
@@ -18,7 +19,6 @@ from numalign.controller.redeploy import (
     with_node_avoidance,
     workload_key,
 )
-from numalign.controller.resolution import PolicyRef
 
 
 def test_backoff_doubles_and_caps() -> None:

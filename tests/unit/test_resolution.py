@@ -1,4 +1,4 @@
-"""Policy resolution (numalign.controller.resolution): pure, no Kubernetes."""
+"""Policy resolution (numalign.api.resolution): pure, no Kubernetes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from numalign.controller.resolution import (
+from numalign.api.resolution import (
     ANN_POLICY,
     ANN_SCOPE,
     NODE_UNKNOWN,

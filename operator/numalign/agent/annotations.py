@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from numalign.api.resolution import parse_resolved as parse_shared_resolved
+
 RESOLVED = "numalign.io/resolved"
 ALLOCATION = "numalign.io/allocation"
 
@@ -127,6 +129,10 @@ def resolve_pod(pod: Mapping[str, Any], default: Resolved) -> tuple[Resolved, st
     with a malformed annotation (then ``default`` is used)."""
     ann = ((pod.get("metadata") or {}).get("annotations") or {}).get(RESOLVED)
     if ann is None:
+        return default, None
+    shared = parse_shared_resolved(str(ann))
+    if shared is not None and shared.deferred:
+        # The operator resolved the pod before it was bound: rule 3, this node's default.
         return default, None
     try:
         return parse_resolved(str(ann)), None

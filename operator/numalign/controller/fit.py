@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
+from numalign.api.resolution import ANN_RESOLVED, parse_resolved
 from numalign.topology.quantity import parse_quantity
 
 from . import kube, metrics
-from .resolution import ANN_RESOLVED, parse_resolved
 
 
 def _requests(container: Mapping[str, Any]) -> dict[str, Decimal]:

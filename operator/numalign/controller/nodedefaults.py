@@ -17,8 +17,14 @@ from typing import Any
 import kopf
 from kubernetes.client.exceptions import ApiException
 
+from numalign.api.resolution import (
+    SOURCE_POLICY_PREFIX,
+    node_default_for,
+    node_spec_from,
+    policy_refs,
+)
+
 from . import kube
-from .resolution import SOURCE_POLICY_PREFIX, node_default_for, node_spec_from, policy_refs
 
 FIELDS = ("policy", "scope", "options", "source")
 

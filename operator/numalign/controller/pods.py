@@ -29,8 +29,7 @@ from typing import Any
 import kopf
 from kubernetes.client.exceptions import ApiException
 
-from . import kube, redeploy
-from .resolution import (
+from numalign.api.resolution import (
     ANN_POLICY,
     ANN_RESOLVED,
     ANN_SCOPE,
@@ -42,6 +41,8 @@ from .resolution import (
     policy_refs,
     resolve,
 )
+
+from . import kube, redeploy
 
 ANN_OVERRIDE_WARNED = "numalign.io/override-warning"
 

@@ -22,8 +22,7 @@ from typing import Any
 import kopf
 from kubernetes.client.exceptions import ApiException
 
-from . import kube, redeploy
-from .resolution import (
+from numalign.api.resolution import (
     SOURCE_POLICY_PREFIX,
     PolicyRef,
     conflicts,
@@ -31,6 +30,8 @@ from .resolution import (
     policy_problems,
     policy_refs,
 )
+
+from . import kube, redeploy
 
 
 def _condition(old: list[Mapping[str, Any]], type_: str, status: str, reason: str,

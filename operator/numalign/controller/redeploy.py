@@ -47,9 +47,7 @@ from typing import Any
 import kopf
 from kubernetes.client.exceptions import ApiException
 
-from . import kube, metrics
-from .fit import unfit_nodes
-from .resolution import (
+from numalign.api.resolution import (
     ANN_RESOLVED,
     NODE_UNKNOWN,
     PodMeta,
@@ -58,6 +56,9 @@ from .resolution import (
     redeploy_settings,
     resolve,
 )
+
+from . import kube, metrics
+from .fit import unfit_nodes
 
 REASON = "TopologyAffinityError"
 STATE_CONFIGMAP = "numalign-redeploy"

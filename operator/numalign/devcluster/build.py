@@ -119,7 +119,7 @@ def _ldflags(version: str) -> str:
 def _build_kubernetes(tc: Toolchain, version: str, out: Path, log: Callable[[str], None]) -> None:
     work = cache_root() / "src" / f"kubernetes-{version}"
     work.mkdir(parents=True, exist_ok=True)
-    (work / "go.mod").write_text(f"module numalign.local/k8sbuild\n\ngo 1.26\n")
+    (work / "go.mod").write_text("module numalign.local/k8sbuild\n\ngo 1.26\n")
     minor = version.split(".", 1)[1]
     staging = _staging_modules(tc.go, work, version, log)
     lines = [
@@ -146,14 +146,16 @@ def _build_etcd(tc: Toolchain, out: Path, log: Callable[[str], None]) -> None:
     work = cache_root() / "src" / f"etcd-{ETCD_VERSION}"
     work.mkdir(parents=True, exist_ok=True)
     (work / "go.mod").write_text(
-        f"module numalign.local/etcdbuild\n\ngo 1.26\n\nrequire go.etcd.io/etcd/server/v3 {ETCD_VERSION}\n"
+        "module numalign.local/etcdbuild\n\ngo 1.26\n\n"
+        f"require go.etcd.io/etcd/server/v3 {ETCD_VERSION}\n"
     )
     (work / "main.go").write_text(
         "package main\n\nimport (\n\t\"os\"\n\n\t\"go.etcd.io/etcd/server/v3/etcdmain\"\n)\n\n"
         "func main() { etcdmain.Main(os.Args) }\n"
     )
     _run([tc.go, "mod", "tidy", "-e"], work, log)
-    _run([tc.go, "build", "-trimpath", "-ldflags", "-s -w", "-o", str(out / "etcd"), "."], work, log)
+    _run([tc.go, "build", "-trimpath", "-ldflags", "-s -w", "-o", str(out / "etcd"), "."],
+         work, log)
 
 
 def ensure_built(

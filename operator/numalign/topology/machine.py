@@ -135,7 +135,8 @@ def _machine_from_dict(doc: Any) -> Machine:
         if isinstance(cpus_raw, int) and not isinstance(cpus_raw, bool):
             cpus_raw = str(cpus_raw)
         if not isinstance(cpus_raw, str):
-            raise MachineError(f"{w}.cpus", f"must be a cpulist string like '0-3,8-11', got {cpus_raw!r}")
+            raise MachineError(f"{w}.cpus",
+                               f"must be a cpulist string like '0-3,8-11', got {cpus_raw!r}")
         try:
             cpus = parse_cpulist(cpus_raw)
         except ValueError as e:
@@ -284,5 +285,6 @@ def load_machine(path: str | Path) -> Machine:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise MachineError(str(p), f"is not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+        problem = getattr(e, "problem", e)
+        raise MachineError(str(p), f"is not valid YAML{where}: {problem}") from None
     return machine_from_dict(doc, source=str(p))
