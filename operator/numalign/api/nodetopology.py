@@ -91,6 +91,33 @@ class Device(Model):
     """The device's groups, outermost level first (socket, nvlink, pcie ...)."""
 
 
+class CpuSocket(Model):
+    """One socket and its NUMA nodes."""
+
+    id: Count
+    """The socket (physical package) id."""
+    numa_nodes: list[NumaId] | None = None
+    """The NUMA nodes whose CPUs sit on this socket."""
+    cpus: CpuList | None = None
+    """The socket's CPUs, listed (on every socket) only when a NUMA node spans sockets."""
+
+
+class CpuTopology(Model):
+    """Core and socket of every CPU, compactly (numalign.topology.cputopo): sibling
+    threads are cpu N and N + (total / threadsPerCore) with the core id of the lowest,
+    unless siblings lists the cores."""
+
+    threads_per_core: Annotated[int, Field(ge=1, le=64)] = 1
+    """Hardware threads per core."""
+    sockets: list[CpuSocket] | None = None
+    """The sockets; a NUMA node in none is its own socket."""
+    siblings: list[CpuList] | None = None
+    """One cpulist per core (sibling threads), in core id order, when the cores are not
+    numbered as threadsPerCore says."""
+    core_ids: list[Count] | None = None
+    """The core id of each siblings entry (default: 0, 1, ...)."""
+
+
 class AdmittedContainer(Model):
     """What one container was given."""
 
@@ -102,6 +129,8 @@ class AdmittedContainer(Model):
     """Exclusive CPUs (static CPU policy), as a cpulist."""
     memory: dict[str, Quantity] | None = None
     """Memory per NUMA node id (the key)."""
+    hugepages: dict[str, dict[str, Quantity]] | None = None
+    """Hugepage memory per page size (2Mi, 1Gi), then per NUMA node id."""
     devices: dict[str, list[str]] | None = None
     """Device ids per resource."""
 
@@ -119,6 +148,8 @@ class AdmittedPod(Model):
     """The policy it was admitted under."""
     scope: Scope
     """The scope it was admitted under."""
+    options: TopologyOptions | None = None
+    """The policy options it was admitted under."""
     source: str
     """Where the policy came from: pod, TopologyPolicy/<name>, node-default or none."""
     numa_nodes: list[NumaId] | None = None
@@ -159,6 +190,8 @@ class NodeTopologyStatus(Model):
         ),
     ] | None = None
     """One entry per NUMA node."""
+    cpu_topology: CpuTopology | None = None
+    """Core and socket of every CPU (the NUMA node of each is in zones)."""
     distances: dict[str, dict[str, int]] | None = None
     """NUMA distances: distances[from][to], keys are NUMA node ids."""
     devices: list[Device] | None = None
