@@ -37,8 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from numalign.topology.errors import MachineError
+from numalign.topology.hints import mask_ids
 from numalign.topology.machine import CPU, Machine, machine_from_dict
-from numalign.topology.quantity import format_bytes, parse_cpulist
+from numalign.topology.quantity import format_bytes, format_cpulist, parse_cpulist
 
 __all__ = [
     "CpuInfo",
@@ -300,15 +301,7 @@ def _parse_cpumask(text: str) -> list[int]:
     digits = text.strip().replace(",", "")
     if not digits:
         return []
-    value = int(digits, 16)  # ValueError on garbage
-    out: list[int] = []
-    bit = 0
-    while value:
-        if value & 1:
-            out.append(bit)
-        value >>= 1
-        bit += 1
-    return out
+    return mask_ids(int(digits, 16))  # ValueError on garbage
 
 
 def _parse_idlist(text: str) -> list[int]:
@@ -1070,13 +1063,4 @@ def to_machine(dm: DiscoveredMachine, name: str, *, description: str = "",
 
 
 def _cpulist_str(cpus: Iterable[int]) -> str:
-    ids = sorted(set(cpus))
-    parts: list[str] = []
-    i = 0
-    while i < len(ids):
-        j = i
-        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
-            j += 1
-        parts.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
-        i = j + 1
-    return ",".join(parts)
+    return format_cpulist(set(cpus))

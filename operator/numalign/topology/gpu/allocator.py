@@ -298,7 +298,7 @@ class _Problem:
                             else touched_cost(sc, tree, whole, bits))
                     tight = sc.anchor_cost(tree, tree.lca(bits))
                     out[(bits, extra)] = _Cand(tight, frag + extra_cost, bits, extra)
-        return sorted(out.values(), key=lambda c: (c.tight, c.frag, _low_first(c.bits)))
+        return sorted(out.values(), key=lambda c: (c.tight, c.frag, mask_ids(c.bits)))
 
     def search(self, state: Mapping[str, int], numa: NumaMask | None, find_any: bool
                ) -> tuple[Score, list[_Cand]] | None:
@@ -377,7 +377,7 @@ class _Problem:
 
 def _lower(a: list[_Cand], b: list[_Cand]) -> bool:
     """Tie-break between equal scores: the lowest devices for the first request, ..."""
-    return [_low_first(c.bits) for c in a] < [_low_first(c.bits) for c in b]
+    return [mask_ids(c.bits) for c in a] < [mask_ids(c.bits) for c in b]
 
 
 def _pick_low(bits: int, avoid: int, k: int) -> int:
@@ -389,17 +389,6 @@ def _pick_low(bits: int, avoid: int, k: int) -> int:
             out |= low
             pool ^= low
             k -= 1
-    return out
-
-
-def _low_first(bits: int) -> list[int]:
-    out: list[int] = []
-    i = 0
-    while bits:
-        if bits & 1:
-            out.append(i)
-        bits >>= 1
-        i += 1
     return out
 
 

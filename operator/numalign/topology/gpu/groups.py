@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..hints import mask_ids
 from ..machine import Device, Machine
 
 NUMA_LEVEL = "numa"  # implicit innermost level: the device's NUMA node
@@ -85,14 +86,7 @@ class GroupTree:
         return (1 << len(self.devices)) - 1
 
     def leaves(self, bits: int) -> list[int]:
-        out: list[int] = []
-        i = 0
-        while bits:
-            if bits & 1:
-                out.append(i)
-            bits >>= 1
-            i += 1
-        return out
+        return mask_ids(bits)
 
     def ids(self, bits: int) -> list[str]:
         return [self.devices[i].id for i in self.leaves(bits)]
