@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -125,10 +126,12 @@ async def run_bench(kubeconfig: str, nodes: int, pods: int, timeout: float) -> d
     mix = node_mix(nodes)
     names = {f"{load_machine(f).name}-{i}" for f, c in mix for i in range(c)}
     argv = [sys.executable, "-m", "numalign.cli", "agent", "--kubeconfig", kubeconfig,
-            "--log-level", "WARNING"]
+            "--log-level", "INFO"]
     for f, c in mix:
         argv += ["--emulate", f"{f}={c}"]
-    agent = subprocess.Popen(argv)
+    log_fd, log_path = tempfile.mkstemp(prefix="numalign-bench-agent-", suffix=".log")
+    agent = subprocess.Popen(argv, stdout=log_fd, stderr=subprocess.STDOUT)
+    os.close(log_fd)
     kube = Kube(load_config(kubeconfig), max_connections=16)
     await kube.open()
     result: dict[str, Any] = {"nodes": nodes, "pods": pods,
@@ -210,7 +213,31 @@ async def run_bench(kubeconfig: str, nodes: int, pods: int, timeout: float) -> d
             agent.wait(20)
         except subprocess.TimeoutExpired:
             agent.kill()
+        log_text = Path(log_path).read_text(errors="replace")
+        os.unlink(log_path)
+        result.update(agent_summary(log_text))
+        for line in log_text.splitlines():
+            if " WARNING " in line or " ERROR " in line:
+                print(f"agent: {line}", file=sys.stderr)
     return result
+
+
+SUMMARY = re.compile(r"summary: .*watch-to-written p50 ([0-9.na]+)s p99 ([0-9.na]+)s; "
+                     r"(\d+) NodeTopology writes, \d+ NodeResourceTopology writes, "
+                     r"(\d+) API requests")
+
+
+def agent_summary(log_text: str) -> dict[str, Any]:
+    """The agent's own account (its exit summary): latency from seeing the pod bound to
+    its status written, and its writes, to tell the agent's share from the control
+    plane's in bind->decision."""
+    found = SUMMARY.findall(log_text)
+    if not found:
+        return {}
+    p50, p99, nt_writes, requests = found[-1]
+    return {"agent_watch_to_written_p50_s": float(p50),
+            "agent_watch_to_written_p99_s": float(p99),
+            "agent_nodetopology_writes": int(nt_writes), "agent_api_requests": int(requests)}
 
 
 def main(argv: list[str]) -> int:
@@ -243,6 +270,12 @@ def main(argv: list[str]) -> int:
     print(f"  throughput        {result['pods_per_second']} pods/s (first bind to last decision)")
     print(f"  bind->decision    p50 {result['latency_p50_s']} s, p99 {result['latency_p99_s']} s,"
           f" max {result['latency_max_s']} s")
+    if "agent_watch_to_written_p50_s" in result:
+        print(f"  in the agent      seen bound -> status written p50 "
+              f"{result['agent_watch_to_written_p50_s']} s, p99 "
+              f"{result['agent_watch_to_written_p99_s']} s "
+              f"({result['agent_api_requests']} API requests, "
+              f"{result['agent_nodetopology_writes']} NodeTopology status writes)")
     print(f"  agent memory      RSS {result['agent_rss_mib']} MiB "
           f"(peak {result['agent_peak_rss_mib']} MiB)")
     print(f"  nodes Ready in {result['nodes_ready_s']} s; namespace deleted (all pods released)"

@@ -35,11 +35,13 @@ Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 class Agent:
     """``numalign agent --emulate`` as a subprocess, for one emulated node."""
 
-    def __init__(self, kubeconfig: Path, machine: Path, index: int, log: Path) -> None:
+    def __init__(self, kubeconfig: Path, machine: Path, index: int, log: Path,
+                 extra: tuple[str, ...] = ()) -> None:
         self.kubeconfig = kubeconfig
         self.machine = machine
         self.index = index
         self.log = log
+        self.extra = extra
         self.proc: subprocess.Popen[bytes] | None = None
         self.node = f"{machine.stem}-{index}"
 
@@ -48,7 +50,7 @@ class Agent:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "numalign.cli", "agent", "--kubeconfig",
              str(self.kubeconfig), "--emulate", f"{self.machine}=1", "--start", str(self.index),
-             "--publish-interval", "0.3", "--log-level", "DEBUG"],
+             "--publish-interval", "0.3", "--log-level", "DEBUG", *self.extra],
             stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
 
     def kill(self) -> None:
@@ -68,21 +70,39 @@ class Agent:
         self.proc = None
 
 
+StartAgent = Callable[..., Agent]
+
+
 @pytest.fixture
-def agent(kubeconfig: Path, kubectl: Kubectl, tmp_path: Path) -> Iterator[Agent]:
-    a = Agent(kubeconfig, SEED, 100 + uuid.uuid4().int % 9000, tmp_path / "agent.log")
-    a.start()
+def start_agent(kubeconfig: Path, kubectl: Kubectl, tmp_path: Path) -> Iterator[StartAgent]:
+    """``start_agent(machine=SEED, *extra_args)``: one emulated node, cleaned up after."""
+    started: list[Agent] = []
+
+    def start(machine: Path = SEED, *extra: str) -> Agent:
+        a = Agent(kubeconfig, machine, 100 + uuid.uuid4().int % 9000,
+                  tmp_path / f"agent-{len(started)}.log", tuple(extra))
+        started.append(a)
+        a.start()
+        return a
+
     try:
-        yield a
+        yield start
     finally:
-        a.stop()
-        kubectl("delete", "node", a.node, "--ignore-not-found", "--wait=false", check=False)
-        kubectl("delete", "nodetopology", a.node, "--ignore-not-found", "--wait=false",
-                check=False)
-        kubectl("-n", "kube-node-lease", "delete", "lease", a.node, "--ignore-not-found",
-                check=False)
-        if a.log.exists():
-            sys.stderr.write(a.log.read_text()[-4000:])
+        for a in started:
+            a.stop()
+            kubectl("delete", "node", a.node, "--ignore-not-found", "--wait=false",
+                    check=False)
+            kubectl("delete", "nodetopology", a.node, "--ignore-not-found", "--wait=false",
+                    check=False)
+            kubectl("-n", "kube-node-lease", "delete", "lease", a.node, "--ignore-not-found",
+                    check=False)
+            if a.log.exists():
+                sys.stderr.write(a.log.read_text()[-4000:])
+
+
+@pytest.fixture
+def agent(start_agent: StartAgent) -> Agent:
+    return start_agent()
 
 
 def get(kubectl: Kubectl, *args: str) -> Any:
@@ -284,3 +304,138 @@ def test_node_default_and_malformed_annotation(
     kubectl("-n", ns, "apply", "-f", "-", input=pod_manifest("third", node, None))
     third = wait_phase(kubectl, wait, ns, "third", "Failed")
     assert third["status"]["reason"] == REASON
+
+
+NRT_CRD = Path(__file__).resolve().parents[2] / "config" / "nrt" / "crd.yaml"
+
+
+def nrt_resources(obj: dict[str, Any]) -> dict[str, dict[str, dict[str, str]]]:
+    """zone name -> resource name -> {capacity, allocatable, available}"""
+    return {z["name"]: {r["name"]: r for r in z["resources"]} for z in obj["zones"]}
+
+
+def test_publish_nrt(start_agent: StartAgent, kubectl: Kubectl, namespace: str,
+                     wait: Callable[..., Any]) -> None:
+    kubectl("apply", "-f", str(NRT_CRD))
+    kubectl("wait", "--for", "condition=Established", "--timeout", "60s",
+            "crd/noderesourcetopologies.topology.node.k8s.io")
+    wait(lambda: kubectl("get", "noderesourcetopologies", check=False).returncode == 0, 30,
+         "the NodeResourceTopology API to be served")
+    agent = start_agent(SEED, "--publish-nrt")
+    node = agent.node
+    try:
+        wait_ready(kubectl, wait, node)
+        before = wait(lambda: get(kubectl, "noderesourcetopology", node), 30,
+                      f"NodeResourceTopology {node}")
+        zones = nrt_resources(before)
+        assert set(zones) == {"node-0", "node-1"}
+        for z in zones.values():
+            assert {"cpu", "memory", GPU, NIC} <= set(z)
+            assert z["cpu"]["available"] == z["cpu"]["capacity"] == "4"
+            assert z[GPU]["available"] == "1"
+        assert {a["name"]: a["value"] for a in before["attributes"]} == {
+            "topologyManagerPolicy": "none", "topologyManagerScope": "container"}
+        node_uid = get(kubectl, "node", node)["metadata"]["uid"]
+        assert before["metadata"]["ownerReferences"][0]["uid"] == node_uid
+
+        # A pod takes 2 CPUs, a GPU and a NIC of one zone: available goes down there.
+        kubectl("-n", namespace, "apply", "-f", "-", input=pod_manifest("a", node, SNN))
+        pod = wait_phase(kubectl, wait, namespace, "a", "Running")
+        zone = f"node-{allocation(pod)['numaNodes'][0]}"
+
+        def updated() -> Any:
+            obj = get(kubectl, "noderesourcetopology", node)
+            return obj if nrt_resources(obj)[zone]["cpu"]["available"] == "2" else None
+
+        after = nrt_resources(wait(updated, 30, "NRT available CPUs to go down"))
+        assert after[zone][GPU]["available"] == "0"
+        assert after[zone][NIC]["available"] == "0"
+        other = "node-1" if zone == "node-0" else "node-0"
+        assert after[other]["cpu"]["available"] == "4"
+        mem = after[zone]["memory"]
+        assert mem["available"] != mem["capacity"]
+
+        # The node default policy pushed into NodeTopology.spec shows as the attributes.
+        kubectl("patch", "nodetopology", node, "--type=merge", "-p", json.dumps(
+            {"spec": {"policy": "single-numa-node", "scope": "pod", "policyGeneration": 1}}))
+
+        def attributes() -> Any:
+            obj = get(kubectl, "noderesourcetopology", node)
+            got = {a["name"]: a["value"] for a in obj["attributes"]}
+            return got if got["topologyManagerPolicy"] == "single-numa-node" else None
+
+        got = wait(attributes, 30, "NRT attributes to follow the node default")
+        assert got == {"topologyManagerPolicy": "single-numa-node",
+                       "topologyManagerScope": "pod"}
+    finally:
+        kubectl("delete", "noderesourcetopology", node, "--ignore-not-found", check=False)
+
+
+DGX = MACHINES / "dgx-a100-like.yaml"
+HCA = "nvidia.com/hca"
+
+
+def gpu_pod(name: str, node: str, gpus: str) -> str:
+    res = {"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": "2", HCA: "1"}
+    return json.dumps({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "annotations": {"numalign.io/resolved": SNN,
+                                                   "numalign.io/gpus": gpus}},
+        "spec": {"nodeName": node, "containers": [
+            {"name": "main", "image": "registry.k8s.io/pause:3.10",
+             "resources": {"requests": res, "limits": res}}]},
+    })
+
+
+def test_gpu_groups_end_to_end(start_agent: StartAgent, kubectl: Kubectl, namespace: str,
+                               wait: Callable[..., Any]) -> None:
+    from numalign.topology.machine import load_machine
+
+    machine = load_machine(DGX)
+    devices = {d.id: d for d in machine.devices}
+    agent = start_agent(DGX)
+    node = agent.node
+    wait_ready(kubectl, wait, node)
+    ns = namespace
+    want = [{"count": 2, "sameGroup": "pcie", "withResource": HCA}]
+    kubectl("-n", ns, "apply", "-f", "-", input=gpu_pod("train", node, json.dumps(want)))
+    pod = wait_phase(kubectl, wait, ns, "train", "Running")
+    alloc = allocation(pod)
+    (pair,) = alloc["gpus"].values()
+    assert len(pair) == 2
+    (pcie,) = {devices[g].group("pcie") for g in pair}
+    (numa,) = {devices[g].numa_node for g in pair}
+    main = alloc["containers"]["main"]
+    assert sorted(main["devices"]["nvidia.com/gpu"]) == sorted(pair)
+    (nic,) = main["devices"][HCA]
+    assert devices[nic].group("pcie") == pcie
+    assert alloc["numaNodes"] == [numa]
+    assert len(main["cpus"]) == 4
+    assert {machine.cpus[c].numa for c in main["cpus"]} == {numa}
+
+    def published() -> Any:
+        n = get(kubectl, "nodetopology", node)
+        return n if "train" in admitted_by_pod(n) else None
+
+    entry = admitted_by_pod(wait(published, 30, "the GPU pod in NodeTopology status"))["train"]
+    assert entry["gpus"] == alloc["gpus"]
+    assert entry["numaNodes"] == [numa]
+
+    # A malformed numalign.io/gpus is the user's error: refused, nothing allocated.
+    bad = json.dumps([{"count": 0, "sameGroup": "pcie"}])
+    kubectl("-n", ns, "apply", "-f", "-", input=gpu_pod("broken", node, bad))
+    broken = wait_phase(kubectl, wait, ns, "broken", "Failed")
+    assert broken["status"]["reason"] == "InvalidGpuRequest"
+    assert "numalign.io/gpus[0].count" in broken["status"]["message"]
+    assert "numalign.io/allocation" not in broken["metadata"].get("annotations", {})
+
+    def warning() -> Any:
+        evs = get(kubectl, "-n", ns, "events", "--field-selector",
+                  "involvedObject.name=broken,type=Warning")
+        return [e for e in evs["items"] if e["reason"] == "InvalidGpuRequest"]
+
+    (ev,) = wait(warning, 30, "the InvalidGpuRequest event")
+    assert "numalign.io/gpus[0].count" in ev["message"]
+    nt = get(kubectl, "nodetopology", node)
+    assert set(admitted_by_pod(nt)) == {"train"}
+    assert nt["status"]["rejected"] == 0

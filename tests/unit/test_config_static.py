@@ -242,6 +242,28 @@ def test_samples() -> None:
     assert policies["ml-training"]["policy"] == "single-numa-node"
     assert policies["ml-training"]["scope"] == "pod"
     assert policies["batch"]["policy"] == "best-effort"
-    [deploy] = of_kind(objs, "Deployment")
-    annotations = deploy["spec"]["template"]["metadata"]["annotations"]
+    assert policies["low-latency"]["redeploy"]["enabled"] is True
+    deploys = {o["metadata"]["name"]: o for o in of_kind(objs, "Deployment")}
+    assert set(deploys) == {"trainer", "etl", "packet-processor"}
+    annotations = deploys["trainer"]["spec"]["template"]["metadata"]["annotations"]
     assert yaml.safe_load(annotations["numalign.io/gpus"])[0]["count"] == 2
+    namespaces = {o["metadata"]["name"]: o for o in of_kind(objs, "Namespace")}
+    assert namespaces["batch"]["metadata"]["labels"] == {"workload-class": "batch"}
+
+
+def test_nrt_component_adds_the_crd_and_the_flag(tmp_path: Path) -> None:
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [os.path.relpath(CONFIG / "default", tmp_path)],
+        "components": [os.path.relpath(CONFIG / "nrt", tmp_path)]}))
+    objs = kustomize(tmp_path)
+    crds = {o["metadata"]["name"] for o in of_kind(objs, "CustomResourceDefinition")}
+    assert "noderesourcetopologies.topology.node.k8s.io" in crds
+    [ds] = of_kind(objs, "DaemonSet")
+    (agent,) = pod_spec(ds)["containers"]
+    assert "--publish-nrt" in agent["args"]
+    [role] = [r for r in of_kind(objs, "ClusterRole")
+              if r["metadata"]["name"] == "numalign-agent"]
+    [rule] = [r for r in role["rules"] if "topology.node.k8s.io" in r["apiGroups"]]
+    assert rule["resources"] == ["noderesourcetopologies"]
+    assert set(rule["verbs"]) == {"get", "create", "update"}

@@ -6,8 +6,10 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
+import pytest
+
 from numalign.api.resolution import PolicyRef
-from numalign.controller import policies
+from numalign.controller import fit, policies
 from numalign.controller.fit import node_fits, pod_requests
 from numalign.controller.nodedefaults import desired_spec, spec_patch
 from numalign.controller.redeploy import (
@@ -111,6 +113,25 @@ def test_pod_requests_and_fit() -> None:
     assert node_fits(req, zones, single_zone=True) is False
     assert node_fits({"other": Decimal(1)}, zones, single_zone=True) is None
     assert node_fits(req, [], single_zone=False) is None
+
+
+def test_unfit_nodes_never_exclude_every_candidate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nodes that cannot fit now are avoided only while some selectable node remains:
+    the exclusion is permanent in the replacement's affinity (a Pending pod forever,
+    attempts never reaching maxAttempts, is worse than a bounded rejection)."""
+    pod: dict[str, Any] = {"spec": {"nodeSelector": {"pool": "a"}}}
+    unfit = ["b", "c"]
+    selectable = {"a", "b", "c"}
+    monkeypatch.setattr(fit, "unfit_nodes", lambda p, skip=None: [n for n in unfit
+                                                                 if n not in (skip or [])])
+    monkeypatch.setattr(fit, "selectable_nodes", lambda p: set(selectable))
+    assert fit.with_unfit(pod, ["x"]) == ["b", "c", "x"]  # "a" still fits: avoid b, c
+    unfit = ["a", "b", "c"]
+    assert fit.with_unfit(pod, ["a"]) == ["a"]  # none fits: avoid only the rejecting node
+    unfit = []
+    assert fit.with_unfit(pod, ["a"]) == ["a"]
+    unfit, selectable = ["b"], {"a"}
+    assert fit.with_unfit(pod, ["a"]) == ["a", "b"]  # every candidate rejected already
 
 
 def test_node_default_patch() -> None:

@@ -75,8 +75,10 @@ class Emulator:
     def __init__(self, kube: Kube, nodes: Sequence[NodeSpec], *,
                  lease_interval: float = 10.0, status_interval: float = 60.0,
                  publish_delay: float = 0.2, publish_interval: float = 1.0,
-                 concurrency: int = 24, index_offset: int = 0) -> None:
+                 concurrency: int = 24, index_offset: int = 0,
+                 publish_nrt: bool = False) -> None:
         self.kube = kube
+        self._node_uids: dict[str, str] = {}
         self.states: dict[str, NodeState] = {}
         for i, n in enumerate(nodes):
             if n.name in self.states:
@@ -86,9 +88,10 @@ class Emulator:
         self.status_interval = status_interval
         self.publisher = Publisher(kube, self.states, delay=publish_delay,
                                    min_interval=publish_interval,
-                                   labels=lambda st: {MACHINE_LABEL: st.machine.name})
+                                   labels=lambda st: {MACHINE_LABEL: st.machine.name},
+                                   nrt=publish_nrt, node_uid=self._node_uids.get)
         self._sem = asyncio.Semaphore(concurrency)
-        self._node_uids: dict[str, str] = {}
+        self._event_sem = asyncio.Semaphore(max(1, concurrency // 4))
         self._ip_seq: dict[str, int] = {}
         self._ips: dict[str, dict[str, str]] = {}  # node -> pod uid -> pod IP
         self._finalizing: set[str] = set()
@@ -216,6 +219,19 @@ class Emulator:
                     await asyncio.wait_for(self.publisher.flush(), 10)
             except Exception as e:  # best effort on the way out
                 log.debug("final publish failed: %s", e)
+            log.info("%s", self.summary())
+
+    def summary(self) -> str:
+        """One line on everything decided so far (logged at exit; the benchmark reads it)."""
+        lat = sorted(self.stats.latencies)
+        p50 = lat[len(lat) // 2] if lat else float("nan")
+        p99 = lat[min(len(lat) - 1, round((len(lat) - 1) * 0.99))] if lat else float("nan")
+        return (f"summary: decided {self.stats.admitted + self.stats.rejected} pods "
+                f"({self.stats.admitted} admitted, {self.stats.rejected} rejected), "
+                f"{self.stats.released} released; watch-to-written p50 {p50:.3f}s "
+                f"p99 {p99:.3f}s; {self.publisher.writes} NodeTopology writes, "
+                f"{self.publisher.nrt_writes} NodeResourceTopology writes, "
+                f"{self.kube.requests} API requests")
 
     async def _report_loop(self, every: float = 30.0) -> None:
         last = 0
@@ -377,7 +393,6 @@ class Emulator:
         except Exception as e:  # a pod the engine cannot read is rejected
             log.exception("%s: cannot admit %s/%s", node, meta.get("namespace"), meta.get("name"))
             st.decided[uid] = False
-            st.rejected_total += 1
             self._spawn(self._write_rejected(st, pod, "UnexpectedAdmissionError", str(e), problem))
             return
         self.publisher.mark(node)
@@ -400,8 +415,9 @@ class Emulator:
                      message: str) -> None:
         ns = str((pod.get("metadata") or {}).get("namespace"))
         try:
-            await self.kube.create(f"/api/v1/namespaces/{q(ns)}/events",
-                                   pod_event(pod, st.name, "Warning", reason, message))
+            async with self._event_sem:
+                await self.kube.create(f"/api/v1/namespaces/{q(ns)}/events",
+                                       pod_event(pod, st.name, "Warning", reason, message))
         except ApiError as e:
             log.warning("event on %s/%s: %s", ns, (pod.get("metadata") or {}).get("name"), e)
 
@@ -433,11 +449,11 @@ class Emulator:
         body = {"metadata": {"uid": uid, "annotations": {ALLOCATION: alloc.to_annotation()}},
                 "status": status}
         async with self._sem:
-            if problem:
-                await self._event(st, pod, INVALID_POLICY_REASON,
-                                  f"{problem}; using the node default policy "
-                                  f"{st.default.policy} (scope {st.default.scope})")
             await self._patch_pod(st, pod, body)
+        if problem:
+            self._spawn(self._event(st, pod, INVALID_POLICY_REASON,
+                                    f"{problem}; using the node default policy "
+                                    f"{st.default.policy} (scope {st.default.scope})"))
 
     async def _write_rejected(self, st: NodeState, pod: Mapping[str, Any], reason: str,
                               message: str, problem: str | None) -> None:
@@ -445,12 +461,13 @@ class Emulator:
         body = {"metadata": {"uid": uid},
                 "status": rejected_status(pod, reason, message, scheduled_at(pod))}
         async with self._sem:
-            if problem:
-                await self._event(st, pod, INVALID_POLICY_REASON,
-                                  f"{problem}; using the node default policy "
-                                  f"{st.default.policy} (scope {st.default.scope})")
-            await self._event(st, pod, reason, message.removeprefix("Pod was rejected: "))
             await self._patch_pod(st, pod, body)
+        # Events are off the critical path: the pod's status is the decision.
+        if problem:
+            self._spawn(self._event(st, pod, INVALID_POLICY_REASON,
+                                    f"{problem}; using the node default policy "
+                                    f"{st.default.policy} (scope {st.default.scope})"))
+        self._spawn(self._event(st, pod, reason, message.removeprefix("Pod was rejected: ")))
 
     async def _patch_pod(self, st: NodeState, pod: Mapping[str, Any], body: JSON) -> None:
         meta = pod.get("metadata") or {}

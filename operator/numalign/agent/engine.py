@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from numalign.topology.admit import AdmitResult, DeviceOverride, admit_pod, default_overrides
+from numalign.topology.errors import TopologyError
 from numalign.topology.hints import mask_ids, mask_of
 from numalign.topology.ledger import MEMORY, ContainerAllocation, Ledger, LedgerError
 from numalign.topology.machine import Machine
@@ -17,6 +18,10 @@ from numalign.topology.policy import parse_policy_options
 from .annotations import Allocation, Resolved
 from .annotations import ContainerAllocation as AnnotatedContainer
 from .kubelet_status import TOPOLOGY_MESSAGE, TOPOLOGY_REASON
+
+# A pod whose numalign.io/gpus cannot be read (or asks what the machine cannot name) is
+# refused with this reason: Failed, with a Warning event, no allocation.
+INVALID_GPU_REASON = "InvalidGpuRequest"
 
 
 class RestoreConflict(Exception):
@@ -72,8 +77,15 @@ def admit(machine: Machine, ledger: Ledger, pod: Mapping[str, Any], resolved: Re
     """Admit ``pod`` with ``resolved``; on success the ledger holds its allocation."""
     model = pod_from_dict(pod)
     options = parse_policy_options(dict(resolved.options))
+    try:
+        overrides = _overrides(machine, model)
+    except TopologyError as e:
+        # The user's mistake: refuse the pod (as the kubelet refuses one it cannot admit)
+        # rather than run it without the GPU placement it asked for.
+        return EngineResult(False, reason=INVALID_GPU_REASON,
+                            message=f"Pod was rejected: {e}")
     result = admit_pod(machine, ledger, model, resolved.policy, resolved.scope, options,
-                       overrides=_overrides(machine, model))
+                       overrides=overrides)
     if not result.admit:
         return EngineResult(False, reason=result.reason or TOPOLOGY_REASON,
                             message=result.message or TOPOLOGY_MESSAGE)

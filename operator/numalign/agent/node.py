@@ -12,7 +12,7 @@ from typing import Any
 
 from numalign.topology.machine import Machine
 
-from .kube import NT_BASE, Kube
+from .kube import NT_BASE, ApiError, Kube, q
 from .kubelet_status import MACHINE_LABEL
 from .publish import Publisher
 from .state import NodeState
@@ -32,12 +32,14 @@ def discover_machine(name: str, root: str = "/") -> Machine:
 
 class RealNode:
     def __init__(self, kube: Kube, name: str, machine: Machine, *,
-                 resync: float = 300.0) -> None:
+                 resync: float = 300.0, publish_nrt: bool = False) -> None:
         self.kube = kube
         self.state = NodeState(name, machine, admits=False)
         self.states = {name: self.state}
+        self.node_uid: str | None = None
         self.publisher = Publisher(kube, self.states,
-                                   labels=lambda st: {MACHINE_LABEL: st.machine.name})
+                                   labels=lambda st: {MACHINE_LABEL: st.machine.name},
+                                   nrt=publish_nrt, node_uid=lambda _: self.node_uid)
         self.resync = resync
 
     def on_nodetopology(self, typ: str, obj: Mapping[str, Any]) -> None:
@@ -50,6 +52,12 @@ class RealNode:
     async def run(self) -> None:
         await self.kube.open()
         name = self.state.name
+        if self.publisher.nrt:
+            try:  # the Node owns its NodeResourceTopology (garbage-collected with it)
+                node = await self.kube.get(f"/api/v1/nodes/{q(name)}")
+                self.node_uid = str((node.get("metadata") or {}).get("uid") or "") or None
+            except ApiError as e:
+                log.warning("node %s: %s; its NodeResourceTopology gets no owner", name, e)
         selector = {"fieldSelector": f"metadata.name={name}"}
         items, rv = await self.kube.list_all(NT_BASE, selector)
         existing = items[0] if items else None

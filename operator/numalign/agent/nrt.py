@@ -20,8 +20,9 @@ The policy and scope are the node's default (``NodeTopology.spec``). numalign al
 pods under per-pod or per-namespace policies; the scheduler plugin only knows one policy
 per node, so pods whose policy differs from the node default are filtered by the default.
 
-How to call it (left to the agent's publisher; not wired here): when the agent runs with
-``--publish-nrt``, after each successful NodeTopology status write of node ``name``::
+How it is called: with ``numalign agent --publish-nrt`` the agent's publisher
+(``publish.Publisher.write_nrt``) does this after each successful NodeTopology status
+write of node ``name`` (so NRT writes are coalesced like the status writes)::
 
     from numalign.agent import nrt
 

@@ -6,16 +6,21 @@ interval however many pods changed, retried on conflicts and transient errors).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from numalign.api.common import API_VERSION
 from numalign.api.nodetopology import KIND, POLICY_APPLIED, READY
+from numalign.topology.cputopo import cpu_topology_json
 from numalign.topology.machine import Machine
+from numalign.topology.policy import parse_go_bool
 from numalign.topology.quantity import format_bytes, format_cpulist
 
+from . import nrt
 from .kube import JSON_PATCH, ApiError, Kube, nt_path
 from .kubelet_status import now_iso
 from .state import NodeState
@@ -80,6 +85,20 @@ def _resources(res: Mapping[str, int]) -> dict[str, int | str]:
             for k, v in res.items()}
 
 
+def options_json(options: Mapping[str, str]) -> JSON:
+    """Resolved policy options (the kubelet's spelling, string values) as a TopologyPolicy
+    writes them: ``{"preferClosestNumaNodes": true, "maxAllowableNumaNodes": 16}``."""
+    out: JSON = {}
+    prefer = options.get("prefer-closest-numa-nodes")
+    if prefer is not None:
+        with contextlib.suppress(ValueError):  # the engine refuses it anyway
+            out["preferClosestNumaNodes"] = parse_go_bool(str(prefer))
+    limit = options.get("max-allowable-numa-nodes")
+    if limit is not None and str(limit).isdigit():
+        out["maxAllowableNumaNodes"] = int(limit)
+    return out
+
+
 def admitted_entries(state: NodeState) -> list[JSON]:
     out: list[JSON] = []
     for held in sorted(state.admitted.values(), key=lambda h: (h.namespace, h.name, h.uid)):
@@ -89,6 +108,9 @@ def admitted_entries(state: NodeState) -> list[JSON]:
             "policy": held.resolved.policy, "scope": held.resolved.scope,
             "source": held.resolved.source, "numaNodes": list(a.numa_nodes),
         }
+        options = options_json(held.resolved.options)
+        if options:
+            entry["options"] = options
         cpus = a.cpus
         if cpus:
             entry["cpus"] = format_cpulist(cpus)
@@ -107,6 +129,9 @@ def admitted_entries(state: NodeState) -> list[JSON]:
                 c["cpus"] = format_cpulist(ca.cpus)
             if ca.memory:
                 c["memory"] = dict(sorted(ca.memory.items(), key=lambda kv: _zone_key(kv[0])))
+            if ca.hugepages:
+                c["hugepages"] = {size: dict(sorted(per.items(), key=lambda kv: _zone_key(kv[0])))
+                                  for size, per in sorted(ca.hugepages.items()) if per}
             if ca.devices:
                 c["devices"] = {k: list(v) for k, v in ca.devices.items()}
             containers.append(c)
@@ -116,11 +141,47 @@ def admitted_entries(state: NodeState) -> list[JSON]:
     return out
 
 
+@dataclass(frozen=True)
+class _Static:
+    """The parts of a node's status that only depend on its machine (computed once)."""
+
+    capacity: dict[int, dict[str, int]]
+    cpu_topology: JSON
+    distances: dict[str, dict[str, int]] | None
+    devices: list[JSON]
+
+
+_STATIC: dict[int, tuple[Machine, _Static]] = {}
+
+
+def _static_parts(m: Machine) -> _Static:
+    hit = _STATIC.get(id(m))
+    if hit is not None and hit[0] is m:
+        return hit[1]
+    distances = None
+    if m.distances is not None:
+        distances = {str(a): {str(b): d for b, d in row.items()} for a, row in m.distances.items()}
+    devices: list[JSON] = []
+    for d in m.devices:
+        dev: JSON = {"resource": d.resource, "id": d.id}
+        if d.numa_node is not None:
+            dev["numaNode"] = d.numa_node
+        if d.memory is not None:
+            dev["memory"] = format_bytes(d.memory)
+        if d.groups:
+            dev["groups"] = [{"level": lvl, "id": gid} for lvl, gid in d.groups]
+        devices.append(dev)
+    static = _Static(zone_capacity(m), cpu_topology_json(m), distances, devices)
+    _STATIC[id(m)] = (m, static)
+    return static
+
+
 def build_status(state: NodeState, previous: Mapping[str, Any] | None = None,
                  ready: bool = True, message: str = "") -> JSON:
     """The NodeTopology status of ``state`` (``previous`` keeps condition transition times)."""
     m = state.machine
-    cap = zone_capacity(m)
+    static = _static_parts(m)
+    cap = static.capacity
     used = zone_used(state)
     zones: list[JSON] = []
     free_cpus = total_cpus = 0
@@ -136,19 +197,8 @@ def build_status(state: NodeState, previous: Mapping[str, Any] | None = None,
         if n.hugepages:
             zone["hugepages"] = {k: format_bytes(v) for k, v in sorted(n.hugepages.items())}
         zones.append(zone)
-    distances = None
-    if m.distances is not None:
-        distances = {str(a): {str(b): d for b, d in row.items()} for a, row in m.distances.items()}
-    devices: list[JSON] = []
-    for d in m.devices:
-        dev: JSON = {"resource": d.resource, "id": d.id}
-        if d.numa_node is not None:
-            dev["numaNode"] = d.numa_node
-        if d.memory is not None:
-            dev["memory"] = format_bytes(d.memory)
-        if d.groups:
-            dev["groups"] = [{"level": lvl, "id": gid} for lvl, gid in d.groups]
-        devices.append(dev)
+    distances = static.distances
+    devices = static.devices
     admitted = admitted_entries(state)
     used_devices = {(r, i) for h in state.admitted.values()
                     for r, ids in h.allocation.devices.items() for i in ids}
@@ -172,6 +222,7 @@ def build_status(state: NodeState, previous: Mapping[str, Any] | None = None,
     applied = state.observed_generation == state.spec_generation
     status: JSON = {
         "zones": zones,
+        "cpuTopology": static.cpu_topology,
         "devices": devices,
         "admitted": admitted,
         "rejected": state.rejected_total,
@@ -208,8 +259,16 @@ class Publisher:
 
     def __init__(self, kube: Kube, states: Mapping[str, NodeState], *,
                  delay: float = 0.2, min_interval: float = 1.0, concurrency: int = 8,
-                 labels: Callable[[NodeState], Mapping[str, str]] | None = None) -> None:
+                 labels: Callable[[NodeState], Mapping[str, str]] | None = None,
+                 nrt: bool = False,
+                 node_uid: Callable[[str], str | None] | None = None) -> None:
         self.kube = kube
+        self.nrt = nrt
+        self.node_uid = node_uid
+        self._nrt_rv: dict[str, str] = {}
+        self._nrt_backoff: dict[str, float] = {}
+        self.nrt_writes = 0
+        self.nrt_errors = 0
         self.states = states
         self.delay = delay
         self.min_interval = min_interval
@@ -266,6 +325,45 @@ class Publisher:
         self._previous[name] = status
         self._published_version[name] = version
         self._last_write[name] = time.monotonic()
+        if self.nrt:
+            try:
+                await self.write_nrt(name, status)
+            except Exception as e:  # any failure: the NodeTopology write stands
+                # Write both again later, backing off.
+                self.nrt_errors += 1
+                hint = (" (is the NodeResourceTopology CRD installed? config/nrt)"
+                        if isinstance(e, ApiError) and e.status == 404 else "")
+                backoff = min(60.0, 2 * self._nrt_backoff.get(name, 0.5))
+                self._nrt_backoff[name] = backoff
+                log.warning("NodeResourceTopology %s: %s%s; retrying in %.0fs", name, e, hint,
+                            backoff)
+                asyncio.get_running_loop().call_later(backoff, self.mark, name)
+            else:
+                self._nrt_backoff.pop(name, None)
+
+    async def write_nrt(self, name: str, status: Mapping[str, Any]) -> None:
+        """The node's NodeResourceTopology from the status just written: replaced in one
+        request while nobody else wrote it since our last write (its resourceVersion is
+        ours), else through ``nrt.publish_nrt`` (read, merge labels, create or replace)."""
+        st = self.states[name]
+        spec = {"policy": st.default.policy, "scope": st.default.scope}
+        labels = self.labels(st) if self.labels else None
+        uid = self.node_uid(name) if self.node_uid else None
+        obj = nrt.build_nrt(name, status, spec, node_uid=uid, labels=labels)
+        rv = self._nrt_rv.get(name)
+        stored: JSON | None = None
+        if rv:
+            body = dict(obj)
+            body["metadata"] = {**obj["metadata"], "resourceVersion": rv}
+            try:
+                stored = await self.kube.put(nrt.nrt_path(name), body)
+            except ApiError as e:
+                if e.status not in (404, 409):
+                    raise
+        if stored is None:
+            stored = await nrt.publish_nrt(self.kube, obj)
+        self._nrt_rv[name] = str((stored.get("metadata") or {}).get("resourceVersion") or "")
+        self.nrt_writes += 1
 
     def pending(self) -> bool:
         return bool(self._dirty)

@@ -24,6 +24,7 @@ from .annotations import (
     AnnotationError,
     Resolved,
     allocation_from_json,
+    normalize_options,
     parse_allocation,
     resolved_from_spec,
 )
@@ -126,9 +127,10 @@ class NodeState:
             ns, name = pod_key(pod)
             self.admitted[uid] = AdmittedPod(ns, name, uid, resolved, alloc)
             return Decision(True, allocation=alloc, resolved=resolved)
-        self.rejected_total += 1
-        return Decision(False, reason=result.reason or TOPOLOGY_REASON, message=result.message,
-                        resolved=resolved)
+        reason = result.reason or TOPOLOGY_REASON
+        if reason == TOPOLOGY_REASON:  # status.rejected counts TopologyAffinityErrors
+            self.rejected_total += 1
+        return Decision(False, reason=reason, message=result.message, resolved=resolved)
 
     def release(self, uid: str) -> bool:
         """Forget a pod (deleted or finished); True if it held resources."""
@@ -213,10 +215,14 @@ class NodeState:
                        entry: Mapping[str, Any] | None) -> tuple[Allocation | None, Resolved]:
         resolved = NONE
         if entry is not None:
+            try:
+                options = normalize_options(entry.get("options"), "status.admitted options")
+            except AnnotationError as e:
+                log.warning("%s: %s", self.name, e)
+                options = {}
             resolved = Resolved(policy=str(entry.get("policy") or "none"),
                                 scope=str(entry.get("scope") or "container"),
-                                options=dict(entry.get("options") or {}),
-                                source=str(entry.get("source") or "none"))
+                                options=options, source=str(entry.get("source") or "none"))
         if ann is not None:
             try:
                 return parse_allocation(str(ann)), resolved
@@ -240,6 +246,8 @@ def allocation_from_entry(entry: Mapping[str, Any]) -> Allocation:
         containers[str(c["name"])] = {
             "cpus": parse_cpulist(str(c.get("cpus") or "")),
             "memory": {str(z): quantity_bytes(b) for z, b in (c.get("memory") or {}).items()},
+            "hugepages": {str(size): {str(z): quantity_bytes(b) for z, b in per.items()}
+                          for size, per in (c.get("hugepages") or {}).items()},
             "devices": c.get("devices") or {},
             "numaNodes": c.get("numaNodes"),
         }

@@ -19,6 +19,8 @@ from .common import (
 from .nodetopology import (
     AdmittedContainer,
     AdmittedPod,
+    CpuSocket,
+    CpuTopology,
     Device,
     DeviceGroup,
     NodeTopology,
@@ -46,6 +48,8 @@ __all__ = [
     "AdmittedContainer",
     "AdmittedPod",
     "Condition",
+    "CpuSocket",
+    "CpuTopology",
     "Device",
     "DeviceGroup",
     "LabelSelector",

@@ -46,6 +46,10 @@ def _parser() -> argparse.ArgumentParser:
                         "seconds (default: 1, or one per 50 emulated nodes)")
     p.add_argument("--concurrency", type=int, default=24,
                    help="concurrent pod writes (default 24)")
+    p.add_argument("--publish-nrt", action="store_true",
+                   help="also publish each node's NodeResourceTopology "
+                        "(topology.node.k8s.io/v1alpha2, for topology-aware schedulers) "
+                        "after each NodeTopology status write; needs its CRD (config/nrt)")
     p.add_argument("--metrics-port", type=int, default=0,
                    help="serve Prometheus metrics on this port (default: off)")
     p.add_argument("--log-level", default=os.environ.get("NUMALIGN_LOG_LEVEL", "INFO"))
@@ -133,14 +137,15 @@ def main(argv: list[str] | None = None) -> int:
                     interval = max(1.0, len(nodes) / 50)
                 emulator = Emulator(kube, nodes, lease_interval=args.lease_interval,
                                     publish_interval=interval,
-                                    concurrency=args.concurrency)
+                                    concurrency=args.concurrency,
+                                    publish_nrt=args.publish_nrt)
                 if args.metrics_port:
                     _metrics(args.metrics_port, emulator)
                 await emulator.run()
             else:
                 from numalign.agent.node import RealNode
 
-                await RealNode(kube, name, machine).run()
+                await RealNode(kube, name, machine, publish_nrt=args.publish_nrt).run()
         finally:
             await kube.close()
 

@@ -2,6 +2,7 @@
 
     numalign dev build                       # build (or find cached) the binaries
     numalign dev up [--machine FILE[=COUNT]]... [--state-dir DIR]
+    numalign dev up --demo [--state-dir DIR]  # + emulated nodes and the sample workloads
     numalign dev kubeconfig                  # print the kubeconfig path
     numalign dev status
     numalign dev down
@@ -10,6 +11,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -18,6 +22,7 @@ from ..devcluster.addons import MachineSpec, MachineSpecError
 from ..devcluster.build import BuildError, ensure_built
 from ..devcluster.cluster import DevCluster, DevClusterError, default_state_dir
 from ..devcluster.crds import CrdError
+from ..devcluster.demo import SAMPLES, Demo, DemoResult, Kubectl, pods_of, story
 
 DESCRIPTION = """\
 A real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager,
@@ -59,6 +64,14 @@ def _parser() -> argparse.ArgumentParser:
                     help="do not start the numalign operator even when it is available")
     up.add_argument("--timeout", type=float, default=180.0, metavar="SECONDS",
                     help="how long to wait for the components (default 180)")
+    up.add_argument("--demo", action="store_true",
+                    help="also emulate the nodes of the machine files in "
+                         "config/samples/machines, apply config/samples (TopologyPolicies "
+                         "and workloads), wait until they settle and show the result; "
+                         "again on a running cluster: reuses it, re-applies the samples")
+    up.add_argument("--samples", type=Path, default=SAMPLES, metavar="DIR",
+                    help="with --demo: the kustomization to apply, with a machines/ folder "
+                         "(default: config/samples of this repository)")
     with_state(sub.add_parser("down", help="stop everything and remove the state"))
     with_state(sub.add_parser("kubeconfig", help="print the kubeconfig path "
                                                  "(export KUBECONFIG=$(numalign dev kubeconfig))"))
@@ -95,6 +108,8 @@ def _run(args: argparse.Namespace) -> int:
         print(path)
         return 0
     cluster = _cluster(args)
+    if args.action == "up" and args.demo:
+        return _demo(args, cluster)
     if args.action == "up":
         machines = [MachineSpec.parse(m) for m in args.machine]
         cluster.up(machines=machines, operator=not args.no_operator, log=_log,
@@ -122,3 +137,61 @@ def _run(args: argparse.Namespace) -> int:
                   f"  log {cluster.log_file(name)}")
         return 0 if running else 1
     raise AssertionError(args.action)
+
+
+def _cluster_flags(args: argparse.Namespace) -> str:
+    if args.state_dir:
+        return f" --state-dir {shlex.quote(str(args.state_dir))}"
+    return f" --name {shlex.quote(args.name)}" if args.name != "default" else ""
+
+
+def _demo(args: argparse.Namespace, cluster: DevCluster) -> int:
+    if args.no_operator:
+        _log("error: --demo needs the operator: drop --no-operator")
+        return 2
+    t0 = time.monotonic()
+    extra = [MachineSpec.parse(m) for m in args.machine]
+    result = Demo(cluster, samples=args.samples.resolve(), log=_log).run(
+        timeout=args.timeout, extra=extra)
+    _print_summary(args, cluster, result)
+    _log(f"demo: {'ready' if result.settled else 'NOT settled'} in "
+         f"{time.monotonic() - t0:.1f}s")
+    return 0 if result.settled else 1
+
+
+def _print_summary(args: argparse.Namespace, cluster: DevCluster, result: DemoResult) -> None:
+    kubectl = Kubectl(result.kubeconfig)
+    rest = cluster.rest()
+    out: list[str] = []
+    out += ["", "$ kubectl get nt", kubectl("get", "nt").rstrip()]
+    out += ["", "$ kubectl get tp", kubectl("get", "tp").rstrip()]
+    out += ["", "Sample pods:",
+            kubectl("get", "pods", "-A", "-l", "app in (trainer,etl,packet-processor)",
+                    "-o", "custom-columns=NAMESPACE:.metadata.namespace,NAME:.metadata.name,"
+                    "STATUS:.status.phase,NODE:.spec.nodeName").rstrip()]
+    events = story(rest, result.namespaces)
+    if events:
+        out += ["", "Rejections and redeploys:"] + [f"  {e}" for e in events]
+    trainer = next(iter(pods_of(rest, "ml")), "POD")
+    flags = _cluster_flags(args)
+    tips = [(f"export KUBECONFIG={result.kubeconfig}", "")]
+    if shutil.which("numalign") is None and sys.prefix != sys.base_prefix:
+        venv = Path(sys.prefix)
+        with contextlib.suppress(ValueError):
+            venv = venv.relative_to(Path.cwd())
+        tips.append((f"source {shlex.quote(str(venv))}/bin/activate", "numalign on PATH"))
+    tips += [
+        ("kubectl get nt group4-gpu-0 -o yaml",
+         "zones, distances, GPU groups, each pod's NUMA affinity"),
+        (f"numalign explain {trainer} -n ml", "hints, merged candidates, why this one won"),
+        ("kubectl get events -n rt", "a rejection and its redeploy"),
+        (f"numalign dev down{flags}",
+         "stop everything" + ("" if flags else " (or: make down)")),
+    ]
+    width = max(len(cmd) for cmd, _ in tips)
+    out += ["", "What to try next:"]
+    out += [f"  {cmd:<{width}}  # {why}" if why else f"  {cmd}" for cmd, why in tips]
+    if not result.settled:
+        out += ["", "Not settled yet: " + "; ".join(result.unsettled),
+                f"Logs: {cluster.state_dir / 'logs'}"]
+    print("\n".join(out), flush=True)

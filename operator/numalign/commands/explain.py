@@ -202,6 +202,7 @@ def _live(args: argparse.Namespace) -> Explanation:
                            "(offline mode), not both")
     from numalign.agent.annotations import (
         AnnotationError,
+        normalize_options,
         parse_resolved,
         resolved_from_spec,
     )
@@ -259,6 +260,10 @@ def _live(args: argparse.Namespace) -> Explanation:
         policy = str(mine.get("policy") or "none")
         scope = str(mine.get("scope") or SCOPE_CONTAINER)
         source = str(mine.get("source") or "NodeTopology status.admitted")
+        try:
+            options = normalize_options(mine.get("options"), "status.admitted options")
+        except AnnotationError as e:
+            notes.append(f"NodeTopology {node}: {e}; replayed without options")
     if policy is None:
         r = resolved_from_spec(nt.get("spec"))
         policy, scope, options, source = r.policy, r.scope, dict(r.options), r.source

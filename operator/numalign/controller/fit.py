@@ -98,3 +98,28 @@ def unfit_nodes(pod: Mapping[str, Any], skip: list[str] | None = None) -> list[s
         return sorted(out)
     finally:
         metrics.FIT_LATENCY.observe(time.perf_counter() - start)
+
+
+def selectable_nodes(pod: Mapping[str, Any]) -> set[str]:
+    """Names of the Nodes the pod's ``nodeSelector`` allows (its required node affinity
+    is not evaluated: a superset)."""
+    selector = (pod.get("spec") or {}).get("nodeSelector") or {}
+    text = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+    nodes = kube.core().list_node(label_selector=text) if text else kube.core().list_node()
+    return {str(n.metadata.name) for n in nodes.items}
+
+
+def with_unfit(pod: Mapping[str, Any], avoid: list[str]) -> list[str]:
+    """``avoid`` plus the nodes that cannot fit ``pod`` now -- unless that would leave
+    none of the nodes the pod may select. The exclusion is written into the replacement's
+    required node affinity for good: excluding every node that is merely full now would
+    leave it Pending even after room frees up, and its rejections could never reach
+    ``maxAttempts`` (no Warning, no status). With nothing that fits, the replacement
+    only avoids the nodes that rejected the workload."""
+    unfit = set(unfit_nodes(pod, avoid))
+    if not unfit:
+        return sorted(set(avoid))
+    candidates = selectable_nodes(pod) - set(avoid)
+    if candidates and candidates <= unfit:
+        return sorted(set(avoid))
+    return sorted(set(avoid) | unfit)

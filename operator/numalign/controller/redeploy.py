@@ -58,7 +58,7 @@ from numalign.api.resolution import (
 )
 
 from . import kube, metrics
-from .fit import unfit_nodes
+from .fit import with_unfit
 
 REASON = "TopologyAffinityError"
 STATE_CONFIGMAP = "numalign-redeploy"
@@ -350,7 +350,7 @@ def step(pod: Mapping[str, Any], first_seen: float, now: float | None = None) ->
     if node:
         st.rejections = {**(st.rejections or {}), node: _iso(now)}
     avoid = st.avoid_nodes(now) if settings.avoid_rejecting_nodes else []
-    avoid = sorted(set(avoid) | set(unfit_nodes(pod, avoid)))
+    avoid = with_unfit(pod, avoid)
     bare = controller_ref(pod) is None
     decision = {"action": "recreate" if bare else "delete", "attempt": attempt, "node": node,
                 "at": _iso(now), "pod": name, "avoid": avoid if bare else [],
@@ -389,7 +389,7 @@ def avoidance_for(pod: Mapping[str, Any], namespace: str) -> list[str]:
             avoid.add(other.spec.node_name)
     if not avoid:
         return []
-    return sorted(avoid | set(unfit_nodes(pod, sorted(avoid))))
+    return with_unfit(pod, sorted(avoid))
 
 
 # ---------------------------------------------------------------------------

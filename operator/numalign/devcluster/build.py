@@ -168,7 +168,7 @@ def ensure_built(
         return out
     tc = find_go()
     say(f"building the control plane {version} and etcd {ETCD_VERSION} with {tc.version} "
-        "(a cold build takes tens of minutes on 2 cores; it is cached afterwards)")
+        "(a cold build takes about 8 minutes on 2 cores; it is cached afterwards)")
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     if not (out / "etcd").is_file():

@@ -566,7 +566,8 @@ class GpuAnnotationOverride:
         try:
             self.requests = gpu.parse_gpu_requests(text, machine)
         except TopologyError as e:
-            raise TopologyError(f"metadata.annotations.{gpu.ANNOTATION}{_sub(e.field)}",
+            sub = "" if e.field == gpu.ANNOTATION else _sub(e.field)
+            raise TopologyError(f"metadata.annotations.{gpu.ANNOTATION}{sub}",
                                 e.problem) from None
         res: list[str] = []
         for r in self.requests:

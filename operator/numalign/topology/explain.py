@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .admit import AdmitResult, DeviceOverride, admit_pod, default_overrides
+from .cputopo import cpus_from_topology
 from .errors import MachineError, TopologyError
 from .hints import NumaMask, TopologyHint, mask_ids, mask_of
 from .ledger import MEMORY, ContainerAllocation, Ledger, LedgerError
@@ -490,11 +491,13 @@ def _mapping(v: Any, where: str) -> Mapping[str, Any]:
 
 
 def machine_from_status(status: Mapping[str, Any], name: str = "node") -> Machine:
-    """The machine a NodeTopology status describes (zones, distances, devices).
+    """The machine a NodeTopology status describes (zones, CPU topology, distances,
+    devices).
 
-    The status carries no CPU topology (cores, sockets): the machine gets one thread per
-    core and one socket per NUMA node, which can change which CPU ids are picked but not
-    the NUMA hints. Raises MachineError naming the status field."""
+    ``status.cpuTopology`` gives the core and socket of every CPU exactly (see
+    :mod:`.cputopo`); a status without it (an older agent) gets one thread per core and
+    one socket per NUMA node, which can change which CPU ids are picked but not the NUMA
+    hints. Raises MachineError naming the status field."""
     zones = status.get("zones")
     if not isinstance(zones, list) or not zones:
         raise MachineError("status.zones", "has no zones (the agent has not published yet)")
@@ -541,7 +544,17 @@ def machine_from_status(status: Mapping[str, Any], name: str = "node") -> Machin
                              if isinstance(g, Mapping)}
         devices.append(dev)
     doc["devices"] = devices
-    return machine_from_dict(doc, source="NodeTopology status")
+    machine = machine_from_dict(doc, source="NodeTopology status")
+    topo = status.get("cpuTopology")
+    if topo is None:
+        return machine
+    numa_of = {c: n.id for n in machine.numa_nodes for c in n.cpus}
+    try:
+        cpus = cpus_from_topology(numa_of, _mapping(topo, "status.cpuTopology"),
+                                  "status.cpuTopology")
+    except MachineError as e:
+        raise MachineError(f"NodeTopology status: {e.field}", e.problem) from None
+    return replace(machine, cpus=cpus)
 
 
 def _cpus(v: Any, where: str) -> tuple[int, ...]:

@@ -90,6 +90,21 @@ class PodRecord:
 Owner = tuple[str, str]  # (pod uid, container name)
 
 
+def _copy_container(a: ContainerAllocation) -> ContainerAllocation:
+    return ContainerAllocation(cpus=a.cpus, memory={t: dict(per) for t, per in a.memory.items()},
+                               memory_mask=a.memory_mask, devices=dict(a.devices),
+                               reusable=a.reusable)
+
+
+def _copy_pods(pods: Mapping[str, PodRecord]) -> dict[str, PodRecord]:
+    """An independent copy of the records (what deepcopy gives, without its cost: the
+    tuples and masks inside are immutable; only the dicts are copied)."""
+    return {uid: PodRecord(uid=r.uid, name=r.name, namespace=r.namespace,
+                           containers={n: _copy_container(a) for n, a in r.containers.items()},
+                           info=copy.deepcopy(r.info) if r.info else {})
+            for uid, r in pods.items()}
+
+
 class Ledger:
     """Allocation state of one machine."""
 
@@ -301,7 +316,7 @@ class Ledger:
         new._cpu_numa = self._cpu_numa
         new._devices = self._devices
         new._capacity = self._capacity
-        new.pods = copy.deepcopy(self.pods)
+        new.pods = _copy_pods(self.pods)
         new._reindex()
         return new
 
@@ -309,7 +324,7 @@ class Ledger:
         """Take over another ledger's state (commit of a trial copy)."""
         if other.machine is not self.machine:
             raise LedgerError("", "ledgers of different machines")
-        self.pods = copy.deepcopy(other.pods)
+        self.pods = _copy_pods(other.pods)
         self._reindex()
 
     # ------------------------------------------------------------ persistence
