@@ -89,7 +89,9 @@ class Emulator:
         self.publisher = Publisher(kube, self.states, delay=publish_delay,
                                    min_interval=publish_interval,
                                    labels=lambda st: {MACHINE_LABEL: st.machine.name},
-                                   nrt=publish_nrt, node_uid=self._node_uids.get)
+                                   nrt=publish_nrt, node_uid=self._node_uids.get,
+                                   busy=lambda: self._queued_writes > 0)
+        self._queued_writes = 0  # pod status writes waiting for a slot
         self._sem = asyncio.Semaphore(concurrency)
         self._event_sem = asyncio.Semaphore(max(1, concurrency // 4))
         self._ip_seq: dict[str, int] = {}
@@ -448,20 +450,31 @@ class Emulator:
                                 "status": status})
         body = {"metadata": {"uid": uid, "annotations": {ALLOCATION: alloc.to_annotation()}},
                 "status": status}
-        async with self._sem:
-            await self._patch_pod(st, pod, body)
+        await self._write_pod(st, pod, body)
         if problem:
             self._spawn(self._event(st, pod, INVALID_POLICY_REASON,
                                     f"{problem}; using the node default policy "
                                     f"{st.default.policy} (scope {st.default.scope})"))
+
+    async def _write_pod(self, st: NodeState, pod: Mapping[str, Any], body: JSON) -> None:
+        """The pod's status write, ``concurrency`` at a time; ``_queued_writes`` counts
+        those waiting (the publisher holds NodeTopology writes back meanwhile)."""
+        self._queued_writes += 1
+        try:
+            await self._sem.acquire()
+        finally:
+            self._queued_writes -= 1
+        try:
+            await self._patch_pod(st, pod, body)
+        finally:
+            self._sem.release()
 
     async def _write_rejected(self, st: NodeState, pod: Mapping[str, Any], reason: str,
                               message: str, problem: str | None) -> None:
         uid = pod_uid(pod)
         body = {"metadata": {"uid": uid},
                 "status": rejected_status(pod, reason, message, scheduled_at(pod))}
-        async with self._sem:
-            await self._patch_pod(st, pod, body)
+        await self._write_pod(st, pod, body)
         # Events are off the critical path: the pod's status is the decision.
         if problem:
             self._spawn(self._event(st, pod, INVALID_POLICY_REASON,

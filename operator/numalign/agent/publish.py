@@ -254,15 +254,19 @@ class Publisher:
 
     ``mark(name)`` asks for a write; the writer waits ``delay`` to gather more changes,
     and writes a node at most once per ``min_interval``, so a burst of pod decisions
-    costs one write per node rather than one per pod.
+    costs one write per node rather than one per pod. While ``busy()`` says pod writes
+    are queued, NodeTopology writes wait (at most ``max_defer`` seconds).
     """
 
     def __init__(self, kube: Kube, states: Mapping[str, NodeState], *,
                  delay: float = 0.2, min_interval: float = 1.0, concurrency: int = 8,
                  labels: Callable[[NodeState], Mapping[str, str]] | None = None,
                  nrt: bool = False,
-                 node_uid: Callable[[str], str | None] | None = None) -> None:
+                 node_uid: Callable[[str], str | None] | None = None,
+                 busy: Callable[[], bool] | None = None, max_defer: float = 10.0) -> None:
         self.kube = kube
+        self.busy = busy
+        self.max_defer = max_defer
         self.nrt = nrt
         self.node_uid = node_uid
         self._nrt_rv: dict[str, str] = {}
@@ -393,6 +397,11 @@ class Publisher:
             await self._event.wait()
             self._event.clear()
             await asyncio.sleep(self.delay)
+            # Pod decisions first: while their writes queue up (a burst of bindings), hold
+            # the NodeTopology writes back, up to max_defer; they then carry every change.
+            deadline = time.monotonic() + self.max_defer
+            while self.busy is not None and self.busy() and time.monotonic() < deadline:
+                await asyncio.sleep(0.25)
             now = time.monotonic()
             ready: list[str] = []
             wait = None

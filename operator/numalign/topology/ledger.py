@@ -98,10 +98,11 @@ def _copy_container(a: ContainerAllocation) -> ContainerAllocation:
 
 def _copy_pods(pods: Mapping[str, PodRecord]) -> dict[str, PodRecord]:
     """An independent copy of the records (what deepcopy gives, without its cost: the
-    tuples and masks inside are immutable; only the dicts are copied)."""
+    tuples and masks inside are immutable; only the dicts are copied, and ``info``, whose
+    values are replaced, never changed in place, one level deep)."""
     return {uid: PodRecord(uid=r.uid, name=r.name, namespace=r.namespace,
                            containers={n: _copy_container(a) for n, a in r.containers.items()},
-                           info=copy.deepcopy(r.info) if r.info else {})
+                           info=dict(r.info))
             for uid, r in pods.items()}
 
 
