@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
 
+_TRACE: dict = {}  # TRACE-TMP
 POD_SELECTOR = "spec.nodeName!="
 INVALID_POLICY_REASON = "InvalidTopologyPolicy"
 
@@ -222,6 +223,9 @@ class Emulator:
             except Exception as e:  # best effort on the way out
                 log.debug("final publish failed: %s", e)
             log.info("%s", self.summary())
+            import json as _j, os as _o  # TRACE-TMP
+            if _o.environ.get("NUMALIGN_AGENT_TRACE"):  # TRACE-TMP
+                open(_o.environ["NUMALIGN_AGENT_TRACE"], "w").write(_j.dumps(_TRACE))  # TRACE-TMP
 
     def summary(self) -> str:
         """One line on everything decided so far (logged at exit; the benchmark reads it)."""
@@ -500,6 +504,7 @@ class Emulator:
         seen = self._seen.pop(uid, None)
         if seen is not None:
             self.stats.latencies.append(time.monotonic() - seen)
+            _TRACE[uid] = (seen, time.monotonic())  # TRACE-TMP
 
     async def _finalize(self, pod: Mapping[str, Any]) -> None:
         """The kubelet's last step for a deleted pod: delete it for good (grace 0)."""

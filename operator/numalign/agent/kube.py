@@ -27,6 +27,8 @@ JSON = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
+# Objects as their metadata alone (plain JSON where a server cannot do that).
+METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
 
 
 class ApiError(Exception):
@@ -106,7 +108,23 @@ class Kube:
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
         self._user_agent = user_agent
-        self.requests = 0
+        self._requests = 0
+        self._lanes: list[Kube] = []
+
+    def lane(self, max_connections: int) -> Kube:
+        """Another client on the same credentials with its own connection pool, opened
+        and closed with this one: work on it cannot take connections from this one's
+        (background writes next to latency-critical ones). Its requests count in
+        ``requests``."""
+        other = Kube(self.config, max_connections=max_connections,
+                     user_agent=self._user_agent)
+        self._lanes.append(other)
+        return other
+
+    @property
+    def requests(self) -> int:
+        """API requests made so far (lanes included)."""
+        return self._requests + sum(lane.requests for lane in self._lanes)
 
     async def __aenter__(self) -> Kube:
         await self.open()
@@ -120,14 +138,19 @@ class Kube:
             conn = aiohttp.TCPConnector(ssl=self.config.ssl_context, limit=self._max_connections)
             self._session = aiohttp.ClientSession(
                 connector=conn, timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
+        for lane in self._lanes:
+            await lane.open()
 
     async def close(self) -> None:
+        for lane in self._lanes:
+            await lane.close()
         if self._session is not None:
             await self._session.close()
             self._session = None
 
-    def _headers(self, content_type: str | None = None) -> dict[str, str]:
-        h = {"Accept": "application/json", "User-Agent": self._user_agent}
+    def _headers(self, content_type: str | None = None,
+                 accept: str = "application/json") -> dict[str, str]:
+        h = {"Accept": accept, "User-Agent": self._user_agent}
         h.update(self.config.extra_headers)
         auth = self.config.auth_header()
         if auth:
@@ -147,7 +170,7 @@ class Kube:
                       content_type: str = "application/json",
                       timeout: float = 30.0) -> JSON:
         data = _dumps(body) if body is not None else None
-        self.requests += 1
+        self._requests += 1
         async with self.session.request(
             method, self.config.host + path, params=params, data=data,
             headers=self._headers(content_type if data is not None else None),
@@ -211,15 +234,19 @@ class Kube:
         return await self.call("DELETE", path, body=body)
 
     async def watch(self, path: str, params: Mapping[str, str] | None = None,
-                    timeout_seconds: int = 300) -> AsyncIterator[JSON]:
-        """Events of one watch request (ends when the server closes it)."""
+                    timeout_seconds: int = 300, *,
+                    metadata_only: bool = False) -> AsyncIterator[JSON]:
+        """Events of one watch request (ends when the server closes it). With
+        ``metadata_only`` the objects are PartialObjectMetadata (metadata alone: no spec,
+        no status), where the server can send that."""
         p = dict(params or {})
         p["watch"] = "1"
         p.setdefault("allowWatchBookmarks", "true")
         p["timeoutSeconds"] = str(timeout_seconds)
-        self.requests += 1
+        self._requests += 1
+        accept = METADATA_ONLY if metadata_only else "application/json"
         async with self.session.get(
-            self.config.host + path, params=p, headers=self._headers(),
+            self.config.host + path, params=p, headers=self._headers(accept=accept),
             timeout=aiohttp.ClientTimeout(total=timeout_seconds + 30,
                                           sock_read=timeout_seconds + 30),
         ) as resp:

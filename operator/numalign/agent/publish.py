@@ -21,7 +21,7 @@ from numalign.topology.policy import parse_go_bool
 from numalign.topology.quantity import format_bytes, format_cpulist
 
 from . import nrt
-from .kube import JSON_PATCH, ApiError, Kube, nt_path
+from .kube import JSON_PATCH, MERGE_PATCH, ApiError, Kube, nt_path
 from .kubelet_status import now_iso
 from .state import NodeState
 
@@ -254,8 +254,15 @@ class Publisher:
 
     ``mark(name)`` asks for a write; the writer waits ``delay`` to gather more changes,
     and writes a node at most once per ``min_interval``, so a burst of pod decisions
-    costs one write per node rather than one per pod. While ``busy()`` says pod writes
-    are queued, NodeTopology writes wait (at most ``max_defer`` seconds).
+    costs one write per node rather than one per pod. Pod decisions come first: while
+    ``busy()`` says they are being made (their writes queued or in flight), a node is
+    written at most once per ``busy_interval`` instead, ``busy_concurrency`` writes at a
+    time; once the burst is over, every node still dirty is written within
+    ``min_interval``.
+
+    A write sends only what changed since the status this writer knows is stored (a
+    JSON merge patch; nothing at all when nothing changed), and the whole status when it
+    does not know (the first write, after an error).
     """
 
     def __init__(self, kube: Kube, states: Mapping[str, NodeState], *,
@@ -263,10 +270,12 @@ class Publisher:
                  labels: Callable[[NodeState], Mapping[str, str]] | None = None,
                  nrt: bool = False,
                  node_uid: Callable[[str], str | None] | None = None,
-                 busy: Callable[[], bool] | None = None, max_defer: float = 10.0) -> None:
+                 busy: Callable[[], bool] | None = None, busy_interval: float = 8.0,
+                 busy_concurrency: int = 2) -> None:
         self.kube = kube
         self.busy = busy
-        self.max_defer = max_defer
+        self.busy_interval = max(busy_interval, min_interval)
+        self.busy_concurrency = max(1, busy_concurrency)
         self.nrt = nrt
         self.node_uid = node_uid
         self._nrt_rv: dict[str, str] = {}
@@ -283,7 +292,11 @@ class Publisher:
         self._last_write: dict[str, float] = {}
         self._published_version: dict[str, int] = {}
         self._previous: dict[str, JSON] = {}
+        # The status known to be stored (what a merge patch is computed against); absent
+        # when unknown.
+        self._stored: dict[str, JSON] = {}
         self.writes = 0
+        self.skipped = 0  # writes found unnecessary (nothing changed)
         self.errors = 0
 
     def mark(self, name: str) -> None:
@@ -298,7 +311,9 @@ class Publisher:
         """Create the node's NodeTopology when it does not exist yet."""
         if existing is not None:
             self._previous[name] = dict(existing.get("status") or {})
+            self._stored[name] = self._previous[name]
             return
+        self._stored.pop(name, None)
         st = self.states[name]
         labels = self.labels(st) if self.labels else {}
         try:
@@ -312,11 +327,22 @@ class Publisher:
         st = self.states[name]
         version = st.version
         status = build_status(st, self._previous.get(name))
-        body = [{"op": "add", "path": "/status", "value": status}]
         for attempt in range(6):
+            stored = self._stored.get(name)
+            if stored is not None:
+                diff = merge_diff(stored, status)
+                if diff is None:
+                    self.skipped += 1
+                    break
+                body: Any = {"status": diff}
+                kind = MERGE_PATCH
+            else:
+                body = [{"op": "add", "path": "/status", "value": status}]
+                kind = JSON_PATCH
+            # Unknown outcome (error, timeout) -> unknown stored status: write it all next.
+            self._stored.pop(name, None)
             try:
-                await self.kube.patch(nt_path(name, "status"), body, JSON_PATCH)
-                break
+                await self.kube.patch(nt_path(name, "status"), body, kind)
             except ApiError as e:
                 if e.status == 404 and attempt < 5:
                     await self.ensure(name, None)
@@ -325,7 +351,9 @@ class Publisher:
                     await asyncio.sleep(0.1 * (attempt + 1))
                     continue
                 raise
-        self.writes += 1
+            self.writes += 1
+            break
+        self._stored[name] = status
         self._previous[name] = status
         self._published_version[name] = version
         self._last_write[name] = time.monotonic()
@@ -378,8 +406,8 @@ class Publisher:
         self._dirty.clear()
         await self._write_many(names)
 
-    async def _write_many(self, names: list[str]) -> None:
-        sem = asyncio.Semaphore(self.concurrency)
+    async def _write_many(self, names: list[str], concurrency: int | None = None) -> None:
+        sem = asyncio.Semaphore(concurrency or self.concurrency)
 
         async def one(n: str) -> None:
             async with sem:
@@ -397,24 +425,54 @@ class Publisher:
             await self._event.wait()
             self._event.clear()
             await asyncio.sleep(self.delay)
-            # Pod decisions first: while their writes queue up (a burst of bindings), hold
-            # the NodeTopology writes back, up to max_defer; they then carry every change.
-            deadline = time.monotonic() + self.max_defer
-            while self.busy is not None and self.busy() and time.monotonic() < deadline:
-                await asyncio.sleep(0.25)
+            # Pod decisions first: while they are being made, each node's status waits
+            # longer (busy_interval) and carries every change made meanwhile.
+            busy = self.busy is not None and self.busy()
+            interval = self.busy_interval if busy else self.min_interval
             now = time.monotonic()
             ready: list[str] = []
             wait = None
-            for n in sorted(self._dirty):
-                due = self._last_write.get(n, 0.0) + self.min_interval
+            for n in sorted(self._dirty, key=lambda n: (self._last_write.get(n, 0.0), n)):
+                due = self._last_write.get(n, 0.0) + interval
                 if due <= now:
                     ready.append(n)
                 else:
                     wait = due - now if wait is None else min(wait, due - now)
+            if busy:
+                # A few at a time, the longest-waiting first: look at the load again soon.
+                ready = ready[:self.busy_concurrency]
             self._dirty.difference_update(ready)
             if ready:
-                await self._write_many(ready)
+                await self._write_many(ready, self.busy_concurrency if busy else None)
             if self._dirty:
-                if wait is not None:
+                if ready:
+                    wait = None
+                elif busy and wait is not None:
+                    # Look at the load again soon: once the burst is over, the nodes left
+                    # are due after min_interval rather than busy_interval.
+                    wait = min(wait, 0.5)
+                if wait:
                     await asyncio.sleep(wait)
                 self._event.set()
+
+
+def merge_diff(old: Any, new: Any) -> Any:
+    """The JSON merge patch (RFC 7386) that turns ``old`` into ``new``; None when they are
+    equal. Objects are diffed key by key (a key gone becomes null); anything else that
+    differs (lists included) is replaced whole. ``new`` must hold no nulls."""
+    if old == new:
+        return None
+    if not isinstance(old, Mapping) or not isinstance(new, Mapping):
+        return new
+    out: JSON = {}
+    for k, v in new.items():
+        if k not in old:
+            out[k] = v
+        else:
+            d = merge_diff(old[k], v)
+            if d is not None:
+                out[k] = d
+    for k in old:
+        if k not in new:
+            out[k] = None
+    return out
