@@ -6,6 +6,12 @@ it: admission with the pod's resolved policy, then Running (conditions, containe
 statuses, IPs, ``numalign.io/allocation``) or Failed with ``TopologyAffinityError`` and a
 Warning event; deletion releases the allocation. One pod watch serves every node.
 NodeTopology status is published per node, coalesced.
+
+Pod decisions come first: their status writes have the client's connection pool to
+themselves; NodeTopology, Lease, Node status and Event writes go through a small pool
+of their own (``background_connections``), and NodeTopology writes are spaced out while
+decisions are being made. The agent watches NodeTopologies as metadata only (its own
+status writes would otherwise come back to it whole) and reads one when its spec changed.
 """
 
 from __future__ import annotations
@@ -41,7 +47,6 @@ log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
 
-_TRACE: dict = {}  # TRACE-TMP
 POD_SELECTOR = "spec.nodeName!="
 INVALID_POLICY_REASON = "InvalidTopologyPolicy"
 
@@ -77,8 +82,11 @@ class Emulator:
                  lease_interval: float = 10.0, status_interval: float = 60.0,
                  publish_delay: float = 0.2, publish_interval: float = 1.0,
                  concurrency: int = 24, index_offset: int = 0,
-                 publish_nrt: bool = False) -> None:
+                 publish_nrt: bool = False, background_connections: int = 4,
+                 busy_publish_interval: float = 8.0) -> None:
         self.kube = kube
+        # Everything but pod decisions and watches: its own small connection pool.
+        self.bg = kube.lane(max(1, background_connections))
         self._node_uids: dict[str, str] = {}
         self.states: dict[str, NodeState] = {}
         for i, n in enumerate(nodes):
@@ -87,14 +95,18 @@ class Emulator:
             self.states[n.name] = NodeState(n.name, n.machine, index=index_offset + i)
         self.lease_interval = lease_interval
         self.status_interval = status_interval
-        self.publisher = Publisher(kube, self.states, delay=publish_delay,
+        self.publisher = Publisher(self.bg, self.states, delay=publish_delay,
                                    min_interval=publish_interval,
                                    labels=lambda st: {MACHINE_LABEL: st.machine.name},
                                    nrt=publish_nrt, node_uid=self._node_uids.get,
-                                   busy=lambda: self._queued_writes > 0)
-        self._queued_writes = 0  # pod status writes waiting for a slot
+                                   busy=self.deciding, busy_interval=busy_publish_interval,
+                                   busy_concurrency=max(1, background_connections // 2))
+        self._pod_writes = 0  # pod status writes queued or in flight
+        self._last_decision = float("-inf")
+        self._nt_generation: dict[str, int] = {}  # generation of the spec taken
+        self._nt_reading: dict[str, bool] = {}  # node -> read again when this one is done?
         self._sem = asyncio.Semaphore(concurrency)
-        self._event_sem = asyncio.Semaphore(max(1, concurrency // 4))
+        self._event_sem = asyncio.Semaphore(max(1, background_connections))
         self._ip_seq: dict[str, int] = {}
         self._ips: dict[str, dict[str, str]] = {}  # node -> pod uid -> pod IP
         self._finalizing: set[str] = set()
@@ -131,7 +143,7 @@ class Emulator:
     async def _post_node_status(self, st: NodeState) -> None:
         body = {"status": node_status(st.name, st.machine, st.index)}
         try:
-            await self.kube.patch(f"/api/v1/nodes/{q(st.name)}/status", body)
+            await self.bg.patch(f"/api/v1/nodes/{q(st.name)}/status", body)
         except ApiError as e:
             if e.status != 404:
                 raise
@@ -141,12 +153,12 @@ class Emulator:
         path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{q(st.name)}"
         lease = lease_object(st.name, self._node_uids.get(st.name))
         try:
-            await self.kube.patch(path, {"spec": lease["spec"]})
+            await self.bg.patch(path, {"spec": lease["spec"]})
         except ApiError as e:
             if e.status != 404:
                 raise
             try:
-                await self.kube.create(
+                await self.bg.create(
                     "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases", lease)
             except ApiError as e2:
                 if e2.status != 409:
@@ -157,11 +169,13 @@ class Emulator:
         resourceVersions to watch NodeTopologies and pods from."""
         nts, nt_rv = await self.kube.list_all(NT_BASE)
         existing = {str(o["metadata"]["name"]): o for o in nts}
+        for name, o in existing.items():
+            self._remember_generation(name, o)
         sem = asyncio.Semaphore(16)
 
         async def ensure(name: str) -> None:
             async with sem:
-                await self.publisher.ensure(name, existing.get(name))
+                await self._ensure_nodetopology(name, existing.get(name))
 
         await asyncio.gather(*(ensure(n) for n in self.states))
         pods, pod_rv = await self.kube.list_all("/api/v1/pods", {"fieldSelector": POD_SELECTOR})
@@ -181,8 +195,8 @@ class Emulator:
                          name, len(report.restored), len(report.dropped),
                          len(report.conflicts), len(report.pending))
             pending.extend(report.pending)
+        # Every node's status, written by the publisher's loop: pods are decided meanwhile.
         self.publisher.mark_all()
-        await self.publisher.flush()
         for p in pending:
             self.on_pod("ADDED", p)
         # Pods already marked for deletion while we were away.
@@ -223,9 +237,6 @@ class Emulator:
             except Exception as e:  # best effort on the way out
                 log.debug("final publish failed: %s", e)
             log.info("%s", self.summary())
-            import json as _j, os as _o  # TRACE-TMP
-            if _o.environ.get("NUMALIGN_AGENT_TRACE"):  # TRACE-TMP
-                open(_o.environ["NUMALIGN_AGENT_TRACE"], "w").write(_j.dumps(_TRACE))  # TRACE-TMP
 
     def summary(self) -> str:
         """One line on everything decided so far (logged at exit; the benchmark reads it)."""
@@ -281,10 +292,11 @@ class Emulator:
                     log.warning("node status %s: %s", st.name, e)
 
     async def _watch(self, path: str, params: dict[str, str], rv: str,
-                     handle: Any, relist: Any) -> None:
+                     handle: Any, relist: Any, metadata_only: bool = False) -> None:
         while True:
             try:
-                async for ev in self.kube.watch(path, {**params, "resourceVersion": rv}):
+                async for ev in self.kube.watch(path, {**params, "resourceVersion": rv},
+                                                metadata_only=metadata_only):
                     typ = ev.get("type")
                     obj = ev.get("object") or {}
                     if typ == "ERROR":
@@ -334,7 +346,8 @@ class Emulator:
         return rv
 
     async def _nt_loop(self, rv: str) -> None:
-        await self._watch(NT_BASE, {}, rv, self.on_nodetopology, self._relist_nts)
+        await self._watch(NT_BASE, {}, rv, self.on_nodetopology_meta, self._relist_nts,
+                          metadata_only=True)
 
     async def _relist_nts(self) -> str:
         items, rv = await self.kube.list_all(NT_BASE)
@@ -349,14 +362,74 @@ class Emulator:
 
     # -- events ---------------------------------------------------------------------------
 
+    def _remember_generation(self, name: str, obj: Mapping[str, Any]) -> bool:
+        """Note the generation of a NodeTopology whose spec we take; False when it is older
+        than one already taken (a late read)."""
+        gen = (obj.get("metadata") or {}).get("generation")
+        if not isinstance(gen, int) or isinstance(gen, bool):
+            return True
+        if gen < self._nt_generation.get(name, 0):
+            return False
+        self._nt_generation[name] = gen
+        return True
+
+    def on_nodetopology_meta(self, typ: str, obj: Mapping[str, Any]) -> None:
+        """A watch event with the NodeTopology's metadata only: status writes (ours) leave
+        ``generation`` as it is; a spec change bumps it, and then we read the object."""
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name") or "")
+        if name not in self.states:
+            return
+        if typ == "DELETED" or "spec" in obj:  # the whole object after all
+            self.on_nodetopology(typ, obj)
+            return
+        gen = meta.get("generation")
+        if isinstance(gen, int) and gen == self._nt_generation.get(name):
+            return
+        if name in self._nt_reading:
+            self._nt_reading[name] = True  # read again: this event may be newer
+            return
+        self._nt_reading[name] = False
+        self._spawn(self._read_nodetopology(name))
+
+    async def _read_nodetopology(self, name: str) -> None:
+        """Read a NodeTopology whose spec changed (one read per node at a time)."""
+        try:
+            while True:
+                try:
+                    obj = await self.bg.get(nt_path(name))
+                except ApiError as e:
+                    if e.status == 404:
+                        self.on_nodetopology("DELETED", {"metadata": {"name": name}})
+                    else:
+                        log.warning("NodeTopology %s: %s", name, e)
+                    return
+                except Exception as e:  # the next spec change (or relist) tries again
+                    log.warning("NodeTopology %s: %s", name, e)
+                    return
+                self.on_nodetopology("MODIFIED", obj)
+                if not self._nt_reading.get(name):
+                    return
+                self._nt_reading[name] = False
+        finally:
+            self._nt_reading.pop(name, None)
+
+    async def _ensure_nodetopology(self, name: str, existing: Mapping[str, Any] | None) -> None:
+        created = await self.publisher.ensure(name, existing)
+        if created is not None:  # its spec is empty: nothing to take but the generation
+            self._remember_generation(name, created)
+
     def on_nodetopology(self, typ: str, obj: Mapping[str, Any]) -> None:
         name = str((obj.get("metadata") or {}).get("name") or "")
         st = self.states.get(name)
         if st is None:
             return
         if typ == "DELETED":
-            self._spawn(self.publisher.ensure(name, None))
+            self._nt_generation.pop(name, None)
+            self._spawn(self._ensure_nodetopology(name, None))
             self.publisher.mark(name)
+            return
+        if not self._remember_generation(name, obj):
             return
         if st.set_spec(obj.get("spec")):
             log.info("%s: node default policy %s/%s (generation %s)", name, st.default.policy,
@@ -401,6 +474,7 @@ class Emulator:
             st.decided[uid] = False
             self._spawn(self._write_rejected(st, pod, "UnexpectedAdmissionError", str(e), problem))
             return
+        self._last_decision = time.monotonic()
         self.publisher.mark(node)
         if decision.admit:
             self.stats.admitted += 1
@@ -422,7 +496,7 @@ class Emulator:
         ns = str((pod.get("metadata") or {}).get("namespace"))
         try:
             async with self._event_sem:
-                await self.kube.create(f"/api/v1/namespaces/{q(ns)}/events",
+                await self.bg.create(f"/api/v1/namespaces/{q(ns)}/events",
                                        pod_event(pod, st.name, "Warning", reason, message))
         except ApiError as e:
             log.warning("event on %s/%s: %s", ns, (pod.get("metadata") or {}).get("name"), e)
@@ -460,18 +534,20 @@ class Emulator:
                                     f"{problem}; using the node default policy "
                                     f"{st.default.policy} (scope {st.default.scope})"))
 
+    def deciding(self, quiet: float = 1.0) -> bool:
+        """Pod decisions are being made: status writes queued or in flight, or a decision
+        less than ``quiet`` seconds ago (the publisher spaces NodeTopology writes out)."""
+        return self._pod_writes > 0 or time.monotonic() - self._last_decision < quiet
+
     async def _write_pod(self, st: NodeState, pod: Mapping[str, Any], body: JSON) -> None:
-        """The pod's status write, ``concurrency`` at a time; ``_queued_writes`` counts
-        those waiting (the publisher holds NodeTopology writes back meanwhile)."""
-        self._queued_writes += 1
+        """The pod's status write, ``concurrency`` at a time; ``_pod_writes`` counts those
+        queued or in flight."""
+        self._pod_writes += 1
         try:
-            await self._sem.acquire()
+            async with self._sem:
+                await self._patch_pod(st, pod, body)
         finally:
-            self._queued_writes -= 1
-        try:
-            await self._patch_pod(st, pod, body)
-        finally:
-            self._sem.release()
+            self._pod_writes -= 1
 
     async def _write_rejected(self, st: NodeState, pod: Mapping[str, Any], reason: str,
                               message: str, problem: str | None) -> None:
@@ -504,7 +580,6 @@ class Emulator:
         seen = self._seen.pop(uid, None)
         if seen is not None:
             self.stats.latencies.append(time.monotonic() - seen)
-            _TRACE[uid] = (seen, time.monotonic())  # TRACE-TMP
 
     async def _finalize(self, pod: Mapping[str, Any]) -> None:
         """The kubelet's last step for a deleted pod: delete it for good (grace 0)."""

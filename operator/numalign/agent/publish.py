@@ -307,21 +307,23 @@ class Publisher:
         self._dirty.update(self.states)
         self._event.set()
 
-    async def ensure(self, name: str, existing: Mapping[str, Any] | None) -> None:
-        """Create the node's NodeTopology when it does not exist yet."""
+    async def ensure(self, name: str, existing: Mapping[str, Any] | None) -> JSON | None:
+        """Create the node's NodeTopology when it does not exist yet; the object created,
+        if this call created it."""
         if existing is not None:
             self._previous[name] = dict(existing.get("status") or {})
             self._stored[name] = self._previous[name]
-            return
+            return None
         self._stored.pop(name, None)
         st = self.states[name]
         labels = self.labels(st) if self.labels else {}
         try:
-            await self.kube.create("/apis/numalign.io/v1alpha1/nodetopologies",
-                                   nodetopology_object(name, labels))
+            return await self.kube.create("/apis/numalign.io/v1alpha1/nodetopologies",
+                                          nodetopology_object(name, labels))
         except ApiError as e:
             if e.status != 409:
                 raise
+        return None
 
     async def write(self, name: str) -> None:
         st = self.states[name]

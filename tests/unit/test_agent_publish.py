@@ -1,0 +1,126 @@
+"""The NodeTopology publisher: merge patches of what changed, load-aware spacing."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from numalign.agent.kube import JSON_PATCH, MERGE_PATCH, ApiError
+from numalign.agent.publish import Publisher, build_status, merge_diff
+from numalign.agent.state import NodeState
+from numalign.topology.machine import load_machine
+
+MACHINES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "machines"
+
+
+def apply_merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386, as the API server applies it."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = apply_merge_patch(out.get(k), v)
+    return out
+
+
+class FakeKube:
+    """Stores NodeTopology status as the API server would (JSON patch add /status, merge
+    patch); fails the next ``fail`` writes."""
+
+    def __init__(self) -> None:
+        self.status: dict[str, Any] = {}
+        self.calls: list[tuple[str, Any]] = []
+        self.fail = 0
+
+    async def patch(self, path: str, body: Any, kind: str = MERGE_PATCH) -> dict[str, Any]:
+        self.calls.append((kind, copy.deepcopy(body)))
+        if self.fail:
+            self.fail -= 1
+            raise ApiError(500, {"message": "boom"}, "PATCH", path)
+        if kind == JSON_PATCH:
+            assert body[0]["op"] == "add" and body[0]["path"] == "/status"
+            self.status = copy.deepcopy(body[0]["value"])
+        else:
+            self.status = apply_merge_patch(self.status, copy.deepcopy(body["status"]))
+        return {"status": self.status}
+
+    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return body
+
+
+def test_merge_diff() -> None:
+    old = {"a": 1, "b": {"x": 1, "y": [1, 2]}, "gone": "z", "same": {"k": "v"}}
+    new = {"a": 2, "b": {"x": 1, "y": [1, 2, 3]}, "same": {"k": "v"}, "added": {"n": 1}}
+    diff = merge_diff(old, new)
+    assert diff == {"a": 2, "b": {"y": [1, 2, 3]}, "gone": None, "added": {"n": 1}}
+    assert apply_merge_patch(old, diff) == new
+    assert merge_diff(new, copy.deepcopy(new)) is None
+    assert merge_diff({"a": {"b": 1}}, {"a": {}}) == {"a": {"b": None}}
+
+
+def _pod(name: str, cpu: str) -> dict[str, Any]:
+    res = {"cpu": cpu, "memory": "64Mi"}
+    return {"metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"},
+            "spec": {"containers": [{"name": "c", "resources": {"requests": res,
+                                                               "limits": res}}]}}
+
+
+async def test_writes_what_changed_and_nothing_when_nothing_did() -> None:
+    from numalign.agent.annotations import resolve_pod
+
+    st = NodeState("n1", load_machine(MACHINES / "seed-figure1.yaml"))
+    kube = FakeKube()
+    pub = Publisher(kube, {"n1": st})  # type: ignore[arg-type]
+    await pub.write("n1")
+    assert kube.calls[-1][0] == JSON_PATCH  # the first write: the whole status
+    pod = _pod("a", "1")
+    st.decide(pod, resolve_pod(pod, st.default)[0])
+    await pub.write("n1")
+    kind, body = kube.calls[-1]
+    assert kind == MERGE_PATCH
+    assert "admitted" in body["status"] and "cpuTopology" not in body["status"]
+    assert kube.status == build_status(st, kube.status)  # the same as writing it all
+    n = len(kube.calls)
+    await pub.write("n1")  # nothing changed: no request
+    assert len(kube.calls) == n and pub.skipped == 1
+    # A failed write leaves the stored status unknown: the next one sends it all.
+    st.release("uid-a")
+    kube.fail = 1
+    with pytest.raises(ApiError):
+        await pub.write("n1")
+    await pub.write("n1")
+    assert kube.calls[-1][0] == JSON_PATCH
+    assert kube.status == build_status(st, kube.status)
+    assert kube.status["admitted"] == []
+
+
+async def test_spaces_writes_out_while_busy_and_flushes_after() -> None:
+    states = {f"n{i}": NodeState(f"n{i}", load_machine(MACHINES / "seed-figure1.yaml"))
+              for i in range(4)}
+    kube = FakeKube()
+    busy = True
+    pub = Publisher(kube, states, delay=0.01, min_interval=0.05,  # type: ignore[arg-type]
+                    busy=lambda: busy, busy_interval=30, busy_concurrency=1)
+    for n in states:
+        pub._last_write[n] = time.monotonic()  # written just now
+    task = asyncio.create_task(pub.run())
+    try:
+        pub.mark_all()
+        await asyncio.sleep(0.3)
+        assert pub.writes == 0  # busy: each node waits busy_interval
+        busy = False
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if pub.writes == len(states):
+                break
+        assert pub.writes == len(states) and not pub.pending()
+    finally:
+        task.cancel()
