@@ -32,7 +32,8 @@ class OperatorProcess:
         self.log = log
         self.args = args
         self.kubeconfig = kubeconfig
-        self.env = dict(os.environ, **(env or {}))
+        # Unbuffered: tests read the log while the operator runs.
+        self.env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> OperatorProcess:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+
 from operator_helpers import (
     bare_pod,
     delete_policy,
@@ -149,27 +150,48 @@ def test_crash_mid_redeploy_no_duplicate_no_loss(kubeconfig: Path, k8s_client: A
 def test_standby_takes_over(kubeconfig: Path, k8s_client: Any, core: client.CoreV1Api,
                             kubectl: Any, namespace: str, fast_policy: str,
                             tmp_path: Path) -> None:
+    """A higher-priority replica pauses the standby; when it stops, the standby resumes.
+
+    Kopf starts a replica with mandatory peering *paused* and logs only transitions: a
+    standby that first sees the peering object after the active replica has written its
+    record stays paused without ever logging "Pausing operations". So the standby must be
+    running (resumed, alone in the peering) before the active replica starts. Each test
+    gets its own ClusterKopfPeering, so that records of replicas from earlier tests (a
+    killed replica's record stays for its 60 s lifetime) cannot pause this one.
+    """
     config = Path(__file__).resolve().parents[2] / "config"
     kubectl("apply", "-f", str(config / "crd" / "kopf-peering.yaml"))
-    wait_for(lambda: kubectl("apply", "-f", str(config / "operator" / "peering.yaml"),
+    name = f"numalign-{namespace}"[:63].rstrip("-")
+    peering_obj = f"apiVersion: kopf.dev/v1\nkind: ClusterKopfPeering\nmetadata:\n  name: {name}\n"
+    wait_for(lambda: kubectl("apply", "-f", "-", input=peering_obj,
                              check=False).returncode == 0, 30, "the ClusterKopfPeering")
-    peering = ("--peering", "numalign")
-    with operator(kubeconfig, k8s_client, tmp_path / "b.log", *peering, "--priority", "10",
-                  webhooks=False) as standby:
-        with operator(kubeconfig, k8s_client, tmp_path / "a.log", *peering, "--priority",
-                      "100", webhooks=False) as active:
+    peering = ("--peering", name)
+    try:
+        with operator(kubeconfig, k8s_client, tmp_path / "b.log", *peering, "--priority",
+                      "10", webhooks=False) as standby:
             try:
-                wait_for(lambda: "Pausing operations in favour of" in standby.text(), 60,
-                         "the standby to pause")
+                wait_for(lambda: "Resuming operations after the pause" in standby.text(), 60,
+                         "the standby to run alone")
             except AssertionError:
-                raise AssertionError(standby.text()[-3000:] + active.text()[-3000:]) from None
-            core.create_namespaced_pod(namespace, bare_pod("one", node="node-a"))
-            reject(core, namespace, "one")
-            wait_for(lambda: set(pods_named(core, namespace)) == {"one-r1"}, 30,
-                     "the active replica's redeploy")
-            active.stop(signal.SIGTERM)
-        wait_for(lambda: "Resuming operations after the pause" in standby.text(), 60,
-                 "the standby to resume")
-        reject(core, namespace, "one-r1", node="node-b")
-        wait_for(lambda: set(pods_named(core, namespace)) == {"one-r2"}, 30,
-                 "the standby's redeploy")
+                raise AssertionError(standby.text()[-3000:]) from None
+            with operator(kubeconfig, k8s_client, tmp_path / "a.log", *peering, "--priority",
+                          "100", webhooks=False) as active:
+                try:
+                    wait_for(lambda: "Pausing operations in favour of" in standby.text(), 60,
+                             "the standby to pause")
+                except AssertionError:
+                    raise AssertionError(standby.text()[-3000:] + active.text()[-3000:]) \
+                        from None
+                core.create_namespaced_pod(namespace, bare_pod("one", node="node-a"))
+                reject(core, namespace, "one")
+                wait_for(lambda: set(pods_named(core, namespace)) == {"one-r1"}, 30,
+                         "the active replica's redeploy")
+                active.stop(signal.SIGTERM)
+            wait_for(lambda: standby.text().count("Resuming operations after the pause") >= 2,
+                     60, "the standby to resume")
+            reject(core, namespace, "one-r1", node="node-b")
+            wait_for(lambda: set(pods_named(core, namespace)) == {"one-r2"}, 30,
+                     "the standby's redeploy")
+    finally:
+        kubectl("delete", "--ignore-not-found", "--wait=false",
+                f"clusterkopfpeering.kopf.dev/{name}", check=False)

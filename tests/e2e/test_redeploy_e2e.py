@@ -55,10 +55,11 @@ def _redeploy_policy(name: str, ns: str, max_attempts: int) -> dict[str, Any]:
 
 @pytest.fixture
 def rd_namespace(core: Any, k8s_client: Any, namespace: str) -> Iterator[str]:
-    """The test's namespace under a single-numa-node/pod policy that redeploys (up to 2
-    rejections per replica of the Deployment); waits for its pods to be released."""
+    """The test's namespace under a single-numa-node/pod policy that redeploys (maxAttempts
+    2 per replica: a budget of 2 x 6 for the Deployment); waits for its pods to be
+    released."""
     name = f"e2e-{namespace}"[:60]
-    policy(k8s_client, name, _redeploy_policy(name, namespace, 2 * REPLICAS))
+    policy(k8s_client, name, _redeploy_policy(name, namespace, 2))
     try:
         yield namespace
     finally:
@@ -241,3 +242,86 @@ def test_operator_killed_mid_redeploy(kubeconfig: Path, k8s_client: Any,
         assert _end_state(core, ns, e2e_agent) == EXPECTED
         assert "Traceback" not in op2.text()
         print(json.dumps(counts))
+
+
+GATE = "numalign.io/redeploy-exhausted"
+
+
+def test_no_node_fits_deployment_is_gated_not_piled_up(
+        kubeconfig: Path, k8s_client: Any, core: Any, apps: Any, namespace: str,
+        e2e_agent: AgentProcess, tmp_path: Path) -> None:
+    """A 2-replica Deployment that fits nowhere, maxAttempts 2 per replica: 4 redeploys,
+    then the workload gives up and its new pods are held by a scheduling gate
+    (SchedulingGated, with a Warning event) instead of piling up Failed pods, as a
+    ReplicaSet replacing Failed pods at once would (kubernetes#84869). Annotating the
+    ReplicaSet releases them."""
+    ns = namespace
+    name = f"e2e-gate-{ns}"[:60]
+    policy(k8s_client, name, _redeploy_policy(name, ns, 2))
+    try:
+        with operator(kubeconfig, k8s_client, tmp_path / "op.log") as op:
+            apps.create_namespaced_deployment(ns, deployment("huge", 2, 20,
+                                                             _selector(e2e_agent)))
+
+            def gated() -> list[Any]:
+                return [p for p in pods(core, ns)
+                        if any(g.name == GATE for g in p.spec.scheduling_gates or [])]
+
+            def record() -> dict[str, Any]:
+                recs = [v for k, v in redeploy_records(core, ns).items()
+                        if k.startswith("owner-")]
+                return recs[0] if recs else {}
+
+            wait_for(lambda: record().get("exhausted"), 150, "the workload to give up")
+            # Pods created before it gave up are not held (a gate can only be set at
+            # creation); replace them: every new pod is held.
+            time.sleep(3)
+            for p in pods(core, ns):
+                if phase(p) != "Failed" and not any(g.name == GATE
+                                                    for g in p.spec.scheduling_gates or []):
+                    core.delete_namespaced_pod(p.metadata.name, ns, grace_period_seconds=0)
+            try:
+                held = wait_for(lambda: len(gated()) == 2 and gated(), 60,
+                                "both replicas held by the scheduling gate")
+            except AssertionError as e:
+                state = [(p.metadata.name, phase(p), p.spec.scheduling_gates)
+                         for p in pods(core, ns)]
+                raise AssertionError(f"{e}: {state} {redeploy_records(core, ns)}") from None
+            for p in held:
+                assert phase(p) == "Pending" and p.spec.node_name is None
+                conds = {c.type: c for c in p.status.conditions or []}
+                assert conds["PodScheduled"].reason == "SchedulingGated", conds
+            rec = record()
+            # The budget: 2 attempts per replica, each rejection handled at most once.
+            assert rec["attempts"] == 4 and len(rec["handled"]) == 4, rec
+            assert rec["exhausted"] and rec["gaveUp"], rec
+            events = core.list_namespaced_event(ns).items
+            gave_up = [e for e in events if e.reason == "RedeployGaveUp"]
+            assert gave_up and "maxAttempts=2 x 2 replicas" in gave_up[0].message
+            warned = wait_for(lambda: [e for e in core.list_namespaced_event(ns).items
+                                       if e.reason == "RedeployExhausted"], 30,
+                              "the Warning event on a held pod")
+            assert warned[0].type == "Warning"
+            assert GATE in warned[0].message and "redeploy-reset" in warned[0].message
+            # No pile-up: at most the pods in flight when it gave up are left Failed
+            # (one or two per replica), and nothing more shows up later.
+            failed = [p.metadata.name for p in pods(core, ns) if phase(p) == "Failed"]
+            assert 1 <= len(failed) <= 4, failed
+            assert len(rejected_uids(core, ns)) == 4 + len(failed)
+            assert len(record()["gaveUp"]) == len(failed)
+            time.sleep(8)
+            assert sorted(p.metadata.name for p in pods(core, ns) if phase(p) == "Failed") \
+                == sorted(failed)
+            assert len(gated()) == 2 and len(pods(core, ns)) == 2 + len(failed)
+
+            # Releasing: a new value of the reset annotation on the ReplicaSet.
+            rs = held[0].metadata.owner_references[0].name
+            apps.patch_namespaced_replica_set(
+                rs, ns, {"metadata": {"annotations": {"numalign.io/redeploy-reset": "1"}}})
+            wait_for(lambda: [e for e in core.list_namespaced_event(ns).items
+                              if e.reason == "RedeployReleased"], 60,
+                     "the gate removed after the reset")
+            assert "Traceback" not in op.text()
+    finally:
+        delete_policy(k8s_client, name)
+        delete_namespaces(core, [ns])

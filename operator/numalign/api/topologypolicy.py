@@ -75,7 +75,12 @@ class RedeployPolicy(Model):
     """Redeploy rejected pods (a controller-owned pod is deleted so that its controller
     recreates it; a bare pod is recreated from its spec)."""
     max_attempts: Annotated[int, Field(ge=1, le=MAX_REDEPLOY_ATTEMPTS)] = 3
-    """Attempts per workload before giving up with a Warning event."""
+    """Redeploy attempts per replica: a workload's budget is maxAttempts x its
+    controller's spec.replicas (1 for bare pods and Jobs). Once it is spent, a further
+    rejection is left Failed with a Warning event, and new pods of the workload are held
+    by the scheduling gate numalign.io/redeploy-exhausted until the controller's
+    annotation numalign.io/redeploy-reset changes or an hour passes without a
+    rejection."""
     backoff_seconds: Annotated[int, Field(ge=1, le=3600)] = 10
     """Delay before the first redeploy; it doubles with each further attempt."""
     avoid_rejecting_nodes: bool = True

@@ -17,7 +17,7 @@ from typing import Any
 from numalign.api.resolution import ANN_RESOLVED, parse_resolved
 from numalign.topology.quantity import parse_quantity
 
-from . import kube, metrics
+from . import cache, metrics
 
 
 def _requests(container: Mapping[str, Any]) -> dict[str, Decimal]:
@@ -86,7 +86,7 @@ def unfit_nodes(pod: Mapping[str, Any], skip: list[str] | None = None) -> list[s
         ann = ((pod.get("metadata") or {}).get("annotations") or {})
         res = parse_resolved(ann.get(ANN_RESOLVED))
         out: list[str] = []
-        for nt in kube.list_node_topologies():
+        for nt in cache.node_topologies():
             name = str((nt.get("metadata") or {}).get("name", ""))
             if not name or name in (skip or []):
                 continue
@@ -104,9 +104,9 @@ def selectable_nodes(pod: Mapping[str, Any]) -> set[str]:
     """Names of the Nodes the pod's ``nodeSelector`` allows (its required node affinity
     is not evaluated: a superset)."""
     selector = (pod.get("spec") or {}).get("nodeSelector") or {}
-    text = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
-    nodes = kube.core().list_node(label_selector=text) if text else kube.core().list_node()
-    return {str(n.metadata.name) for n in nodes.items}
+    return {str(n["metadata"]["name"]) for n in cache.nodes()
+            if all((n["metadata"].get("labels") or {}).get(str(k)) == str(v)
+                   for k, v in selector.items())}
 
 
 def with_unfit(pod: Mapping[str, Any], avoid: list[str]) -> list[str]:

@@ -96,6 +96,14 @@ def custom() -> Any:
     return k8s.CustomObjectsApi(api())
 
 
+def apps() -> Any:
+    return k8s.AppsV1Api(api())
+
+
+def batch() -> Any:
+    return k8s.BatchV1Api(api())
+
+
 def to_dict(obj: Any) -> dict[str, Any]:
     """A client model object as the API's JSON (camelCase keys)."""
     out: dict[str, Any] = api().sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]

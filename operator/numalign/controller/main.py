@@ -16,9 +16,9 @@ from typing import Any
 
 import kopf
 
-from . import kube, metrics, nodedefaults, pods, policies, redeploy, webhooks
+from . import cache, kube, metrics, nodedefaults, pods, policies, redeploy, webhooks
 
-__all__ = ["Options", "nodedefaults", "pods", "policies", "redeploy", "run"]
+__all__ = ["Options", "cache", "nodedefaults", "pods", "policies", "redeploy", "run"]
 
 log = logging.getLogger("numalign.operator")
 
@@ -57,10 +57,14 @@ def login(**_: Any) -> kopf.ConnectionInfo:
 
 def _periodic_pass() -> None:
     """What changes without an event on the object: node defaults after policy changes,
-    policy counts, metrics. Idempotent (patches only differences)."""
+    policy counts, metrics, released redeploy budgets. One LIST per cached kind (what
+    watch events missed); the rest reads the cache. Idempotent (patches only
+    differences)."""
+    cache.resync()
     nodedefaults.reconcile_all()
     policies.reconcile_all()
-    metrics.refresh_from_node_topologies(kube.list_node_topologies())
+    redeploy.release_exhausted()
+    metrics.refresh_from_node_topologies(cache.node_topologies())
 
 
 async def _periodic(interval: float) -> None:

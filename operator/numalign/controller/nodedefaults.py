@@ -24,7 +24,7 @@ from numalign.api.resolution import (
     policy_refs,
 )
 
-from . import kube
+from . import cache, kube
 
 FIELDS = ("policy", "scope", "options", "source")
 
@@ -53,39 +53,61 @@ def spec_patch(current: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[s
     return patch
 
 
-def reconcile_node(name: str, logger: kopf.Logger | None = None) -> None:
-    nt = kube.get_node_topology(name)
+def reconcile_node(name: str, logger: kopf.Logger | None = None,
+                   policies: Sequence[Mapping[str, Any]] | None = None) -> None:
+    """Patch the node default from the cached NodeTopology, Node labels and policies; the
+    patched object goes back into the cache, so a stale copy never bumps
+    ``policyGeneration`` twice (a conflicting write is refused by resourceVersion)."""
+    nt = cache.node_topology(name)
     if nt is None:
         return
-    try:
-        node = kube.core().read_node(name)
-        labels = dict(node.metadata.labels or {})
-    except ApiException as e:
-        if e.status != 404:
-            raise
-        labels = {}
-    patch = spec_patch(nt.get("spec") or {}, desired_spec(labels, kube.list_policies()))
+    labels = cache.node_labels(name) or {}
+    current = nt.get("spec") or {}
+    patch = spec_patch(current, desired_spec(labels, cache.policies() if policies is None
+                                             else policies))
     if patch is None:
         return
-    kube.custom().patch_cluster_custom_object(
-        kube.GROUP, kube.VERSION, kube.NT_PLURAL, name, {"spec": patch})
+    rv = (nt.get("metadata") or {}).get("resourceVersion")
+    body: dict[str, Any] = {"spec": patch}
+    if rv:
+        body["metadata"] = {"resourceVersion": rv}
+    try:
+        out = kube.custom().patch_cluster_custom_object(
+            kube.GROUP, kube.VERSION, kube.NT_PLURAL, name, body)
+    except ApiException as e:
+        if e.status == 409:  # the cached copy was stale: the next event or pass retries
+            cache.NODE_TOPOLOGIES.forget(name)
+            obj = kube.get_node_topology(name)
+            if obj is not None:
+                cache.NODE_TOPOLOGIES.put(obj)
+            return
+        if e.status == 404:
+            return
+        raise
+    if isinstance(out, dict):
+        cache.NODE_TOPOLOGIES.put(out)
     if logger is not None:
         logger.info(f"node default of {name}: {patch}")
 
 
 @kopf.on.event(kube.GROUP, kube.VERSION, kube.NT_PLURAL, id="node-default")
-def nt_event(name: str, type: str | None, logger: kopf.Logger, **_: Any) -> None:
+def nt_event(body: kopf.Body, name: str, type: str | None, logger: kopf.Logger,
+             **_: Any) -> None:
+    cache.feed(cache.NODE_TOPOLOGIES, body, type)
     if type != "DELETED":
         reconcile_node(name, logger)
 
 
 @kopf.on.event("", "v1", "nodes", id="node-labels")
-def node_event(name: str, type: str | None, logger: kopf.Logger, **_: Any) -> None:
+def node_event(body: kopf.Body, name: str, type: str | None, logger: kopf.Logger,
+               **_: Any) -> None:
+    cache.feed(cache.NODES, body, type, cache.slim_labels)
     if type != "DELETED":
         reconcile_node(name, logger)
 
 
 def reconcile_all(logger: kopf.Logger | None = None) -> None:
     """Every node's default (run periodically: picks up policy changes)."""
-    for nt in kube.list_node_topologies():
-        reconcile_node(str((nt.get("metadata") or {}).get("name", "")), logger)
+    policies = cache.policies()
+    for nt in cache.node_topologies():
+        reconcile_node(str((nt.get("metadata") or {}).get("name", "")), logger, policies)

@@ -42,22 +42,23 @@ from numalign.api.resolution import (
     resolve,
 )
 
-from . import kube, redeploy
+from . import cache, kube, redeploy
 
 ANN_OVERRIDE_WARNED = "numalign.io/override-warning"
 
 
 def resolve_pod(pod: Mapping[str, Any], namespace: str | None = None) -> Resolved:
-    """Resolve with the live policies, namespace labels and (if bound) node default."""
+    """Resolve with the policies, namespace labels and (if bound) node default, as the
+    watch-fed cache has them."""
     meta = PodMeta.from_object(pod)
     if namespace and not meta.namespace:
         meta = PodMeta(namespace, meta.labels, meta.annotations, meta.name)
     node = str((pod.get("spec") or {}).get("nodeName") or "")
     node_default: Mapping[str, Any] | object | None = NODE_UNKNOWN
     if node:
-        nt = kube.get_node_topology(node)
+        nt = cache.node_topology(node)
         node_default = (nt or {}).get("spec") or None
-    return resolve(meta, kube.namespace_labels(meta.namespace), policy_refs(kube.list_policies()),
+    return resolve(meta, cache.namespace_labels(meta.namespace), policy_refs(cache.policies()),
                    node_default)  # type: ignore[arg-type]
 
 
@@ -74,12 +75,19 @@ def mutate_pod(body: kopf.Body, patch: kopf.Patch, dryrun: bool, logger: kopf.Lo
         res.annotation()
     try:
         avoid = redeploy.avoidance_for(body, namespace) if namespace else []
+        held = redeploy.exhausted(body, namespace) if namespace else None
     except ApiException as e:
         logger.warning(f"cannot read redeploy state: {e.reason}")
-        avoid = []
+        avoid, held = [], None
     if avoid:
         spec = redeploy.with_node_avoidance(dict(body.get("spec") or {}), avoid)
         patch.setdefault("spec", {})["affinity"] = spec["affinity"]
+        patch["metadata"]["annotations"][redeploy.ANN_WORKLOAD] = redeploy.workload_key(body)
+    if held is not None and not redeploy.has_gate(body):
+        # The workload spent its redeploy budget: hold its new pods (no runaway of
+        # Failed pods, kubernetes#84869) until the budget is released.
+        gates = list((body.get("spec") or {}).get("schedulingGates") or [])
+        patch.setdefault("spec", {})["schedulingGates"] = [*gates, {"name": redeploy.GATE}]
         patch["metadata"]["annotations"][redeploy.ANN_WORKLOAD] = redeploy.workload_key(body)
 
 
@@ -117,7 +125,7 @@ def backstop(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
         res = resolve_pod(body)
         current = parse_resolved(ann.get(ANN_RESOLVED))
         if current is not None and current.deferred:
-            nt = kube.get_node_topology(str(body["spec"]["nodeName"]))
+            nt = cache.node_topology(str(body["spec"]["nodeName"]))
             res = complete_for_node(current, (nt or {}).get("spec") or None)
         new_ann: dict[str, str | None] = {ANN_RESOLVED: res.annotation()}
         if res.problems and ann.get(ANN_OVERRIDE_WARNED) is None:

@@ -16,6 +16,7 @@ and anything :func:`.resolution.policy_problems` finds that the schema let throu
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -31,7 +32,7 @@ from numalign.api.resolution import (
     policy_refs,
 )
 
-from . import kube, redeploy
+from . import cache, kube, redeploy
 
 
 def _condition(old: list[Mapping[str, Any]], type_: str, status: str, reason: str,
@@ -78,7 +79,8 @@ def compute_status(obj: Mapping[str, Any], policies: list[PolicyRef],
                                              and node_src == source):
                 admitted += 1
     mine = [s for s in redeploy_states if s.policy == name]
-    rejected = sum(len(s.handled or {}) + len(s.gave_up or {}) for s in mine)
+    rejected = sum(len(s.handled or {}) + len(s.gave_up or {}) + len(s.released or {})
+                   for s in mine)
     gave_up = sum(len(s.gave_up or {}) for s in mine)
     conds = [
         _condition(old_conds, "Valid", "False" if problems else "True",
@@ -117,35 +119,49 @@ def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 
 
 def all_redeploy_states() -> list[redeploy.WorkloadState]:
-    out: list[redeploy.WorkloadState] = []
-    cms = kube.core().list_config_map_for_all_namespaces(
-        label_selector=f"{redeploy.STATE_LABEL}=redeploy")
-    for cm in cms.items:
-        if cm.metadata.name != redeploy.STATE_CONFIGMAP:
-            continue
-        out += [redeploy.WorkloadState.parse(v) for v in (cm.data or {}).values()]
-    return out
+    return [redeploy.WorkloadState.parse(v) for cm in cache.all_states()
+            for v in (cm.get("data") or {}).values()]
 
 
-def reconcile_status(name: str, logger: kopf.Logger | None = None) -> None:
-    items = kube.list_policies()
-    obj = next((o for o in items if (o.get("metadata") or {}).get("name") == name), None)
+@dataclass
+class _Inputs:
+    """What every policy's status is computed from (read once per pass, from the cache)."""
+
+    items: list[dict[str, Any]]
+    namespaces: dict[str, dict[str, str]]
+    node_topologies: list[dict[str, Any]]
+    states: list[redeploy.WorkloadState]
+
+    @classmethod
+    def read(cls) -> _Inputs:
+        return cls(cache.policies(), cache.all_namespace_labels(), cache.node_topologies(),
+                   all_redeploy_states())
+
+
+def reconcile_status(name: str, logger: kopf.Logger | None = None,
+                     inputs: _Inputs | None = None) -> None:
+    inp = inputs or _Inputs.read()
+    obj = next((o for o in inp.items if (o.get("metadata") or {}).get("name") == name), None)
     if obj is None or (obj.get("metadata") or {}).get("deletionTimestamp"):
         return
-    status = compute_status(obj, policy_refs(items), kube.all_namespace_labels(),
-                            kube.list_node_topologies(), all_redeploy_states())
+    status = compute_status(obj, policy_refs(inp.items), inp.namespaces, inp.node_topologies,
+                            inp.states)
     if _same(status, obj.get("status") or {}):
         return
     try:
-        kube.custom().patch_cluster_custom_object_status(
+        out = kube.custom().patch_cluster_custom_object_status(
             kube.GROUP, kube.VERSION, kube.TP_PLURAL, name, {"status": status})
+        if isinstance(out, dict):
+            cache.POLICIES.put(out)
     except ApiException as e:
         if e.status != 404 and logger is not None:
             logger.warning(f"cannot update status of TopologyPolicy/{name}: {e.reason}")
 
 
 @kopf.on.event(kube.GROUP, kube.VERSION, kube.TP_PLURAL, id="policy-status")
-def policy_event(name: str, type: str | None, logger: kopf.Logger, **_: Any) -> None:
+def policy_event(body: kopf.Body, name: str, type: str | None, logger: kopf.Logger,
+                 **_: Any) -> None:
+    cache.feed(cache.POLICIES, body, type)
     if type == "DELETED":
         return
     reconcile_status(name, logger)
@@ -153,8 +169,9 @@ def policy_event(name: str, type: str | None, logger: kopf.Logger, **_: Any) -> 
 
 def reconcile_all(logger: kopf.Logger | None = None) -> None:
     """Every policy's status (run periodically: counts change without policy events)."""
-    for obj in kube.list_policies():
-        reconcile_status(str((obj.get("metadata") or {}).get("name", "")), logger)
+    inputs = _Inputs.read()
+    for obj in inputs.items:
+        reconcile_status(str((obj.get("metadata") or {}).get("name", "")), logger, inputs)
 
 
 @kopf.on.validate(kube.GROUP, kube.VERSION, kube.TP_PLURAL, id="policy-overlaps",

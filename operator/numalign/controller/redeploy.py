@@ -20,11 +20,23 @@ create hits AlreadyExists, the delete hits NotFound — never two replacements f
 rejection, and the failed pod is deleted only after its replacement exists.
 
 **Limits.** Attempt ``k`` (from 0) waits ``backoffSeconds * 2**k`` after the operator
-first saw the rejection; after ``maxAttempts`` redeploys of a workload, a further
-rejection is left Failed with a ``RedeployGaveUp`` Warning event and counted in the
-governing TopologyPolicy's ``RedeployExhausted`` condition. A workload's count resets
-after :data:`RESET_AFTER_S` without a rejection; nodes are avoided for
-:data:`AVOID_FOR_S` after they rejected it.
+first saw the rejection. A workload's budget is ``maxAttempts`` per replica: ``maxAttempts
+x spec.replicas`` of its controller (ReplicaSet, StatefulSet, ReplicationController; 1 for
+bare pods, Jobs and owners it cannot read). Once the budget is spent, a further rejection
+is left Failed with a ``RedeployGaveUp`` Warning event, counted in the governing
+TopologyPolicy's ``RedeployExhausted`` condition, and the workload is *exhausted*.
+
+**No runaway after giving up.** A ReplicaSet replaces a Failed pod at once, so leaving
+Failed pods alone would still pile them up (kubernetes#84869). While a workload is
+exhausted, the mutating webhook adds the scheduling gate :data:`GATE` to its new pods:
+they stay Pending (``SchedulingGated``) and get a Warning event saying why and how to
+release them. The gate is removed from every held pod when the record is released: the
+controller's annotation :data:`ANN_RESET` changes (any new value), or
+:data:`RESET_AFTER_S` passed since the last rejection. Removing the gate from one pod by
+hand lets that pod try once more.
+
+A workload's count resets after :data:`RESET_AFTER_S` without a rejection; nodes are
+avoided for :data:`AVOID_FOR_S` after they rejected it.
 """
 
 from __future__ import annotations
@@ -57,7 +69,7 @@ from numalign.api.resolution import (
     resolve,
 )
 
-from . import kube, metrics
+from . import cache, kube, metrics
 from .fit import with_unfit
 
 REASON = "TopologyAffinityError"
@@ -66,6 +78,9 @@ STATE_LABEL = "numalign.io/state"
 ANN_REDEPLOY_OF = "numalign.io/redeploy-of"
 ANN_BASE = "numalign.io/redeploy-base"
 ANN_WORKLOAD = "numalign.io/workload"
+ANN_RESET = "numalign.io/redeploy-reset"
+GATE = "numalign.io/redeploy-exhausted"
+REPLICATED_KINDS = ("ReplicaSet", "StatefulSet", "ReplicationController")
 RESET_AFTER_S = 3600.0
 AVOID_FOR_S = 1800.0
 MAX_HANDLED = 64
@@ -119,6 +134,10 @@ def replacement_name(base: str, attempt: int) -> str:
     return base[: MAX_NAME - len(suffix)].rstrip("-.") + suffix
 
 
+def _opt_str(v: Any) -> str | None:
+    return str(v) if isinstance(v, str) and v else None
+
+
 def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -139,6 +158,12 @@ class WorkloadState:
     handled: dict[str, dict[str, Any]] | None = None  # pod uid -> decision
     gave_up: dict[str, str] | None = None  # pod uid -> when
     policy: str | None = None
+    exhausted: str | None = None  # when the budget was spent (new pods are gated)
+    owner: dict[str, str] | None = None  # the controller: kind, name
+    reset: str | None = None  # the controller's ANN_RESET value when it was exhausted
+    released: dict[str, str] | None = None  # gave_up entries from before a release
+    last: str | None = None  # the last rejection (ISO time)
+    budget: int | None = None  # attempts allowed at the last decision
 
     @classmethod
     def parse(cls, text: str | None) -> WorkloadState:
@@ -156,6 +181,13 @@ class WorkloadState:
                      if isinstance(v, dict)},
             gave_up={str(k): str(v) for k, v in (doc.get("gaveUp") or {}).items()},
             policy=doc.get("policy") if isinstance(doc.get("policy"), str) else None,
+            exhausted=_opt_str(doc.get("exhausted")),
+            owner={str(k): str(v) for k, v in doc["owner"].items()}
+            if isinstance(doc.get("owner"), dict) else None,
+            reset=_opt_str(doc.get("reset")),
+            released={str(k): str(v) for k, v in (doc.get("released") or {}).items()},
+            last=_opt_str(doc.get("last")),
+            budget=doc.get("budget") if isinstance(doc.get("budget"), int) else None,
         )
 
     def dump(self) -> str:
@@ -164,17 +196,37 @@ class WorkloadState:
             keep = sorted(handled.items(), key=lambda kv: str(kv[1].get("at", "")))[-MAX_HANDLED:]
             handled = dict(keep)
         gave_up = dict(sorted((self.gave_up or {}).items(), key=lambda kv: kv[1])[-MAX_HANDLED:])
-        return json.dumps({"attempts": self.attempts, "rejections": self.rejections or {},
-                           "handled": handled, "gaveUp": gave_up, "policy": self.policy},
-                          sort_keys=True, separators=(",", ":"))
+        released = dict(sorted((self.released or {}).items(),
+                               key=lambda kv: kv[1])[-MAX_HANDLED:])
+        doc: dict[str, Any] = {"attempts": self.attempts, "rejections": self.rejections or {},
+                               "handled": handled, "gaveUp": gave_up, "policy": self.policy}
+        for k, v in (("exhausted", self.exhausted), ("owner", self.owner),
+                     ("reset", self.reset), ("released", released), ("last", self.last),
+                     ("budget", self.budget)):
+            if v:
+                doc[k] = v
+        return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
     def last_rejection(self) -> float:
-        return max((_ts(v) for v in (self.rejections or {}).values()), default=0.0)
+        times = [_ts(v) for v in (self.rejections or {}).values()]
+        if self.last:
+            times.append(_ts(self.last))
+        return max(times, default=0.0)
+
+    def release(self, now: float) -> None:
+        """Start afresh: a new budget, no gate for new pods (the Failed pods it gave up
+        on stay given up)."""
+        self.attempts = 0
+        self.exhausted = None
+        self.reset = None
+        self.rejections = {}
+        self.released = {**(self.released or {}), **(self.gave_up or {})}
+        self.gave_up = {}
 
     def expire(self, now: float) -> None:
         """Reset the count after a quiet period; forget old rejecting nodes."""
-        if self.attempts and now - self.last_rejection() > RESET_AFTER_S:
-            self.attempts = 0
+        if (self.attempts or self.exhausted) and now - self.last_rejection() > RESET_AFTER_S:
+            self.release(now)
         self.rejections = {n: t for n, t in (self.rejections or {}).items()
                            if now - _ts(t) <= AVOID_FOR_S}
 
@@ -247,32 +299,54 @@ def _fault(point: str) -> None:
 
 
 def load_state(namespace: str) -> tuple[dict[str, str], str | None]:
-    """The ConfigMap's data and resourceVersion (None when it does not exist yet)."""
-    try:
-        cm = kube.core().read_namespaced_config_map(STATE_CONFIGMAP, namespace)
-    except ApiException as e:
-        if e.status == 404:
-            return {}, None
-        raise
-    return dict(cm.data or {}), cm.metadata.resource_version
+    """The ConfigMap's data and resourceVersion (None when it does not exist yet), from
+    the watch-fed cache (:func:`save_state` refreshes it on a conflict)."""
+    return cache.state(namespace)
 
 
 def save_state(namespace: str, data: dict[str, str], resource_version: str | None) -> None:
-    """Write the ConfigMap; raises ApiException 409 when someone else wrote it first."""
+    """Write the ConfigMap; raises ApiException 409 when someone else wrote it first
+    (the cached copy was stale: it is read again for the retry)."""
     body: dict[str, Any] = {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": STATE_CONFIGMAP, "namespace": namespace,
                          "labels": {STATE_LABEL: "redeploy"}},
             "data": data}
-    if resource_version is None:
-        kube.core().create_namespaced_config_map(namespace, body)
-    else:
-        body["metadata"]["resourceVersion"] = resource_version
-        kube.core().replace_namespaced_config_map(STATE_CONFIGMAP, namespace, body)
+    try:
+        if resource_version is None:
+            out = kube.core().create_namespaced_config_map(namespace, body)
+        else:
+            body["metadata"]["resourceVersion"] = resource_version
+            out = kube.core().replace_namespaced_config_map(STATE_CONFIGMAP, namespace, body)
+    except ApiException as e:
+        if e.status == 409:
+            cache.refresh_state(namespace)
+        raise
+    cache.STATES.put(cache.slim_state(kube.to_dict(out)))
 
 
 def workload_state(namespace: str, key: str) -> WorkloadState:
     data, _ = load_state(namespace)
     return WorkloadState.parse(data.get(key))
+
+
+def update_record(namespace: str, key: str, change: Any, tries: int = 5) -> WorkloadState | None:
+    """Read-modify-write one record with optimistic concurrency: ``change(state)``
+    returns False to write nothing. The state written, or None."""
+    for _ in range(tries):
+        data, rv = load_state(namespace)
+        if key not in data:
+            return None
+        st = WorkloadState.parse(data.get(key))
+        if change(st) is False:
+            return None
+        data[key] = st.dump()
+        try:
+            save_state(namespace, data, rv)
+            return st
+        except ApiException as e:
+            if e.status != 409:
+                raise
+    return None
 
 
 # ---------------------------------------------------------------------------
@@ -281,10 +355,64 @@ def workload_state(namespace: str, key: str) -> WorkloadState:
 
 def _governing(pod: Mapping[str, Any]) -> tuple[str | None, RedeploySettings]:
     meta = PodMeta.from_object(pod)
-    policies = policy_refs(kube.list_policies())
-    res = resolve(meta, kube.namespace_labels(meta.namespace), policies, NODE_UNKNOWN)
+    policies = policy_refs(cache.policies())
+    res = resolve(meta, cache.namespace_labels(meta.namespace), policies, NODE_UNKNOWN)
     spec = next((p.spec for p in policies if p.name == res.governing), None)
     return res.governing, redeploy_settings(spec)
+
+
+_OWNERS: dict[str, tuple[float, dict[str, Any] | None]] = {}
+_OWNERS_LOCK = threading.Lock()
+OWNER_TTL_S = 10.0
+
+
+def read_owner(kind: str, name: str, namespace: str) -> dict[str, Any] | None:
+    """The controller object (as JSON), None when gone or of a kind not read here."""
+    try:
+        if kind == "ReplicaSet":
+            obj = kube.apps().read_namespaced_replica_set(name, namespace)
+        elif kind == "StatefulSet":
+            obj = kube.apps().read_namespaced_stateful_set(name, namespace)
+        elif kind == "ReplicationController":
+            obj = kube.core().read_namespaced_replication_controller(name, namespace)
+        elif kind == "Job":
+            obj = kube.batch().read_namespaced_job(name, namespace)
+        else:
+            return None
+    except ApiException as e:
+        if e.status in (403, 404):
+            return None
+        raise
+    return kube.to_dict(obj)
+
+
+def owner_replicas(pod: Mapping[str, Any]) -> tuple[int, dict[str, Any] | None]:
+    """Desired replicas of the pod's controller (1 for bare pods, Jobs and what cannot
+    be read) and the controller object (cached for :data:`OWNER_TTL_S`)."""
+    ref = controller_ref(pod)
+    if ref is None:
+        return 1, None
+    uid = str(ref.get("uid"))
+    now = time.monotonic()
+    with _OWNERS_LOCK:
+        hit = _OWNERS.get(uid)
+    if hit is not None and now - hit[0] < OWNER_TTL_S:
+        owner = hit[1]
+    else:
+        ns = str((pod.get("metadata") or {}).get("namespace") or "")
+        try:
+            owner = read_owner(str(ref.get("kind")), str(ref.get("name")), ns)
+        except ApiException:
+            owner = None
+        with _OWNERS_LOCK:
+            if len(_OWNERS) > 4096:
+                _OWNERS.clear()
+            _OWNERS[uid] = (now, owner)
+    replicas = 1
+    if owner is not None and ref.get("kind") in REPLICATED_KINDS:
+        value = (owner.get("spec") or {}).get("replicas")
+        replicas = value if isinstance(value, int) and value > 0 else 1
+    return replicas, owner
 
 
 def _delete_pod(namespace: str, name: str, uid: str) -> None:
@@ -328,25 +456,48 @@ def step(pod: Mapping[str, Any], first_seen: float, now: float | None = None) ->
         return None
     if uid in (st.gave_up or {}):
         return None
+    if uid in (st.released or {}):
+        return None
     governing, settings = _governing(pod)
     st.policy = governing
     st.expire(now)
     if not settings.enabled:
         return None
-    if st.attempts >= settings.max_attempts:
+    replicas, owner = owner_replicas(pod)
+    budget = settings.max_attempts * replicas
+    st.budget = budget
+    if st.attempts >= budget:
         st.gave_up = {**(st.gave_up or {}), uid: _iso(now)}
+        st.last = _iso(now)
+        ref = controller_ref(pod)
+        gate = ref is not None and owner is not None
+        if gate and not st.exhausted:
+            assert ref is not None and owner is not None
+            st.exhausted = _iso(now)
+            st.owner = {"kind": str(ref.get("kind")), "name": str(ref.get("name"))}
+            st.reset = str(((owner.get("metadata") or {}).get("annotations") or {}).get(
+                ANN_RESET, ""))
         data[key] = st.dump()
         save_state(ns, data, rv)
         metrics.REDEPLOYS.labels(outcome="gave_up").inc()
-        kube.event(pod, "Warning", reason="RedeployGaveUp",
-                  message=f"not redeploying {name}: {st.attempts} redeploy attempt(s) of this "
-                          f"workload reached maxAttempts={settings.max_attempts}"
-                          + (f" of TopologyPolicy/{governing}" if governing else ""))
+        per = f"maxAttempts={settings.max_attempts}" + (
+            f" x {replicas} replicas" if replicas != 1 else "")
+        msg = (f"not redeploying {name}: {st.attempts} redeploy attempt(s) of this "
+               f"workload reached its budget ({per}"
+               + (f" of TopologyPolicy/{governing}" if governing else "") + ")")
+        if gate:
+            assert ref is not None
+            msg += (f"; new pods of {ref.get('kind')}/{ref.get('name')} are held by the "
+                    f"scheduling gate {GATE} until it is released: fix the policy or free "
+                    f"capacity, then annotate the {ref.get('kind')} with {ANN_RESET}=<a new "
+                    f"value>")
+        kube.event(pod, "Warning", reason="RedeployGaveUp", message=msg)
         return None
     wait = first_seen + backoff_delay(settings.backoff_seconds, st.attempts) - now
     if wait > 0:
         return wait
     attempt = st.attempts + 1
+    st.last = _iso(now)
     if node:
         st.rejections = {**(st.rejections or {}), node: _iso(now)}
     avoid = st.avoid_nodes(now) if settings.avoid_rejecting_nodes else []
@@ -363,7 +514,7 @@ def step(pod: Mapping[str, Any], first_seen: float, now: float | None = None) ->
     action = _finish(pod, decision)
     metrics.REDEPLOYS.labels(outcome="recreated" if action == "recreate" else "deleted").inc()
     kube.event(pod, "Normal", reason="Redeploy",
-              message=f"attempt {attempt}/{settings.max_attempts}: "
+              message=f"attempt {attempt}/{budget}: "
                       + (f"recreated as {decision['replacement']}" if bare
                          else "deleted so that its controller recreates it")
                       + (f", avoiding {', '.join(avoid)}" if avoid else ""))
@@ -381,15 +532,117 @@ def avoidance_for(pod: Mapping[str, Any], namespace: str) -> list[str]:
     st = workload_state(namespace, workload_key(pod))
     now = time.time()
     avoid = set(st.avoid_nodes(now))
-    failed = kube.core().list_namespaced_pod(namespace, field_selector="status.phase=Failed")
+    owner = str(ref.get("uid"))
+    avoid |= cache.rejected_nodes_of(owner, namespace)
+    # The controller learnt of the Failed pod from the API server's watch cache before
+    # creating this one; the operator's own watch may lag behind. So read the Failed
+    # pods of the namespace from that same watch cache (resourceVersion "0": no etcd
+    # read), once per new controller-owned pod.
+    failed = kube.core().list_namespaced_pod(namespace, field_selector="status.phase=Failed",
+                                             resource_version="0")
     for other in failed.items:
         refs = other.metadata.owner_references or []
         if (other.status.reason == REASON and other.spec.node_name
-                and any(r.controller and r.uid == ref.get("uid") for r in refs)):
+                and any(r.controller and r.uid == owner for r in refs)):
             avoid.add(other.spec.node_name)
     if not avoid:
         return []
     return with_unfit(pod, sorted(avoid))
+
+
+def exhausted(pod: Mapping[str, Any], namespace: str) -> WorkloadState | None:
+    """The record of the pod's workload when it is exhausted (new pods get :data:`GATE`);
+    only controller-owned pods."""
+    if controller_ref(pod) is None:
+        return None
+    st = workload_state(namespace, workload_key(pod))
+    if not st.exhausted or time.time() - st.last_rejection() > RESET_AFTER_S:
+        return None
+    return st
+
+
+def has_gate(pod: Mapping[str, Any]) -> bool:
+    return any(isinstance(g, Mapping) and g.get("name") == GATE
+               for g in (pod.get("spec") or {}).get("schedulingGates") or [])
+
+
+def gate_message(pod: Mapping[str, Any], st: WorkloadState | None) -> str:
+    ref = controller_ref(pod) or {}
+    kind, owner = str(ref.get("kind", "")), str(ref.get("name", ""))
+    name = str((pod.get("metadata") or {}).get("name", ""))
+    ns = str((pod.get("metadata") or {}).get("namespace", ""))
+    spent = (f"{st.attempts} redeploy attempt(s) (budget {st.budget or st.attempts}"
+             + (f", TopologyPolicy/{st.policy}" if st and st.policy else "") + ")"
+             if st is not None else "its redeploy budget")
+    return (f"held by the scheduling gate {GATE}: {kind}/{owner} was rejected with "
+            f"TopologyAffinityError and spent {spent}, so its new pods are not scheduled. "
+            f"Fix the policy or free capacity, then release them all with `kubectl annotate "
+            f"-n {ns} {kind.lower()}/{owner} {ANN_RESET}=$(date +%s) --overwrite`, or let "
+            f"this one try once more by removing the gate (`kubectl patch -n {ns} pod/{name} "
+            f"--type=json -p '[{{\"op\":\"remove\",\"path\":\"/spec/schedulingGates\"}}]'`"
+            f"); released by itself {int(RESET_AFTER_S // 60)} minutes after the last "
+            f"rejection")
+
+
+def release_exhausted(now: float | None = None) -> None:
+    """Release exhausted records whose controller's :data:`ANN_RESET` changed (or that
+    expired, or whose controller is gone), then remove :data:`GATE` from held pods whose
+    workload is not exhausted any more. Run periodically; idempotent."""
+    now = time.time() if now is None else now
+    for cm in cache.all_states():
+        ns = str(cm["metadata"].get("namespace") or "")
+        for key, text in (cm.get("data") or {}).items():
+            st = WorkloadState.parse(text)
+            if not st.exhausted:
+                continue
+            why = None
+            if now - st.last_rejection() > RESET_AFTER_S:
+                why = "expired"
+            elif st.owner:
+                owner = read_owner(st.owner.get("kind", ""), st.owner.get("name", ""), ns)
+                if owner is None:
+                    why = "controller gone"
+                else:
+                    token = str(((owner.get("metadata") or {}).get("annotations") or {}).get(
+                        ANN_RESET, ""))
+                    if token != (st.reset or ""):
+                        why = f"{ANN_RESET}={token}"
+
+            if why is None:
+                continue
+
+            def change(s: WorkloadState) -> bool:
+                if not s.exhausted:
+                    return False
+                s.release(now)
+                return True
+
+            if update_record(ns, key, change) is not None:
+                log.info(f"redeploy budget of {ns}/{key} released ({why})")
+    for pod in cache.GATED.values():
+        meta = pod.get("metadata") or {}
+        ns = str(meta.get("namespace") or "")
+        if exhausted(pod, ns) is None:
+            ungate(pod)
+
+
+def ungate(pod: Mapping[str, Any]) -> None:
+    meta = pod.get("metadata") or {}
+    gates = list((pod.get("spec") or {}).get("schedulingGates") or [])
+    idx = next((i for i, g in enumerate(gates) if g.get("name") == GATE), None)
+    if idx is None:
+        return
+    try:
+        kube.core().patch_namespaced_pod(str(meta["name"]), str(meta["namespace"]), [
+            {"op": "test", "path": f"/spec/schedulingGates/{idx}/name", "value": GATE},
+            {"op": "remove", "path": f"/spec/schedulingGates/{idx}"}])
+    except ApiException as e:
+        if e.status not in (404, 409, 422):  # gone, or the gate moved: next pass
+            raise
+    cache.GATED.remove(pod)
+    kube.event(pod, "Normal", reason="RedeployReleased",
+               message=f"scheduling gate {GATE} removed: the workload's redeploy budget "
+                       "was released")
 
 
 # ---------------------------------------------------------------------------
@@ -451,6 +704,30 @@ async def rejected_pod(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
         return
     metrics.REJECTIONS.labels(node=str((body.get("spec") or {}).get("nodeName") or "")).inc()
     _workers[uid] = asyncio.create_task(_worker(dict(body), uid, logger))
+
+
+_warned: set[str] = set()
+
+
+@kopf.on.event("", "v1", "pods", id="redeploy-gate")
+async def gated_pod(body: kopf.Body, type: str | None, **_: Any) -> None:
+    """Remember held pods (for :func:`release_exhausted`); one Warning event each."""
+    meta = body.get("metadata") or {}
+    uid = str(meta.get("uid", ""))
+    if not has_gate(body):
+        if cache.GATED.get(uid) is not None:
+            cache.GATED.remove(body)
+        return
+    cache.feed(cache.GATED, body, type, cache.slim_gated)
+    if type == "DELETED" or not uid or uid in _warned:
+        return
+    if len(_warned) > 100_000:
+        _warned.clear()
+    _warned.add(uid)
+    ns = str(meta.get("namespace") or "")
+    pod = dict(body)
+    await asyncio.to_thread(lambda: kube.event(
+        pod, "Warning", reason="RedeployExhausted", message=gate_message(pod, exhausted(pod, ns))))
 
 
 async def stop_workers() -> None:
