@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+
 from operator_helpers import (
     OperatorProcess,
     bare_pod,

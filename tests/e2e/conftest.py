@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_helpers import POOL_LABEL, ROLE_LABEL, AgentProcess, node_topology, wait_for
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+
+from e2e_helpers import POOL_LABEL, ROLE_LABEL, AgentProcess, node_topology, wait_for
 
 MACHINE_MIX = [("fragmented-8numa", 2), ("dual-16core", 2), ("seed-figure1", 1)]
 

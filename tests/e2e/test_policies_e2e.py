@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from e2e_helpers import (
     ALLOCATION,
     POOL_LABEL,
@@ -23,7 +24,6 @@ from e2e_helpers import (
     phase,
     wait_for,
 )
-
 from numalign.topology.quantity import parse_cpulist
 from operator_helpers import delete_policy, operator, policy
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from e2e_helpers import (
     POOL_LABEL,
     RESOLVED,
@@ -37,7 +38,6 @@ from e2e_helpers import (
     rejected_uids,
     wait_for,
 )
-
 from operator_helpers import delete_policy, operator, policy
 
 pytestmark = pytest.mark.cluster
