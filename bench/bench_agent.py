@@ -9,7 +9,10 @@ the pod Running or Failed) and the agent's memory (RSS).
     python bench/bench_agent.py --nodes 10 --pods 100 [--kubeconfig KC]
 
 Without --kubeconfig it starts its own control plane (numalign.devcluster) and stops it
-at the end.
+at the end. How fast pods arrive is set by the controller manager's and scheduler's API
+rate limits: the dev cluster raises them to 200/400 (pods arrive in a burst that loads
+the API server on a 2-core machine); ``NUMALIGN_DEV_CLIENT_QPS=default`` keeps the
+Kubernetes defaults (20 and 50 QPS), the pace of a production control plane.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from numalign.agent.kube import ApiError, Kube, load_config
+from numalign.devcluster.cluster import DEFAULT_CLIENT_QPS
 from numalign.topology.machine import load_machine
 
 HERE = Path(__file__).resolve().parent
@@ -263,6 +267,8 @@ def main(argv: list[str]) -> int:
     finally:
         if cluster is not None:
             cluster.down()
+    qps = os.environ.get("NUMALIGN_DEV_CLIENT_QPS", DEFAULT_CLIENT_QPS)
+    print(f"control plane client rate limits (NUMALIGN_DEV_CLIENT_QPS): {qps}")
     print(f"agent: {result['nodes']} emulated nodes in one process, {result['pods']} pods "
           f"from Deployments")
     print(f"  decided {result['decided']} ({result['running']} Running, {result['failed']} "

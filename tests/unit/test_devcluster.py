@@ -122,3 +122,13 @@ def test_cli_user_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     with pytest.raises(SystemExit):
         dev.main(["up", "--help"])
     assert "nodes need the numalign agent" in " ".join(capsys.readouterr().out.split()).lower()
+
+
+def test_client_qps_flags() -> None:
+    from numalign.devcluster.cluster import DevClusterError, client_qps_flags
+
+    assert client_qps_flags("200/400") == ("--kube-api-qps=200", "--kube-api-burst=400")
+    assert client_qps_flags("default") == ()
+    assert client_qps_flags("50") == ("--kube-api-qps=50", "--kube-api-burst=50")
+    with pytest.raises(DevClusterError, match="NUMALIGN_DEV_CLIENT_QPS"):
+        client_qps_flags("fast")

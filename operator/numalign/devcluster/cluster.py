@@ -39,8 +39,24 @@ Log = Callable[[str], None]
 
 SERVICE_CIDR = "10.96.0.0/16"
 CLUSTER_CIDR = "10.244.0.0/16"
-# API client rate limits of kube-controller-manager and kube-scheduler.
-CLIENT_QPS = ("--kube-api-qps=200", "--kube-api-burst=400")
+# API client rate limits of kube-controller-manager and kube-scheduler. Raised above the
+# Kubernetes defaults (20 and 50 QPS) so that a dev cluster on loopback creates and binds
+# Deployments' pods in bursts; NUMALIGN_DEV_CLIENT_QPS=default keeps the Kubernetes
+# defaults (pods then arrive at a production cluster's pace), QPS/BURST sets both.
+DEFAULT_CLIENT_QPS = "200/400"
+
+
+def client_qps_flags(value: str | None = None) -> tuple[str, ...]:
+    """The ``--kube-api-qps``/``--kube-api-burst`` flags for ``NUMALIGN_DEV_CLIENT_QPS``."""
+    raw = (value if value is not None
+           else os.environ.get("NUMALIGN_DEV_CLIENT_QPS", DEFAULT_CLIENT_QPS)).strip()
+    if raw == "default":
+        return ()
+    qps, _, burst = raw.partition("/")
+    if not qps.isdigit() or not (burst or qps).isdigit() or int(qps) == 0:
+        raise DevClusterError(f"NUMALIGN_DEV_CLIENT_QPS={raw!r}: expected 'default' or "
+                              "QPS/BURST in whole numbers, e.g. 200/400")
+    return (f"--kube-api-qps={qps}", f"--kube-api-burst={burst or qps}")
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 # Every default controller. The cloud ones (node lifecycle, service LB, routes) left
 # kube-controller-manager for the cloud-controller-manager and are not known here.
@@ -295,9 +311,7 @@ class DevCluster:
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             f"--cluster-cidr={CLUSTER_CIDR}",
             "--allocate-node-cidrs=false",
-            # The defaults (20 QPS, burst 30) pace a Deployment of hundreds of pods at
-            # 20 creations a second; a dev cluster on loopback takes far more.
-            *CLIENT_QPS,
+            *client_qps_flags(),
             "--profiling=false",
             "--v=1",
         ]
@@ -313,7 +327,7 @@ class DevCluster:
             f"--secure-port={port}",
             f"--cert-dir={self.state_dir / 'run'}",
             "--leader-elect=false",
-            *CLIENT_QPS,  # default 50 QPS, burst 100: binding paced at 50 pods a second
+            *client_qps_flags(),
             "--profiling=false",
             "--v=1",
         ]
