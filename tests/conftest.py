@@ -15,7 +15,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 import pytest
 
 from numalign.devcluster import DevCluster, ensure_built
+from operator_helpers import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -83,19 +83,6 @@ def k8s_client(kubeconfig: Path) -> Iterator[Any]:
         yield api
     finally:
         api.close()
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str,
-             interval: float = 0.2) -> Any:
-    """Poll ``predicate`` until it returns something truthy; return that."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
 
 
 @pytest.fixture

@@ -66,6 +66,7 @@ class OperatorProcess:
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str,
              interval: float = 0.25) -> Any:
+    """Poll ``predicate`` until it returns something truthy; return that."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()

@@ -8,14 +8,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+
+from operator_helpers import wait_for
 
 MACHINES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "machines"
 POOL_LABEL = "numalign.io/e2e-pool"
@@ -24,19 +25,6 @@ RESOLVED = "numalign.io/resolved"
 ALLOCATION = "numalign.io/allocation"
 REASON = "TopologyAffinityError"
 PAUSE = "registry.k8s.io/pause:3.10"
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str,
-             interval: float = 0.25) -> Any:
-    """Poll ``predicate`` until it returns something truthy; return that."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
 
 
 @dataclass
