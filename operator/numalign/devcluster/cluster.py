@@ -290,18 +290,25 @@ class DevCluster:
             "--v=1",
         ]
 
-    def _controller_manager_args(self, bins: Path, port: int) -> list[str]:
-        p = self.pki
-        kc = self.state_dir / "controller-manager.kubeconfig"
+    def _component_args(self, binary: Path, kubeconfig: Path, port: int) -> list[str]:
+        """What kube-controller-manager and kube-scheduler share: one kubeconfig for
+        everything, a loopback secure port, no leader election."""
         return [
-            str(bins / "kube-controller-manager"),
-            f"--kubeconfig={kc}",
-            f"--authentication-kubeconfig={kc}",
-            f"--authorization-kubeconfig={kc}",
+            str(binary),
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
             "--bind-address=127.0.0.1",
             f"--secure-port={port}",
             f"--cert-dir={self.state_dir / 'run'}",
             "--leader-elect=false",
+        ]
+
+    def _controller_manager_args(self, bins: Path, port: int) -> list[str]:
+        p = self.pki
+        kc = self.state_dir / "controller-manager.kubeconfig"
+        return [
+            *self._component_args(bins / "kube-controller-manager", kc, port),
             "--controllers=" + ",".join(CONTROLLERS),
             f"--service-account-private-key-file={p.sa_key}",
             f"--root-ca-file={p.ca.cert}",
@@ -319,14 +326,7 @@ class DevCluster:
     def _scheduler_args(self, bins: Path, port: int) -> list[str]:
         kc = self.state_dir / "scheduler.kubeconfig"
         return [
-            str(bins / "kube-scheduler"),
-            f"--kubeconfig={kc}",
-            f"--authentication-kubeconfig={kc}",
-            f"--authorization-kubeconfig={kc}",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={port}",
-            f"--cert-dir={self.state_dir / 'run'}",
-            "--leader-elect=false",
+            *self._component_args(bins / "kube-scheduler", kc, port),
             *client_qps_flags(),
             "--profiling=false",
             "--v=1",
