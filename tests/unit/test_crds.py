@@ -162,3 +162,15 @@ def test_summary() -> None:
     assert namespace_summary(["b", "a"]) == "a,b"
     assert namespace_summary(["a", "b", "c", "d", "e"]) == "a,b,c,+2"
     assert namespace_summary([], every=True) == "*"
+
+
+def test_api_policy_and_scope_names_are_the_engines() -> None:
+    # The CRD enums come from the api's Literal types; the engine decides with its own
+    # names. A policy added to one and not the other would pass validation and then fail
+    # admission, so the two lists must stay equal.
+    from numalign.api.common import POLICIES as API_POLICIES
+    from numalign.api.common import SCOPES as API_SCOPES
+    from numalign.topology.policy import POLICIES, SCOPES
+
+    assert API_POLICIES == POLICIES
+    assert API_SCOPES == SCOPES

@@ -14,12 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from numalign.api.resolution import parse_resolved as parse_shared_resolved
+from numalign.topology.policy import POLICIES, SCOPES
 
 RESOLVED = "numalign.io/resolved"
 ALLOCATION = "numalign.io/allocation"
 
-POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
-SCOPES = ("container", "pod")
 
 # TopologyPolicy spelling -> kubelet spelling (what the engine takes).
 OPTION_NAMES = {

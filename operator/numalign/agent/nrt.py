@@ -48,6 +48,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from numalign.topology.policy import POLICIES, SCOPES
 from numalign.topology.quantity import format_bytes, parse_cpulist, quantity_bytes
 
 from .kube import ApiError, Kube, q
@@ -62,8 +63,6 @@ BASE_PATH = f"/apis/{GROUP}/{VERSION}/{PLURAL}"
 ZONE_TYPE = "Node"
 POLICY_ATTRIBUTE = "topologyManagerPolicy"
 SCOPE_ATTRIBUTE = "topologyManagerScope"
-POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
-SCOPES = ("container", "pod")
 
 # The deprecated topologyPolicies value per (policy, scope).
 _LEGACY: dict[tuple[str, str], str] = {

@@ -49,8 +49,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-POLICIES: tuple[str, ...] = ("none", "best-effort", "restricted", "single-numa-node")
-SCOPES: tuple[str, ...] = ("container", "pod")
+from numalign.topology.policy import POLICIES, SCOPES
+
 OPTION_KEYS: tuple[str, ...] = ("preferClosestNumaNodes", "maxAllowableNumaNodes")
 MIN_MAX_ALLOWABLE_NUMA_NODES = 8
 MAX_MAX_ALLOWABLE_NUMA_NODES = 64
