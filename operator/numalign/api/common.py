@@ -182,13 +182,6 @@ class TopologyOptions(Model):
             )
         return self
 
-    def kubelet_options(self) -> dict[str, str]:
-        """The options as the kubelet spells them (``numalign merge`` input)."""
-        out = {"prefer-closest-numa-nodes": "true" if self.prefer_closest_numa_nodes else "false"}
-        if self.max_allowable_numa_nodes is not None:
-            out["max-allowable-numa-nodes"] = str(self.max_allowable_numa_nodes)
-        return out
-
 
 # ---------------------------------------------------------------------------- conditions
 
