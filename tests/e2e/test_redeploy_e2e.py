@@ -244,7 +244,7 @@ def test_operator_killed_mid_redeploy(kubeconfig: Path, k8s_client: Any,
         print(json.dumps(counts))
 
 
-GATE = "numalign.io/redeploy-exhausted"
+GATE = "numalign.io/redeploy"
 
 
 def test_no_node_fits_deployment_is_gated_not_piled_up(
@@ -253,8 +253,10 @@ def test_no_node_fits_deployment_is_gated_not_piled_up(
     """A 2-replica Deployment that fits nowhere, maxAttempts 2 per replica: 4 redeploys,
     then the workload gives up and its new pods are held by a scheduling gate
     (SchedulingGated, with a Warning event) instead of piling up Failed pods, as a
-    ReplicaSet replacing Failed pods at once would (kubernetes#84869). Annotating the
-    ReplicaSet releases them."""
+    ReplicaSet replacing Failed pods at once would (kubernetes#84869). Before that, the
+    ReplicaSet's replacement of each rejected pod is held while it waits out its backoff,
+    and the avoided nodes never exclude all four (else the budget could never be spent).
+    Annotating the ReplicaSet releases them."""
     ns = namespace
     name = f"e2e-gate-{ns}"[:60]
     policy(k8s_client, name, _redeploy_policy(name, ns, 2))
@@ -272,9 +274,21 @@ def test_no_node_fits_deployment_is_gated_not_piled_up(
                         if k.startswith("owner-")]
                 return recs[0] if recs else {}
 
-            wait_for(lambda: record().get("exhausted"), 150, "the workload to give up")
-            # Pods created before it gave up are not held (a gate can only be set at
-            # creation); replace them: every new pod is held.
+            # Meanwhile: never more than one Failed pod per replica and attempt, and a
+            # replacement is held while its predecessor waits out its backoff.
+            seen_backoff = False
+            deadline = time.monotonic() + 150
+            while not record().get("exhausted"):
+                assert time.monotonic() < deadline, \
+                    f"the workload never gave up: {redeploy_records(core, ns)}"
+                failed_now = [p for p in pods(core, ns) if phase(p) == "Failed"]
+                assert len(failed_now) <= 4, [p.metadata.name for p in failed_now]
+                seen_backoff = seen_backoff or bool(gated())
+                time.sleep(0.25)
+            assert seen_backoff or [e for e in core.list_namespaced_event(ns).items
+                                    if e.reason == "RedeployBackoff"]
+            # Pods created while it gave up may not be held; replace them: every new
+            # pod is held.
             time.sleep(3)
             for p in pods(core, ns):
                 if phase(p) != "Failed" and not any(g.name == GATE

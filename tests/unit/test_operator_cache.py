@@ -45,6 +45,6 @@ def test_exhausted_record_round_trip_and_release() -> None:
 
 
 def test_has_gate() -> None:
-    assert has_gate({"spec": {"schedulingGates": [{"name": "numalign.io/redeploy-exhausted"}]}})
+    assert has_gate({"spec": {"schedulingGates": [{"name": "numalign.io/redeploy"}]}})
     assert not has_gate({"spec": {"schedulingGates": [{"name": "other"}]}})
     assert not has_gate({})

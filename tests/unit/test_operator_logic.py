@@ -62,7 +62,7 @@ def test_workload_state_round_trip_and_expiry() -> None:
     back = WorkloadState.parse(st.dump())
     assert back.attempts == 2 and back.handled == st.handled
     t0 = 1577836800.0  # 2020-01-01T00:00:00Z
-    assert back.avoid_nodes(t0 + 60) == ["a", "b"]
+    assert back.avoid_nodes(t0 + 1790) == ["b", "a"]  # newest rejection first
     assert back.avoid_nodes(t0 + 1900) == ["b"]
     back.expire(t0 + 3000 + 3600 + 1)
     assert back.attempts == 0 and back.rejections == {}
@@ -131,7 +131,24 @@ def test_unfit_nodes_never_exclude_every_candidate(monkeypatch: pytest.MonkeyPat
     unfit = []
     assert fit.with_unfit(pod, ["a"]) == ["a"]
     unfit, selectable = ["b"], {"a"}
-    assert fit.with_unfit(pod, ["a"]) == ["a", "b"]  # every candidate rejected already
+    # "a", the only candidate, rejected the workload: it is retried rather than leaving
+    # the replacement Pending for good (the budget could never be spent)
+    assert fit.with_unfit(pod, ["a"]) == ["b"]
+
+
+def test_rejecting_nodes_never_exclude_every_candidate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every selectable node rejected the workload (newest first: c, b, a): all but the
+    oldest are avoided, so the replacement lands on "a", is rejected again, and the
+    workload's budget runs out (RedeployGaveUp, the gate) instead of a silent stall."""
+    pod: dict[str, Any] = {"spec": {"nodeSelector": {"pool": "a"}}}
+    monkeypatch.setattr(fit, "unfit_nodes", lambda p, skip=None: [])
+    monkeypatch.setattr(fit, "selectable_nodes", lambda p: {"a", "b", "c"})
+    assert fit.keep_a_candidate(pod, ["c", "b", "a"]) == ["c", "b"]
+    assert fit.keep_a_candidate(pod, ["a", "c", "b"]) == ["a", "c"]
+    assert fit.with_unfit(pod, ["c", "x", "b", "c", "a"]) == ["b", "c", "x"]
+    assert fit.keep_a_candidate(pod, ["b"]) == ["b"]  # others remain: avoid it
+    monkeypatch.setattr(fit, "selectable_nodes", lambda p: set())  # selector unknown
+    assert fit.keep_a_candidate(pod, ["c", "b", "a"]) == ["c", "b", "a"]
 
 
 def test_node_default_patch() -> None:

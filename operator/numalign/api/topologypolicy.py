@@ -78,13 +78,16 @@ class RedeployPolicy(Model):
     """Redeploy attempts per replica: a workload's budget is maxAttempts x its
     controller's spec.replicas (1 for bare pods and Jobs). Once it is spent, a further
     rejection is left Failed with a Warning event, and new pods of the workload are held
-    by the scheduling gate numalign.io/redeploy-exhausted until the controller's
-    annotation numalign.io/redeploy-reset changes or an hour passes without a
-    rejection."""
+    by the scheduling gate numalign.io/redeploy until the controller's annotation
+    numalign.io/redeploy-reset changes or an hour passes without a rejection."""
     backoff_seconds: Annotated[int, Field(ge=1, le=3600)] = 10
-    """Delay before the first redeploy; it doubles with each further attempt."""
+    """Delay before the first redeploy; it doubles with each further attempt. The
+    replacement a controller creates at once for a rejected pod is held by the
+    scheduling gate numalign.io/redeploy meanwhile."""
     avoid_rejecting_nodes: bool = True
-    """Keep replacements off nodes that rejected the same workload recently."""
+    """Keep replacements off nodes that rejected the same workload recently (never off
+    every node the pod may select: then the one that rejected it longest ago is
+    retried)."""
 
 
 class TopologyPolicySpec(Model):

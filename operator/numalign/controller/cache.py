@@ -318,13 +318,6 @@ def refresh_state(namespace: str) -> None:
     STATES.put(slim_state(kube.to_dict(cm)))
 
 
-def rejected_nodes_of(owner_uid: str, namespace: str) -> set[str]:
-    """Nodes of the controller's pods that are Failed with TopologyAffinityError now."""
-    return {str(p["node"]) for p in FAILED.values()
-            if p.get("owner") == owner_uid and p.get("node")
-            and p["metadata"].get("namespace") == namespace}
-
-
 # ---------------------------------------------------------------------------
 # Feeding from watch events (initial listing included)
 

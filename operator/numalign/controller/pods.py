@@ -23,6 +23,7 @@ invalid overrides (they get a Warning event and the rule 2/3 policy).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -74,8 +75,10 @@ def mutate_pod(body: kopf.Body, patch: kopf.Patch, dryrun: bool, logger: kopf.Lo
     patch.setdefault("metadata", {}).setdefault("annotations", {})[ANN_RESOLVED] = \
         res.annotation()
     try:
-        avoid = redeploy.avoidance_for(body, namespace) if namespace else []
-        held = redeploy.exhausted(body, namespace) if namespace else None
+        wl = redeploy.workload_of(body, namespace) if namespace else None
+        now = time.time()
+        avoid = wl.avoid(now) if wl is not None else []
+        held = wl.hold(now) if wl is not None else None
     except ApiException as e:
         logger.warning(f"cannot read redeploy state: {e.reason}")
         avoid, held = [], None
@@ -84,8 +87,9 @@ def mutate_pod(body: kopf.Body, patch: kopf.Patch, dryrun: bool, logger: kopf.Lo
         patch.setdefault("spec", {})["affinity"] = spec["affinity"]
         patch["metadata"]["annotations"][redeploy.ANN_WORKLOAD] = redeploy.workload_key(body)
     if held is not None and not redeploy.has_gate(body):
-        # The workload spent its redeploy budget: hold its new pods (no runaway of
-        # Failed pods, kubernetes#84869) until the budget is released.
+        # A ReplicaSet (or Job) replaces a Failed pod at once. Hold the replacement while
+        # the rejected pod waits out its backoff, and for good once the workload spent
+        # its redeploy budget: no runaway of Failed pods (kubernetes#84869).
         gates = list((body.get("spec") or {}).get("schedulingGates") or [])
         patch.setdefault("spec", {})["schedulingGates"] = [*gates, {"name": redeploy.GATE}]
         patch["metadata"]["annotations"][redeploy.ANN_WORKLOAD] = redeploy.workload_key(body)

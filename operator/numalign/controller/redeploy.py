@@ -79,7 +79,7 @@ ANN_REDEPLOY_OF = "numalign.io/redeploy-of"
 ANN_BASE = "numalign.io/redeploy-base"
 ANN_WORKLOAD = "numalign.io/workload"
 ANN_RESET = "numalign.io/redeploy-reset"
-GATE = "numalign.io/redeploy-exhausted"
+GATE = "numalign.io/redeploy"
 REPLICATED_KINDS = ("ReplicaSet", "StatefulSet", "ReplicationController")
 RESET_AFTER_S = 3600.0
 AVOID_FOR_S = 1800.0
@@ -231,7 +231,11 @@ class WorkloadState:
                            if now - _ts(t) <= AVOID_FOR_S}
 
     def avoid_nodes(self, now: float) -> list[str]:
-        return sorted(n for n, t in (self.rejections or {}).items() if now - _ts(t) <= AVOID_FOR_S)
+        """Nodes that rejected the workload in the last :data:`AVOID_FOR_S`, newest
+        first."""
+        recent = [(_ts(t), n) for n, t in (self.rejections or {}).items()
+                  if now - _ts(t) <= AVOID_FOR_S]
+        return [n for _, n in sorted(recent, key=lambda tn: (-tn[0], tn[1]))]
 
 
 def with_node_avoidance(spec: Mapping[str, Any], avoid: list[str]) -> dict[str, Any]:
@@ -521,38 +525,98 @@ def step(pod: Mapping[str, Any], first_seen: float, now: float | None = None) ->
     return None
 
 
-def avoidance_for(pod: Mapping[str, Any], namespace: str) -> list[str]:
-    """Nodes a new controller-owned pod should avoid (used by the mutating webhook): the
-    nodes in the workload's record, and the nodes of its pods that are Failed with
-    TopologyAffinityError right now (a ReplicaSet or Job replaces a Failed pod at once,
-    before the operator has recorded the rejection)."""
-    ref = controller_ref(pod)
-    if ref is None:
-        return []
-    st = workload_state(namespace, workload_key(pod))
-    now = time.time()
-    avoid = set(st.avoid_nodes(now))
-    owner = str(ref.get("uid"))
-    avoid |= cache.rejected_nodes_of(owner, namespace)
-    # The controller learnt of the Failed pod from the API server's watch cache before
-    # creating this one; the operator's own watch may lag behind. So read the Failed
-    # pods of the namespace from that same watch cache (resourceVersion "0": no etcd
-    # read), once per new controller-owned pod.
+@dataclass
+class Workload:
+    """What the mutating webhook and the release pass know of a controller's workload:
+    its record, and its pods that are Failed with TopologyAffinityError right now."""
+
+    key: str
+    owner_uid: str
+    state: WorkloadState
+    failed: dict[str, str]  # pod uid -> node
+    pod: Mapping[str, Any]
+    _settings: RedeploySettings | None = None
+
+    @property
+    def settings(self) -> RedeploySettings:
+        if self._settings is None:
+            self._settings = _governing(self.pod)[1]
+        return self._settings
+
+    def waiting(self) -> list[str]:
+        """Uids of its rejected pods that wait for the operator's decision (backoff)."""
+        st = self.state
+        decided = {**(st.handled or {}), **(st.gave_up or {}), **(st.released or {})}
+        return sorted(uid for uid in self.failed if uid not in decided)
+
+    def is_exhausted(self, now: float) -> bool:
+        st = self.state
+        return bool(st.exhausted) and now - st.last_rejection() <= RESET_AFTER_S
+
+    def hold(self, now: float) -> str | None:
+        """Why its new pods are held by :data:`GATE`: ``exhausted`` (the budget is
+        spent), ``backoff`` (a rejected pod waits out its backoff: its controller's
+        replacement must not be scheduled before), or None."""
+        if not self.failed and not self.state.exhausted:
+            return None
+        if not self.settings.enabled:
+            return None
+        if self.is_exhausted(now):
+            return "exhausted"
+        return "backoff" if self.waiting() else None
+
+    def avoid(self, now: float) -> list[str]:
+        """Nodes its new pods should avoid: the nodes of its rejected pods now, then the
+        nodes in its record, newest first (with ``avoidRejectingNodes``), plus the nodes
+        that cannot fit it (:func:`~numalign.controller.fit.with_unfit`). Nothing until
+        it was rejected once."""
+        recorded = self.state.avoid_nodes(now)
+        nodes = list(dict.fromkeys([*sorted(set(self.failed.values())), *recorded]))
+        if not nodes or not self.settings.enabled:
+            return []
+        if not self.settings.avoid_rejecting_nodes:
+            nodes = []
+        return with_unfit(self.pod, nodes)
+
+
+def _rejected_by_owner(namespace: str) -> dict[str, dict[str, str]]:
+    """Controller uid -> {pod uid: node} of the namespace's pods Failed with
+    TopologyAffinityError. Read from the API server's watch cache (resourceVersion "0":
+    no etcd read): a controller learnt of its Failed pod from there before creating the
+    replacement this answer is for; the operator's own watch may lag behind."""
     failed = kube.core().list_namespaced_pod(namespace, field_selector="status.phase=Failed",
                                              resource_version="0")
+    out: dict[str, dict[str, str]] = {}
     for other in failed.items:
-        refs = other.metadata.owner_references or []
-        if (other.status.reason == REASON and other.spec.node_name
-                and any(r.controller and r.uid == owner for r in refs)):
-            avoid.add(other.spec.node_name)
-    if not avoid:
-        return []
-    return with_unfit(pod, sorted(avoid))
+        if other.status.reason != REASON or other.metadata.deletion_timestamp:
+            continue
+        for r in other.metadata.owner_references or []:
+            if r.controller:
+                out.setdefault(str(r.uid), {})[str(other.metadata.uid)] = str(
+                    other.spec.node_name or "")
+    return out
+
+
+def workload_of(pod: Mapping[str, Any], namespace: str,
+                rejected: dict[str, dict[str, str]] | None = None) -> Workload | None:
+    """The workload of a controller-owned pod (None for bare pods)."""
+    ref = controller_ref(pod)
+    if ref is None:
+        return None
+    owner = str(ref.get("uid"))
+    if rejected is None:
+        rejected = _rejected_by_owner(namespace)
+    failed = {uid: node for uid, node in rejected.get(owner, {}).items()}
+    for p in cache.FAILED.values():  # seen by the operator's watch, maybe not there yet
+        if p.get("owner") == owner and p["metadata"].get("namespace") == namespace:
+            failed.setdefault(str(p["metadata"].get("uid")), str(p.get("node") or ""))
+    return Workload(workload_key(pod), owner, workload_state(namespace, workload_key(pod)),
+                    {u: n for u, n in failed.items() if n}, pod)
 
 
 def exhausted(pod: Mapping[str, Any], namespace: str) -> WorkloadState | None:
-    """The record of the pod's workload when it is exhausted (new pods get :data:`GATE`);
-    only controller-owned pods."""
+    """The record of the pod's workload when it is exhausted; only controller-owned
+    pods."""
     if controller_ref(pod) is None:
         return None
     st = workload_state(namespace, workload_key(pod))
@@ -567,6 +631,7 @@ def has_gate(pod: Mapping[str, Any]) -> bool:
 
 
 def gate_message(pod: Mapping[str, Any], st: WorkloadState | None) -> str:
+    """The Warning on a pod held because its workload spent its redeploy budget."""
     ref = controller_ref(pod) or {}
     kind, owner = str(ref.get("kind", "")), str(ref.get("name", ""))
     name = str((pod.get("metadata") or {}).get("name", ""))
@@ -584,11 +649,16 @@ def gate_message(pod: Mapping[str, Any], st: WorkloadState | None) -> str:
             f"rejection")
 
 
-def release_exhausted(now: float | None = None) -> None:
+def backoff_message(pod: Mapping[str, Any]) -> str:
+    ref = controller_ref(pod) or {}
+    return (f"held by the scheduling gate {GATE} while a pod of {ref.get('kind', '')}/"
+            f"{ref.get('name', '')} rejected with TopologyAffinityError waits out its "
+            f"redeploy backoff; released when the operator has redeployed it")
+
+
+def release_budgets(now: float) -> None:
     """Release exhausted records whose controller's :data:`ANN_RESET` changed (or that
-    expired, or whose controller is gone), then remove :data:`GATE` from held pods whose
-    workload is not exhausted any more. Run periodically; idempotent."""
-    now = time.time() if now is None else now
+    expired, or whose controller is gone)."""
     for cm in cache.all_states():
         ns = str(cm["metadata"].get("namespace") or "")
         for key, text in (cm.get("data") or {}).items():
@@ -619,11 +689,55 @@ def release_exhausted(now: float | None = None) -> None:
 
             if update_record(ns, key, change) is not None:
                 log.info(f"redeploy budget of {ns}/{key} released ({why})")
+
+
+_warned: dict[str, set[str]] = {}
+
+
+def _tell_once(pod: Mapping[str, Any], why: str) -> None:
+    """One event per held pod and reason: Normal for a backoff, Warning when the budget
+    is spent."""
+    uid = str((pod.get("metadata") or {}).get("uid", ""))
+    seen = _warned.setdefault(uid, set())
+    if why in seen:
+        return
+    if len(_warned) > 100_000:
+        _warned.clear()
+    seen.add(why)
+    ns = str((pod.get("metadata") or {}).get("namespace") or "")
+    if why == "exhausted":
+        kube.event(pod, "Warning", reason="RedeployExhausted",
+                   message=gate_message(pod, exhausted(pod, ns)))
+    else:
+        kube.event(pod, "Normal", reason="RedeployBackoff", message=backoff_message(pod))
+
+
+def release_held(namespace: str | None = None, now: float | None = None) -> None:
+    """Remove :data:`GATE` from held pods whose workload has no reason to hold them any
+    more (its rejected pods were redeployed, its budget released); tell the others why
+    they are held. One LIST of Failed pods per namespace with held pods. Idempotent."""
+    now = time.time() if now is None else now
+    by_ns: dict[str, list[Mapping[str, Any]]] = {}
     for pod in cache.GATED.values():
-        meta = pod.get("metadata") or {}
-        ns = str(meta.get("namespace") or "")
-        if exhausted(pod, ns) is None:
-            ungate(pod)
+        ns = str((pod.get("metadata") or {}).get("namespace") or "")
+        if ns and (namespace is None or ns == namespace):
+            by_ns.setdefault(ns, []).append(pod)
+    for ns, held in by_ns.items():
+        rejected = _rejected_by_owner(ns)
+        for one in held:
+            wl = workload_of(one, ns, rejected)
+            why = wl.hold(now) if wl is not None else None
+            if why is None:
+                ungate(one)
+            else:
+                _tell_once(one, why)
+
+
+def release_exhausted(now: float | None = None) -> None:
+    """The periodic pass: release budgets, then held pods."""
+    now = time.time() if now is None else now
+    release_budgets(now)
+    release_held(now=now)
 
 
 def ungate(pod: Mapping[str, Any]) -> None:
@@ -640,9 +754,10 @@ def ungate(pod: Mapping[str, Any]) -> None:
         if e.status not in (404, 409, 422):  # gone, or the gate moved: next pass
             raise
     cache.GATED.remove(pod)
+    _warned.pop(str(meta.get("uid", "")), None)
     kube.event(pod, "Normal", reason="RedeployReleased",
-               message=f"scheduling gate {GATE} removed: the workload's redeploy budget "
-                       "was released")
+               message=f"scheduling gate {GATE} removed: the workload's rejected pods were "
+                       "redeployed or its redeploy budget was released")
 
 
 # ---------------------------------------------------------------------------
@@ -666,19 +781,30 @@ def _run_worker(pod: Mapping[str, Any], stop: threading.Event,
         try:
             fresh = kube.to_dict(kube.core().read_namespaced_pod(meta["name"], meta["namespace"]))
             if fresh["metadata"].get("uid") != meta.get("uid") or not is_topology_rejected(fresh):
-                return
-            wait = step(fresh, first_seen)
+                wait = None
+            else:
+                wait = step(fresh, first_seen)
         except ApiException as e:
             if e.status == 404:
-                return
-            log.info(f"redeploy of {meta.get('name')}: API error {e.status}, retrying: {e.reason}")
-            wait = 1.0
+                wait = None
+            else:
+                log.info(f"redeploy of {meta.get('name')}: API error {e.status}, "
+                         f"retrying: {e.reason}")
+                wait = 1.0
         except Exception as e:  # a malformed object must not end the retries silently
             log.exception(f"redeploy of {meta.get('name')} failed, retrying: {e}")
             wait = 5.0
         if wait is None:
-            return
+            break
         stop.wait(min(wait, 60.0))
+    else:
+        return
+    # Decided: the replacements its controller made meanwhile may go (or, the budget
+    # spent, learn why they stay held). The periodic pass catches what this misses.
+    try:
+        release_held(str(meta.get("namespace") or ""))
+    except ApiException as e:
+        log.info(f"releasing held pods after {meta.get('name')}: API error {e.status}")
 
 
 async def _worker(pod: dict[str, Any], uid: str, log: kopf.Logger) -> None:
@@ -706,12 +832,9 @@ async def rejected_pod(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
     _workers[uid] = asyncio.create_task(_worker(dict(body), uid, logger))
 
 
-_warned: set[str] = set()
-
-
 @kopf.on.event("", "v1", "pods", id="redeploy-gate")
 async def gated_pod(body: kopf.Body, type: str | None, **_: Any) -> None:
-    """Remember held pods (for :func:`release_exhausted`); one Warning event each."""
+    """Remember held pods (for :func:`release_held`) and tell each why it is held."""
     meta = body.get("metadata") or {}
     uid = str(meta.get("uid", ""))
     if not has_gate(body):
@@ -719,15 +842,21 @@ async def gated_pod(body: kopf.Body, type: str | None, **_: Any) -> None:
             cache.GATED.remove(body)
         return
     cache.feed(cache.GATED, body, type, cache.slim_gated)
-    if type == "DELETED" or not uid or uid in _warned:
+    if type == "DELETED" or not uid:
+        _warned.pop(uid, None)
         return
-    if len(_warned) > 100_000:
-        _warned.clear()
-    _warned.add(uid)
+    if _warned.get(uid):
+        return
     ns = str(meta.get("namespace") or "")
     pod = dict(body)
-    await asyncio.to_thread(lambda: kube.event(
-        pod, "Warning", reason="RedeployExhausted", message=gate_message(pod, exhausted(pod, ns))))
+
+    def tell() -> None:
+        wl = workload_of(pod, ns)
+        why = wl.hold(time.time()) if wl is not None else None
+        if why is not None:
+            _tell_once(pod, why)
+
+    await asyncio.to_thread(tell)
 
 
 async def stop_workers() -> None:
