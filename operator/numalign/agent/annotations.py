@@ -13,20 +13,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from numalign.api.resolution import KUBELET_OPTION_NAMES
 from numalign.api.resolution import parse_resolved as parse_shared_resolved
-from numalign.topology.policy import POLICIES, SCOPES
+from numalign.topology.policy import OPTION_MAX_ALLOWABLE_NUMA_NODES, POLICIES, SCOPES
 
 RESOLVED = "numalign.io/resolved"
 ALLOCATION = "numalign.io/allocation"
 
 
-# TopologyPolicy spelling -> kubelet spelling (what the engine takes).
-OPTION_NAMES = {
-    "preferClosestNumaNodes": "prefer-closest-numa-nodes",
-    "maxAllowableNumaNodes": "max-allowable-numa-nodes",
-    "prefer-closest-numa-nodes": "prefer-closest-numa-nodes",
-    "max-allowable-numa-nodes": "max-allowable-numa-nodes",
-}
+# Either spelling -> the kubelet's (what the engine takes).
+OPTION_NAMES = {**KUBELET_OPTION_NAMES, **{k: k for k in KUBELET_OPTION_NAMES.values()}}
 
 
 class AnnotationError(ValueError):
@@ -69,9 +65,9 @@ def normalize_options(raw: Any, where: str) -> dict[str, str]:
             out[name] = str(v).lower() if isinstance(v, str) else str(v)
         else:
             raise AnnotationError(f"{where}: option {k!r} must be a boolean, integer or string")
-    if "max-allowable-numa-nodes" in out:
+    if OPTION_MAX_ALLOWABLE_NUMA_NODES in out:
         try:
-            n = int(out["max-allowable-numa-nodes"])
+            n = int(out[OPTION_MAX_ALLOWABLE_NUMA_NODES])
         except ValueError:
             raise AnnotationError(f"{where}: option maxAllowableNumaNodes must be an integer") \
                 from None

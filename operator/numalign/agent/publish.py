@@ -15,9 +15,10 @@ from typing import Any
 
 from numalign.api.common import API_VERSION
 from numalign.api.nodetopology import KIND, POLICY_APPLIED, READY
+from numalign.api.resolution import KUBELET_OPTION_NAMES
 from numalign.topology.cputopo import cpu_topology_json
 from numalign.topology.machine import Machine
-from numalign.topology.policy import parse_go_bool
+from numalign.topology.policy import OPTION_PREFER_CLOSEST_NUMA_NODES, parse_go_bool
 from numalign.topology.quantity import format_bytes, format_cpulist
 
 from . import nrt
@@ -89,13 +90,15 @@ def options_json(options: Mapping[str, str]) -> JSON:
     """Resolved policy options (the kubelet's spelling, string values) as a TopologyPolicy
     writes them: ``{"preferClosestNumaNodes": true, "maxAllowableNumaNodes": 16}``."""
     out: JSON = {}
-    prefer = options.get("prefer-closest-numa-nodes")
-    if prefer is not None:
-        with contextlib.suppress(ValueError):  # the engine refuses it anyway
-            out["preferClosestNumaNodes"] = parse_go_bool(str(prefer))
-    limit = options.get("max-allowable-numa-nodes")
-    if limit is not None and str(limit).isdigit():
-        out["maxAllowableNumaNodes"] = int(limit)
+    for name, kubelet_name in KUBELET_OPTION_NAMES.items():
+        value = options.get(kubelet_name)
+        if value is None:
+            continue
+        if kubelet_name == OPTION_PREFER_CLOSEST_NUMA_NODES:
+            with contextlib.suppress(ValueError):  # the engine refuses it anyway
+                out[name] = parse_go_bool(str(value))
+        elif str(value).isdigit():
+            out[name] = int(value)
     return out
 
 

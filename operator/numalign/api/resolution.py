@@ -49,9 +49,19 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from numalign.topology.policy import POLICIES, SCOPES
+from numalign.topology.policy import (
+    OPTION_MAX_ALLOWABLE_NUMA_NODES,
+    OPTION_PREFER_CLOSEST_NUMA_NODES,
+    POLICIES,
+    SCOPES,
+)
 
-OPTION_KEYS: tuple[str, ...] = ("preferClosestNumaNodes", "maxAllowableNumaNodes")
+# A TopologyPolicy's option name -> the kubelet's (what the engine takes).
+KUBELET_OPTION_NAMES: dict[str, str] = {
+    "preferClosestNumaNodes": OPTION_PREFER_CLOSEST_NUMA_NODES,
+    "maxAllowableNumaNodes": OPTION_MAX_ALLOWABLE_NUMA_NODES,
+}
+OPTION_KEYS: tuple[str, ...] = tuple(KUBELET_OPTION_NAMES)
 MIN_MAX_ALLOWABLE_NUMA_NODES = 8
 MAX_MAX_ALLOWABLE_NUMA_NODES = 64
 
