@@ -27,6 +27,9 @@ def test_backoff_doubles_and_caps() -> None:
     assert [backoff_delay(10, a) for a in range(4)] == [10, 20, 40, 80]
     assert backoff_delay(10, 100) == 3600
     assert backoff_delay(0, 3) == 0
+    # rounds of one attempt per replica: 50 replicas rejected at once all wait 10 s
+    assert {backoff_delay(10, a, 50) for a in range(50)} == {10}
+    assert [backoff_delay(10, a, 2) for a in range(6)] == [10, 10, 20, 20, 40, 40]
 
 
 def test_replacement_names_are_deterministic() -> None:

@@ -81,7 +81,8 @@ class RedeployPolicy(Model):
     by the scheduling gate numalign.io/redeploy until the controller's annotation
     numalign.io/redeploy-reset changes or an hour passes without a rejection."""
     backoff_seconds: Annotated[int, Field(ge=1, le=3600)] = 10
-    """Delay before the first redeploy; it doubles with each further attempt. The
+    """Delay before the first redeploy; it doubles with each further round of attempts
+    (one attempt per replica). The
     replacement a controller creates at once for a rejected pod is held by the
     scheduling gate numalign.io/redeploy meanwhile."""
     avoid_rejecting_nodes: bool = True

@@ -19,21 +19,31 @@ replacement name is part of it, so a crash and restart replays the same decision
 create hits AlreadyExists, the delete hits NotFound — never two replacements for one
 rejection, and the failed pod is deleted only after its replacement exists.
 
-**Limits.** Attempt ``k`` (from 0) waits ``backoffSeconds * 2**k`` after the operator
-first saw the rejection. A workload's budget is ``maxAttempts`` per replica: ``maxAttempts
-x spec.replicas`` of its controller (ReplicaSet, StatefulSet, ReplicationController; 1 for
-bare pods, Jobs and owners it cannot read). Once the budget is spent, a further rejection
+**Limits.** A workload's attempts are counted in rounds of one per replica: an attempt
+in round ``k`` (from 0; attempts so far // replicas) waits ``backoffSeconds * 2**k`` after
+the operator first saw the rejection, so 50 replicas rejected at once are each retried
+after ``backoffSeconds``, not after up to ``2**49`` times it. A workload's budget is
+``maxAttempts`` per replica: ``maxAttempts x spec.replicas`` of its controller
+(ReplicaSet, StatefulSet, ReplicationController; 1 for bare pods, Jobs and owners it
+cannot read). Once the budget is spent, a further rejection
 is left Failed with a ``RedeployGaveUp`` Warning event, counted in the governing
 TopologyPolicy's ``RedeployExhausted`` condition, and the workload is *exhausted*.
 
-**No runaway after giving up.** A ReplicaSet replaces a Failed pod at once, so leaving
-Failed pods alone would still pile them up (kubernetes#84869). While a workload is
-exhausted, the mutating webhook adds the scheduling gate :data:`GATE` to its new pods:
-they stay Pending (``SchedulingGated``) and get a Warning event saying why and how to
-release them. The gate is removed from every held pod when the record is released: the
-controller's annotation :data:`ANN_RESET` changes (any new value), or
+**No runaway.** A ReplicaSet replaces a Failed pod at once, so leaving Failed pods
+alone would pile them up (kubernetes#84869), and the replacement would be scheduled
+before any backoff. So the mutating webhook adds the scheduling gate :data:`GATE` to a
+controller-owned pod created while (a) a rejected pod of its workload waits for its
+decision (the backoff): a ``RedeployBackoff`` event, the gate removed once the rejected
+pod was redeployed; or (b) the workload is exhausted: a ``RedeployExhausted`` Warning
+saying why and how to release it, the gate removed from every held pod when the record
+is released -- the controller's annotation :data:`ANN_RESET` changes (any new value), or
 :data:`RESET_AFTER_S` passed since the last rejection. Removing the gate from one pod by
 hand lets that pod try once more.
+
+**Avoidance.** Replacements avoid the nodes that rejected the workload (for
+:data:`AVOID_FOR_S`) and the nodes whose NodeTopology shows they cannot fit it, but never
+every node the pod may select (:mod:`.fit`): else it would stay Pending for good and the
+budget could never be spent.
 
 A workload's count resets after :data:`RESET_AFTER_S` without a rejection; nodes are
 avoided for :data:`AVOID_FOR_S` after they rejected it.
@@ -98,10 +108,11 @@ def is_topology_rejected(pod: Mapping[str, Any]) -> bool:
     return bool(status.get("phase") == "Failed" and status.get("reason") == REASON)
 
 
-def backoff_delay(backoff_seconds: float, attempt: int) -> float:
-    """Delay before redeploy attempt ``attempt`` (0-based): backoff * 2**attempt,
-    capped at one hour."""
-    return float(min(3600.0, backoff_seconds * (2 ** max(0, min(attempt, 30)))))
+def backoff_delay(backoff_seconds: float, attempt: int, replicas: int = 1) -> float:
+    """Delay before redeploy attempt ``attempt`` (0-based) of a workload of ``replicas``:
+    backoff * 2**round, a round being one attempt per replica; capped at one hour."""
+    rnd = max(0, attempt) // max(1, replicas)
+    return float(min(3600.0, backoff_seconds * (2 ** min(rnd, 30))))
 
 
 def controller_ref(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -497,7 +508,7 @@ def step(pod: Mapping[str, Any], first_seen: float, now: float | None = None) ->
                     f"value>")
         kube.event(pod, "Warning", reason="RedeployGaveUp", message=msg)
         return None
-    wait = first_seen + backoff_delay(settings.backoff_seconds, st.attempts) - now
+    wait = first_seen + backoff_delay(settings.backoff_seconds, st.attempts, replicas) - now
     if wait > 0:
         return wait
     attempt = st.attempts + 1
