@@ -8,11 +8,12 @@ from typing import Any
 
 import pytest
 
-from numalign.api.resolution import PolicyRef
+from numalign.api.resolution import PolicyRef, RedeploySettings
 from numalign.controller import fit, policies
 from numalign.controller.fit import node_fits, pod_requests
 from numalign.controller.nodedefaults import desired_spec, spec_patch
 from numalign.controller.redeploy import (
+    Workload,
     WorkloadState,
     backoff_delay,
     build_replacement,
@@ -30,6 +31,53 @@ def test_backoff_doubles_and_caps() -> None:
     # rounds of one attempt per replica: 50 replicas rejected at once all wait 10 s
     assert {backoff_delay(10, a, 50) for a in range(50)} == {10}
     assert [backoff_delay(10, a, 2) for a in range(6)] == [10, 10, 20, 20, 40, 40]
+
+
+def _workload(failed: dict[str, str], st: WorkloadState,
+              settings: RedeploySettings | None = None) -> Workload:
+    pod = {"metadata": {"name": "x", "ownerReferences": [
+        {"kind": "ReplicaSet", "uid": "rs", "controller": True}]}}
+    return Workload("owner-rs", "rs", st, failed, pod, settings or RedeploySettings())
+
+
+def test_replacements_held_while_a_rejected_pod_waits_and_once_exhausted() -> None:
+    """The ReplicaSet's replacement of a rejected pod is held until the operator decided
+    on that pod (its backoff); once the budget is spent, held for good; never when the
+    workload has no rejection or its policy does not redeploy."""
+    t0 = 1577836800.0  # 2020-01-01T00:00:00Z
+    st = WorkloadState()
+    assert _workload({}, st).hold(t0) is None
+    assert _workload({"f1": "n1"}, st).hold(t0) == "backoff"
+    assert _workload({"f1": "n1"}, st).waiting() == ["f1"]
+    st.handled = {"f1": {"action": "delete"}}
+    assert _workload({"f1": "n1"}, st).hold(t0) is None  # decided: the pod is going away
+    assert _workload({"f1": "n1", "f2": "n2"}, st).waiting() == ["f2"]
+    st.gave_up = {"f2": "2020-01-01T00:00:00Z"}
+    st.exhausted = st.last = "2020-01-01T00:00:00Z"
+    assert _workload({"f1": "n1", "f2": "n2"}, st).hold(t0 + 60) == "exhausted"
+    assert _workload({}, st).hold(t0 + 60) == "exhausted"
+    assert _workload({}, st).hold(t0 + 3601) is None  # expired: released by itself
+    off = RedeploySettings(enabled=False)
+    assert _workload({"f3": "n3"}, WorkloadState(), off).hold(t0) is None
+    assert _workload({"f3": "n3"}, WorkloadState(), off).avoid(t0) == []
+
+
+def test_replacements_avoid_rejecting_nodes_newest_first(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The node of the pod Failed now, then the record's nodes, newest first; with every
+    selectable node among them, the one that rejected the workload longest ago is let
+    back in."""
+    monkeypatch.setattr(fit, "unfit_nodes", lambda p, skip=None: [])
+    monkeypatch.setattr(fit, "selectable_nodes", lambda p: {"new", "now", "old", "spare"})
+    t0 = 1577836800.0
+    st = WorkloadState(rejections={"old": "2020-01-01T00:00:00Z",
+                                   "new": "2020-01-01T00:10:00Z"})
+    assert _workload({"f": "now"}, st).avoid(t0 + 700) == ["new", "now", "old"]
+    monkeypatch.setattr(fit, "selectable_nodes", lambda p: {"new", "now", "old"})
+    assert _workload({"f": "now"}, st).avoid(t0 + 700) == ["new", "now"]
+    assert _workload({}, WorkloadState()).avoid(t0) == []
+    keep_off = RedeploySettings(avoid_rejecting_nodes=False)
+    assert _workload({"f": "now"}, st, keep_off).avoid(t0 + 700) == []
 
 
 def test_replacement_names_are_deterministic() -> None:

@@ -762,8 +762,12 @@ def ungate(pod: Mapping[str, Any]) -> None:
             {"op": "test", "path": f"/spec/schedulingGates/{idx}/name", "value": GATE},
             {"op": "remove", "path": f"/spec/schedulingGates/{idx}"}])
     except ApiException as e:
-        if e.status not in (404, 409, 422):  # gone, or the gate moved: next pass
-            raise
+        if e.status == 404:  # gone
+            cache.GATED.remove(pod)
+            return
+        if e.status in (409, 422):  # the gate moved or was removed already: next pass
+            return
+        raise
     cache.GATED.remove(pod)
     _warned.pop(str(meta.get("uid", "")), None)
     kube.event(pod, "Normal", reason="RedeployReleased",
