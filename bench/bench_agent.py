@@ -5,6 +5,12 @@ Deployments put PODS pods on them. Reports pods decided per second, bind-to-deci
 latency (p50, p99: from the moment a watch sees the pod bound to the moment it sees
 the pod Running or Failed) and the agent's memory (RSS).
 
+Baseline, measured in the same run and under the same load: the API floor. While the
+pods arrive, the bench writes a ConfigMap every 100 ms and times each write until its
+own watch sees it -- what any agent's decision costs at least on this control plane (one
+write, seen through a watch), with no decision in it. The agent's latency is reported
+as a ratio to that floor.
+
     python bench/run.py agent [--quick]                 # 100 nodes / 2,000 pods (quick: 10 / 100)
     python bench/bench_agent.py --nodes 10 --pods 100 [--kubeconfig KC]
 
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -126,6 +133,50 @@ async def wait_nodes(kube: Kube, names: set[str], timeout: float) -> None:
     raise TimeoutError(f"nodes not Ready after {timeout}s")
 
 
+PROBE = "bench-api-floor"
+
+
+async def api_floor(kube: Kube, stop: asyncio.Event,
+                    samples: list[tuple[float, float]]) -> None:
+    """Until ``stop``: write the probe ConfigMap every 100 ms; append (when written,
+    seconds until this client's watch saw it)."""
+    path = f"/api/v1/namespaces/{NS}/configmaps"
+    try:
+        made = await kube.create(path, {"metadata": {"name": PROBE}, "data": {"seq": "0"}})
+    except ApiError as e:
+        if e.status != 409:
+            raise
+        made = await kube.get(f"{path}/{PROBE}")
+    rv = str(made["metadata"]["resourceVersion"])
+    sent: dict[str, float] = {}
+
+    async def watch() -> None:
+        nonlocal rv
+        while True:
+            async for ev in kube.watch(path, {"resourceVersion": rv,
+                                              "fieldSelector": f"metadata.name={PROBE}"}):
+                obj = ev.get("object") or {}
+                rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
+                at = sent.pop(str((obj.get("data") or {}).get("seq")), None)
+                if at is not None:
+                    samples.append((at, time.monotonic() - at))
+
+    watcher = asyncio.create_task(watch())
+    seq = 0
+    try:
+        while not stop.is_set():
+            seq += 1
+            sent[str(seq)] = time.monotonic()
+            await kube.patch(f"{path}/{PROBE}", {"data": {"seq": str(seq)}})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.1)
+        await asyncio.sleep(1.0)  # the last writes' watch events
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await watcher
+
+
 async def run_bench(kubeconfig: str, nodes: int, pods: int, timeout: float) -> dict[str, Any]:
     mix = node_mix(nodes)
     names = {f"{load_machine(f).name}-{i}" for f, c in mix for i in range(c)}
@@ -176,6 +227,9 @@ async def run_bench(kubeconfig: str, nodes: int, pods: int, timeout: float) -> d
                         return
 
         watcher = asyncio.create_task(watch())
+        stop_probe = asyncio.Event()
+        floor_samples: list[tuple[float, float]] = []
+        prober = asyncio.create_task(api_floor(kube, stop_probe, floor_samples))
         await asyncio.sleep(0.5)
         start = time.monotonic()
         for d in deployments(pods):
@@ -184,9 +238,18 @@ async def run_bench(kubeconfig: str, nodes: int, pods: int, timeout: float) -> d
             await asyncio.wait_for(watcher, timeout)
         except TimeoutError:
             result["timed_out"] = True
+        stop_probe.set()
+        await prober
         end = max(decided.values(), default=time.monotonic())
         lat = [decided[u] - bound[u] for u in decided if u in bound]
         first_bind = min(bound.values(), default=start)
+        floor = [d for at, d in floor_samples if first_bind <= at <= end]
+        for p in (50, 99):
+            result[f"api_floor_p{p}_s"] = round(pct(floor, p), 3)
+            result[f"latency_p{p}_over_floor"] = (
+                round(pct(lat, p) / pct(floor, p), 2) if floor and lat and pct(floor, p) > 0
+                else None)
+        result["api_floor_samples"] = len(floor)
         rss, hwm = rss_kib(agent.pid)
         result.update({
             "decided": len(decided),
@@ -276,6 +339,11 @@ def main(argv: list[str]) -> int:
     print(f"  throughput        {result['pods_per_second']} pods/s (first bind to last decision)")
     print(f"  bind->decision    p50 {result['latency_p50_s']} s, p99 {result['latency_p99_s']} s,"
           f" max {result['latency_max_s']} s")
+    print(f"  API floor         one write seen through a watch, same load: p50 "
+          f"{result['api_floor_p50_s']} s, p99 {result['api_floor_p99_s']} s "
+          f"({result['api_floor_samples']} samples)")
+    print(f"  ratio to floor    p50 x{result['latency_p50_over_floor']}, "
+          f"p99 x{result['latency_p99_over_floor']}")
     if "agent_watch_to_written_p50_s" in result:
         print(f"  in the agent      seen bound -> status written p50 "
               f"{result['agent_watch_to_written_p50_s']} s, p99 "

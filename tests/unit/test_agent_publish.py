@@ -40,7 +40,8 @@ class FakeKube:
         self.calls: list[tuple[str, Any]] = []
         self.fail = 0
 
-    async def patch(self, path: str, body: Any, kind: str = MERGE_PATCH) -> dict[str, Any]:
+    async def patch(self, path: str, body: Any, kind: str = MERGE_PATCH, *,
+                    decode: bool = True) -> dict[str, Any]:
         self.calls.append((kind, copy.deepcopy(body)))
         if self.fail:
             self.fail -= 1

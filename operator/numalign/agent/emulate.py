@@ -81,7 +81,7 @@ class Emulator:
     def __init__(self, kube: Kube, nodes: Sequence[NodeSpec], *,
                  lease_interval: float = 10.0, status_interval: float = 60.0,
                  publish_delay: float = 0.2, publish_interval: float = 1.0,
-                 concurrency: int = 24, index_offset: int = 0,
+                 concurrency: int = 96, index_offset: int = 0,
                  publish_nrt: bool = False, background_connections: int = 4,
                  busy_publish_interval: float = 8.0) -> None:
         self.kube = kube
@@ -143,7 +143,7 @@ class Emulator:
     async def _post_node_status(self, st: NodeState) -> None:
         body = {"status": node_status(st.name, st.machine, st.index)}
         try:
-            await self.bg.patch(f"/api/v1/nodes/{q(st.name)}/status", body)
+            await self.bg.patch(f"/api/v1/nodes/{q(st.name)}/status", body, decode=False)
         except ApiError as e:
             if e.status != 404:
                 raise
@@ -153,7 +153,7 @@ class Emulator:
         path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{q(st.name)}"
         lease = lease_object(st.name, self._node_uids.get(st.name))
         try:
-            await self.bg.patch(path, {"spec": lease["spec"]})
+            await self.bg.patch(path, {"spec": lease["spec"]}, decode=False)
         except ApiError as e:
             if e.status != 404:
                 raise
@@ -566,7 +566,7 @@ class Emulator:
         meta = pod.get("metadata") or {}
         ns, name, uid = str(meta.get("namespace")), str(meta.get("name")), pod_uid(pod)
         try:
-            await self.kube.patch(pod_path(ns, name, "status"), body, MERGE_PATCH)
+            await self.kube.patch(pod_path(ns, name, "status"), body, MERGE_PATCH, decode=False)
         except ApiError as e:
             if e.status in (404, 409):
                 # Gone (or replaced by a pod of the same name): nothing to hold for it.

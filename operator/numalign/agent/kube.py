@@ -168,7 +168,9 @@ class Kube:
     async def request(self, method: str, path: str, *, body: Any = None,
                       params: Mapping[str, str] | None = None,
                       content_type: str = "application/json",
-                      timeout: float = 30.0) -> JSON:
+                      timeout: float = 30.0, decode: bool = True) -> JSON:
+        """One request; the response's JSON object (``{}`` without ``decode``: a write
+        whose answer is not needed skips parsing the whole object it returns)."""
         data = _dumps(body) if body is not None else None
         self._requests += 1
         async with self.session.request(
@@ -177,6 +179,8 @@ class Kube:
             timeout=aiohttp.ClientTimeout(total=timeout),
         ) as resp:
             raw = await resp.read()
+            if not decode and resp.status < 300:
+                return {}
             try:
                 doc: Any = json.loads(raw) if raw else {}
             except ValueError:
@@ -224,8 +228,9 @@ class Kube:
     async def create(self, path: str, body: JSON) -> JSON:
         return await self.call("POST", path, body=body)
 
-    async def patch(self, path: str, body: Any, kind: str = MERGE_PATCH) -> JSON:
-        return await self.call("PATCH", path, body=body, content_type=kind)
+    async def patch(self, path: str, body: Any, kind: str = MERGE_PATCH, *,
+                    decode: bool = True) -> JSON:
+        return await self.call("PATCH", path, body=body, content_type=kind, decode=decode)
 
     async def put(self, path: str, body: JSON) -> JSON:
         return await self.call("PUT", path, body=body)

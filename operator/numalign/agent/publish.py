@@ -347,7 +347,7 @@ class Publisher:
             # Unknown outcome (error, timeout) -> unknown stored status: write it all next.
             self._stored.pop(name, None)
             try:
-                await self.kube.patch(nt_path(name, "status"), body, kind)
+                await self.kube.patch(nt_path(name, "status"), body, kind, decode=False)
             except ApiError as e:
                 if e.status == 404 and attempt < 5:
                     await self.ensure(name, None)

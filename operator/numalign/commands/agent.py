@@ -44,8 +44,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--publish-interval", type=float, default=None,
                    help="at most one NodeTopology status write per node per this many "
                         "seconds (default: 1, or one per 50 emulated nodes)")
-    p.add_argument("--concurrency", type=int, default=24,
-                   help="concurrent pod writes (default 24)")
+    p.add_argument("--concurrency", type=int, default=96,
+                   help="concurrent pod writes (default 96)")
     p.add_argument("--publish-nrt", action="store_true",
                    help="also publish each node's NodeResourceTopology "
                         "(topology.node.k8s.io/v1alpha2, for topology-aware schedulers) "
