@@ -37,7 +37,7 @@ def _workload(failed: dict[str, str], st: WorkloadState,
               settings: RedeploySettings | None = None) -> Workload:
     pod = {"metadata": {"name": "x", "ownerReferences": [
         {"kind": "ReplicaSet", "uid": "rs", "controller": True}]}}
-    return Workload("owner-rs", "rs", st, failed, pod, settings or RedeploySettings())
+    return Workload(st, failed, pod, settings or RedeploySettings())
 
 
 def test_replacements_held_while_a_rejected_pod_waits_and_once_exhausted() -> None:

@@ -63,7 +63,7 @@ def _periodic_pass() -> None:
     cache.resync()
     nodedefaults.reconcile_all()
     policies.reconcile_all()
-    redeploy.release_exhausted()
+    redeploy.periodic_release()
     metrics.refresh_from_node_topologies(cache.node_topologies())
 
 

@@ -541,8 +541,6 @@ class Workload:
     """What the mutating webhook and the release pass know of a controller's workload:
     its record, and its pods that are Failed with TopologyAffinityError right now."""
 
-    key: str
-    owner_uid: str
     state: WorkloadState
     failed: dict[str, str]  # pod uid -> node
     pod: Mapping[str, Any]
@@ -621,19 +619,8 @@ def workload_of(pod: Mapping[str, Any], namespace: str,
     for p in cache.FAILED.values():  # seen by the operator's watch, maybe not there yet
         if p.get("owner") == owner and p["metadata"].get("namespace") == namespace:
             failed.setdefault(str(p["metadata"].get("uid")), str(p.get("node") or ""))
-    return Workload(workload_key(pod), owner, workload_state(namespace, workload_key(pod)),
+    return Workload(workload_state(namespace, workload_key(pod)),
                     {u: n for u, n in failed.items() if n}, pod)
-
-
-def exhausted(pod: Mapping[str, Any], namespace: str) -> WorkloadState | None:
-    """The record of the pod's workload when it is exhausted; only controller-owned
-    pods."""
-    if controller_ref(pod) is None:
-        return None
-    st = workload_state(namespace, workload_key(pod))
-    if not st.exhausted or time.time() - st.last_rejection() > RESET_AFTER_S:
-        return None
-    return st
 
 
 def has_gate(pod: Mapping[str, Any]) -> bool:
@@ -641,15 +628,14 @@ def has_gate(pod: Mapping[str, Any]) -> bool:
                for g in (pod.get("spec") or {}).get("schedulingGates") or [])
 
 
-def gate_message(pod: Mapping[str, Any], st: WorkloadState | None) -> str:
+def gate_message(pod: Mapping[str, Any], st: WorkloadState) -> str:
     """The Warning on a pod held because its workload spent its redeploy budget."""
     ref = controller_ref(pod) or {}
     kind, owner = str(ref.get("kind", "")), str(ref.get("name", ""))
     name = str((pod.get("metadata") or {}).get("name", ""))
     ns = str((pod.get("metadata") or {}).get("namespace", ""))
     spent = (f"{st.attempts} redeploy attempt(s) (budget {st.budget or st.attempts}"
-             + (f", TopologyPolicy/{st.policy}" if st and st.policy else "") + ")"
-             if st is not None else "its redeploy budget")
+             + (f", TopologyPolicy/{st.policy}" if st.policy else "") + ")")
     return (f"held by the scheduling gate {GATE}: {kind}/{owner} was rejected with "
             f"TopologyAffinityError and spent {spent}, so its new pods are not scheduled. "
             f"Fix the policy or free capacity, then release them all with `kubectl annotate "
@@ -705,7 +691,7 @@ def release_budgets(now: float) -> None:
 _warned: dict[str, set[str]] = {}
 
 
-def _tell_once(pod: Mapping[str, Any], why: str) -> None:
+def _tell_once(pod: Mapping[str, Any], why: str, st: WorkloadState) -> None:
     """One event per held pod and reason: Normal for a backoff, Warning when the budget
     is spent."""
     uid = str((pod.get("metadata") or {}).get("uid", ""))
@@ -715,10 +701,8 @@ def _tell_once(pod: Mapping[str, Any], why: str) -> None:
     if len(_warned) > 100_000:
         _warned.clear()
     seen.add(why)
-    ns = str((pod.get("metadata") or {}).get("namespace") or "")
     if why == "exhausted":
-        kube.event(pod, "Warning", reason="RedeployExhausted",
-                   message=gate_message(pod, exhausted(pod, ns)))
+        kube.event(pod, "Warning", reason="RedeployExhausted", message=gate_message(pod, st))
     else:
         kube.event(pod, "Normal", reason="RedeployBackoff", message=backoff_message(pod))
 
@@ -738,13 +722,13 @@ def release_held(namespace: str | None = None, now: float | None = None) -> None
         for one in held:
             wl = workload_of(one, ns, rejected)
             why = wl.hold(now) if wl is not None else None
-            if why is None:
+            if wl is None or why is None:
                 ungate(one)
             else:
-                _tell_once(one, why)
+                _tell_once(one, why, wl.state)
 
 
-def release_exhausted(now: float | None = None) -> None:
+def periodic_release(now: float | None = None) -> None:
     """The periodic pass: release budgets, then held pods."""
     now = time.time() if now is None else now
     release_budgets(now)
@@ -868,8 +852,8 @@ async def gated_pod(body: kopf.Body, type: str | None, **_: Any) -> None:
     def tell() -> None:
         wl = workload_of(pod, ns)
         why = wl.hold(time.time()) if wl is not None else None
-        if why is not None:
-            _tell_once(pod, why)
+        if wl is not None and why is not None:
+            _tell_once(pod, why, wl.state)
 
     await asyncio.to_thread(tell)
 
