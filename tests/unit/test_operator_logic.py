@@ -151,13 +151,22 @@ def test_build_replacement() -> None:
 
 
 def test_pod_requests_and_fit() -> None:
-    pod = {"spec": {
-        "initContainers": [{"resources": {"requests": {"cpu": "6"}}},
-                           {"restartPolicy": "Always", "resources": {"requests": {"cpu": "1"}}}],
-        "containers": [{"resources": {"requests": {"cpu": "2", "memory": "1Gi"}}},
-                       {"resources": {"limits": {"cpu": "1", "example.com/gpu": "1"}}}]}}
+    pod = {"metadata": {"generateName": "web-"}, "spec": {
+        "initContainers": [{"name": "i", "resources": {"requests": {"cpu": "6"}}},
+                           {"name": "s", "restartPolicy": "Always",
+                            "resources": {"requests": {"cpu": "1"}}}],
+        "containers": [{"name": "a", "resources": {"requests": {"cpu": "2", "memory": "1Gi"}}},
+                       {"name": "b", "resources": {"limits": {"cpu": "1",
+                                                              "example.com/gpu": "1"}}}]}}
     req = pod_requests(pod)
     assert req == {"cpu": Decimal(6), "memory": Decimal(2**30), "example.com/gpu": Decimal(1)}
+    # the engine's rule: a sidecar started before an init container runs beside it
+    sidecar_first = {**pod, "spec": {**pod["spec"], "initContainers": [
+        pod["spec"]["initContainers"][1], pod["spec"]["initContainers"][0]]}}
+    assert pod_requests(sidecar_first)["cpu"] == Decimal(7)
+    bad = {**pod, "spec": {"containers": [{"name": "a", "resources": {"requests": {
+        "cpu": "lots"}}}]}}
+    assert pod_requests(bad) == {}  # not judged: no node is avoided for it
     zones = [{"available": {"cpu": "4", "memory": "4Gi"}},
              {"available": {"cpu": "4", "memory": "4Gi"}}]
     assert node_fits(req, zones, single_zone=False) is True

@@ -1,10 +1,10 @@
 """Which nodes cannot fit a pod, judged from their NodeTopology status.
 
-A coarse, fast check (no provider hints): the pod's effective request (max of the
-largest init container and the sum of app containers) against what each NUMA zone
-reports ``available``. Under ``single-numa-node`` one zone must hold every requested
-resource that the zones report; otherwise the zones' sum must. Resources that no zone
-reports (or nodes without zones) are not judged: the node is not avoided.
+A coarse, fast check (no provider hints): the pod's effective request (the engine's
+pod-scope rule) against what each NUMA zone reports ``available``. Under
+``single-numa-node`` one zone must hold every requested resource that the zones
+report; otherwise the zones' sum must. Resources that no zone reports (or nodes
+without zones) are not judged: the node is not avoided.
 """
 
 from __future__ import annotations
@@ -15,43 +15,25 @@ from decimal import Decimal
 from typing import Any
 
 from numalign.api.resolution import ANN_RESOLVED, parse_resolved
+from numalign.topology.errors import TopologyError
+from numalign.topology.pod import pod_from_dict
 from numalign.topology.quantity import parse_quantity
 
 from . import cache, metrics
 
 
-def _requests(container: Mapping[str, Any]) -> dict[str, Decimal]:
-    res = (container.get("resources") or {})
-    req = dict(res.get("limits") or {})
-    req.update(res.get("requests") or {})  # requests win; limits default them
-    out: dict[str, Decimal] = {}
-    for k, v in req.items():
-        try:
-            out[str(k)] = parse_quantity(v)
-        except (ValueError, ArithmeticError):
-            continue
-    return out
-
-
 def pod_requests(pod: Mapping[str, Any]) -> dict[str, Decimal]:
-    """The pod's effective request per resource, as the Topology Manager's pod scope."""
-    spec = pod.get("spec") or {}
-    total: dict[str, Decimal] = {}  # app containers plus restartable init containers
-    init_max: dict[str, Decimal] = {}
-    for c in spec.get("containers") or []:
-        for k, v in _requests(c).items():
-            total[k] = total.get(k, Decimal(0)) + v
-    for c in spec.get("initContainers") or []:
-        r = _requests(c)
-        if c.get("restartPolicy") == "Always":  # sidecar: runs alongside the app
-            for k, v in r.items():
-                total[k] = total.get(k, Decimal(0)) + v
-        else:
-            for k, v in r.items():
-                init_max[k] = max(init_max.get(k, Decimal(0)), v)
-    for k, v in init_max.items():
-        total[k] = max(total.get(k, Decimal(0)), v)
-    return {k: v for k, v in total.items() if v > 0}
+    """The pod's effective request per resource, by the engine's pod-scope rule
+    (:meth:`numalign.topology.pod.Pod.effective_requests`: init containers with the
+    sidecars started before them). A pod the engine cannot read (a malformed quantity,
+    say) gives nothing: it is not judged, and no node is avoided for it."""
+    meta = dict(pod.get("metadata") or {})
+    # At admission a controller's pod has only generateName; the engine wants a name.
+    meta.setdefault("name", meta.get("generateName") or "pod")
+    try:
+        return pod_from_dict({**pod, "metadata": meta}).effective_requests()
+    except TopologyError:
+        return {}
 
 
 def node_fits(requests: Mapping[str, Decimal], zones: list[Mapping[str, Any]],

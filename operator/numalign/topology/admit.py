@@ -270,7 +270,7 @@ class _Run:
     def _unit(self, unit: Sequence[Container], value: Callable[[Container], int]) -> int:
         if len(unit) == 1:
             return value(unit[0])
-        return effective_request(self.pod.init_containers, self.pod.containers, value)
+        return effective_request(self.pod.init_containers, self.pod.containers, value, 0)
 
     def free_sets(self) -> dict[str, frozenset[str]]:
         uid = self.pod.uid

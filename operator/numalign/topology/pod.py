@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from .errors import TopologyError
 from .quantity import parse_quantity
@@ -92,43 +92,34 @@ class Pod:
 
     def effective(self, value: Callable[[Container], int]) -> int:
         """The pod-scope amount of a per-container quantity ``value``, as the kubelet sums it."""
-        return effective_request(self.init_containers, self.containers, value)
+        return effective_request(self.init_containers, self.containers, value, 0)
 
     def effective_requests(self) -> dict[str, Decimal]:
         """Effective request per resource (the pod-scope request)."""
         out: dict[str, Decimal] = {}
         for res in self.resources:
-            out[res] = _effective_dec(self.init_containers, self.containers,
-                                      lambda c, r=res: c.request(r))  # type: ignore[misc]
+            out[res] = effective_request(self.init_containers, self.containers,
+                                         lambda c, r=res: c.request(r),  # type: ignore[misc]
+                                         Decimal(0))
         return {k: v for k, v in out.items() if v}
 
 
+Amount = TypeVar("Amount", int, Decimal)
+
+
 def effective_request(inits: Iterable[Container], apps: Iterable[Container],
-                      value: Callable[[Container], int]) -> int:
-    """max(largest init container + sidecars started before it, apps + all sidecars)."""
-    sidecars = 0
-    init_peak = 0
+                      value: Callable[[Container], Amount], zero: Amount) -> Amount:
+    """max(largest init container + sidecars started before it, apps + all sidecars);
+    ``zero`` is 0 or ``Decimal(0)``, as ``value`` gives."""
+    sidecars = zero
+    init_peak = zero
     for c in inits:
         v = value(c)
         if c.restartable:
             sidecars += v
         else:
             init_peak = max(init_peak, sidecars + v)
-    running = sum(value(c) for c in apps) + sidecars
-    return max(init_peak, running)
-
-
-def _effective_dec(inits: Iterable[Container], apps: Iterable[Container],
-                   value: Callable[[Container], Decimal]) -> Decimal:
-    sidecars = Decimal(0)
-    init_peak = Decimal(0)
-    for c in inits:
-        v = value(c)
-        if c.restartable:
-            sidecars += v
-        else:
-            init_peak = max(init_peak, sidecars + v)
-    running = sum((value(c) for c in apps), Decimal(0)) + sidecars
+    running = sum((value(c) for c in apps), zero) + sidecars
     return max(init_peak, running)
 
 
