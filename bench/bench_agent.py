@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +134,23 @@ async def wait_nodes(kube: Kube, names: set[str], timeout: float) -> None:
     raise TimeoutError(f"nodes not Ready after {timeout}s")
 
 
+async def watch_pods(kube: Kube, namespace: str, rv: str,
+                     on_pod: Callable[[dict[str, Any], float], None],
+                     done: Callable[[], bool]) -> None:
+    """Feed every pod event of ``namespace`` from ``rv`` on (not deletions) to
+    ``on_pod(pod, when seen)`` until ``done()``; watches again when the server ends one."""
+    path = f"/api/v1/namespaces/{namespace}/pods"
+    while not done():
+        async for ev in kube.watch(path, {"resourceVersion": rv}):
+            obj = ev.get("object") or {}
+            rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
+            if ev.get("type") in ("BOOKMARK", "ERROR", "DELETED"):
+                continue
+            on_pod(obj, time.monotonic())
+            if done():
+                return
+
+
 PROBE = "bench-api-floor"
 
 
@@ -203,28 +221,19 @@ async def run_bench(kubeconfig: str, nodes: int, pods: int, timeout: float) -> d
         bound: dict[str, float] = {}
         decided: dict[str, float] = {}
         phases: dict[str, str] = {}
+        def on_pod(obj: dict[str, Any], now: float) -> None:
+            uid = str((obj.get("metadata") or {}).get("uid"))
+            if (obj.get("spec") or {}).get("nodeName") and uid not in bound:
+                bound[uid] = now
+            phase = (obj.get("status") or {}).get("phase")
+            if phase in ("Running", "Failed") and uid not in decided:
+                decided[uid] = now
+                phases[uid] = str(phase)
+
         _, rv = await kube.list_all(f"/api/v1/namespaces/{NS}/pods")
 
         async def watch() -> None:
-            nonlocal rv
-            while len(decided) < pods:
-                async for ev in kube.watch(f"/api/v1/namespaces/{NS}/pods",
-                                           {"resourceVersion": rv}):
-                    obj = ev.get("object") or {}
-                    meta = obj.get("metadata") or {}
-                    rv = str(meta.get("resourceVersion") or rv)
-                    if ev.get("type") in ("BOOKMARK", "ERROR", "DELETED"):
-                        continue
-                    uid = str(meta.get("uid"))
-                    now = time.monotonic()
-                    if (obj.get("spec") or {}).get("nodeName") and uid not in bound:
-                        bound[uid] = now
-                    phase = (obj.get("status") or {}).get("phase")
-                    if phase in ("Running", "Failed") and uid not in decided:
-                        decided[uid] = now
-                        phases[uid] = str(phase)
-                    if len(decided) >= pods:
-                        return
+            await watch_pods(kube, NS, rv, on_pod, lambda: len(decided) >= pods)
 
         watcher = asyncio.create_task(watch())
         stop_probe = asyncio.Event()

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_agent import node_mix, pct, rss_kib, wait_nodes
+from bench_agent import node_mix, pct, rss_kib, wait_nodes, watch_pods
 from numalign.agent.kube import ApiError, Kube, load_config
 from numalign.topology.machine import load_machine
 
@@ -170,42 +170,34 @@ async def run_bench(kubeconfig: str, nodes: int, pods: int, count: int, rejects:
         started: dict[str, float] = {}  # Deployment pods: first seen -> seen Running
         failed_at: dict[str, float] = {}  # reject-i -> seen Failed
         replaced_at: dict[str, float] = {}  # reject-i -> reject-i-r1 seen Running
-        _, rv = await kube.list_all(f"/api/v1/namespaces/{NS}/pods")
-
         def done() -> bool:
             return len(running) >= pods + rejects and len(replaced_at) >= rejects
 
+        def on_pod(obj: dict[str, Any], now: float) -> None:
+            meta = obj.get("metadata") or {}
+            uid, name = str(meta.get("uid")), str(meta.get("name"))
+            if uid not in first_seen:
+                first_seen[uid] = now
+                if RESOLVED in (meta.get("annotations") or {}):
+                    at_creation.add(uid)
+            if uid not in resolved_at and RESOLVED in (meta.get("annotations") or {}):
+                resolved_at[uid] = now
+            status = obj.get("status") or {}
+            if status.get("phase") == "Running":
+                running.add(uid)
+                if not name.startswith("reject-") and uid not in started:
+                    started[uid] = now - first_seen[uid]
+                base = name.removesuffix("-r1")
+                if name.startswith("reject-") and base != name and base in failed_at:
+                    replaced_at.setdefault(base, now)
+            elif (status.get("phase") == "Failed" and name.startswith("reject-")
+                  and not name.endswith("-r1")):
+                failed_at.setdefault(name, now)
+
+        _, rv = await kube.list_all(f"/api/v1/namespaces/{NS}/pods")
+
         async def watch() -> None:
-            nonlocal rv
-            while not done():
-                async for ev in kube.watch(f"/api/v1/namespaces/{NS}/pods",
-                                           {"resourceVersion": rv}):
-                    obj = ev.get("object") or {}
-                    meta = obj.get("metadata") or {}
-                    rv = str(meta.get("resourceVersion") or rv)
-                    if ev.get("type") in ("BOOKMARK", "ERROR", "DELETED"):
-                        continue
-                    now = time.monotonic()
-                    uid, name = str(meta.get("uid")), str(meta.get("name"))
-                    if uid not in first_seen:
-                        first_seen[uid] = now
-                        if RESOLVED in (meta.get("annotations") or {}):
-                            at_creation.add(uid)
-                    if uid not in resolved_at and RESOLVED in (meta.get("annotations") or {}):
-                        resolved_at[uid] = now
-                    status = obj.get("status") or {}
-                    if status.get("phase") == "Running":
-                        running.add(uid)
-                        if not name.startswith("reject-") and uid not in started:
-                            started[uid] = now - first_seen[uid]
-                        base = name.removesuffix("-r1")
-                        if name.startswith("reject-") and base != name and base in failed_at:
-                            replaced_at.setdefault(base, now)
-                    elif (status.get("phase") == "Failed" and name.startswith("reject-")
-                          and not name.endswith("-r1")):
-                        failed_at.setdefault(name, now)
-                    if done():
-                        return
+            await watch_pods(kube, NS, rv, on_pod, done)
 
         watcher = asyncio.create_task(watch())
         await asyncio.sleep(0.5)
