@@ -44,7 +44,7 @@ from numalign.devcluster.cluster import DEFAULT_CLIENT_QPS
 from numalign.topology.machine import load_machine
 
 HERE = Path(__file__).resolve().parent
-MACHINES = HERE.parent.parent / "shared" / "fixtures" / "machines"
+MACHINES = HERE.parent / "tests" / "fixtures" / "machines"
 MIX = ["seed-figure1", "dual-16core", "dgx-a100-like", "fragmented-8numa", "group8-gpu",
        "dgx1-like", "wide64"]
 NS = "bench-agent"

@@ -4,7 +4,7 @@ Run: ``python bench/run.py gpu [--quick]`` or ``python bench/bench_gpu.py``. Tim
 CPU time per request. Target: allocate under 10 ms per request on the 64-GPU machine;
 also reports hint generation, with 8 and with 64 NUMA nodes, and -- the baseline
 measured in the same run -- the speed-up over exhaustive search (every combination,
-scored alike; tests/unit/gpu_bruteforce.py) on a 16-GPU machine it can finish.
+scored alike; numalign.testing.gpu_bruteforce) on a 16-GPU machine it can finish.
 """
 
 from __future__ import annotations
@@ -14,14 +14,11 @@ import random
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
+from numalign.testing.gpu_bruteforce import brute_force
 from numalign.topology.gpu import allocate, hints, parse_gpu_requests, trees_of
 from numalign.topology.machine import Machine, machine_from_dict
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "unit"))
-from gpu_bruteforce import brute_force
 
 
 def synthetic(numa_nodes: int = 8, gpus: int = 64) -> Machine:

@@ -2,7 +2,7 @@
 
 Prints the per-decision cost at 2..64 NUMA nodes with realistic provider hint lists,
 the cost at 8 NUMA nodes x 4 resources x 255 hints (the kubelet's full lists), and the
-speed-up over the brute-force cross-product reference (tests/unit/reference_merge.py)
+speed-up over the brute-force cross-product reference (numalign.testing.reference_merge)
 measured in this process on a case the reference can finish.
 
     python bench/run.py merge [--quick]
@@ -16,13 +16,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from numalign.testing.reference_merge import reference_merge
 from numalign.topology.hints import ProviderHints, TopologyHint, mask_of
 from numalign.topology.merge import merge
 from numalign.topology.policy import PolicyOptions
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests" / "unit"))
-from reference_merge import reference_merge  # noqa: E402
 
 
 def per_call(fn: Callable[[], object], min_time: float = 0.3, max_calls: int = 10_000) -> float:

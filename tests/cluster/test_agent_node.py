@@ -14,9 +14,11 @@ from typing import Any
 
 import pytest
 
+import testdata
+
 pytestmark = pytest.mark.cluster
 
-SYSFS = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "sysfs"
+SYSFS = testdata.SYSFS
 DUMP = "16amd64-8n2c"
 
 Kubectl = Callable[..., subprocess.CompletedProcess[str]]

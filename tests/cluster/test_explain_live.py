@@ -14,9 +14,11 @@ from typing import Any
 
 import pytest
 
+import testdata
+
 pytestmark = pytest.mark.cluster
 
-MACHINES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "machines"
+MACHINES = testdata.MACHINES
 SEED = MACHINES / "seed-figure1.yaml"
 GPU = "gpu-vendor.com/gpu"
 NIC = "nic-vendor.com/nic"

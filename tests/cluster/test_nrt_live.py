@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+import testdata
 from numalign.agent import nrt
 from numalign.agent.publish import build_status
 from numalign.agent.state import NodeState
@@ -19,7 +20,7 @@ from numalign.topology.machine import load_machine
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
-MACHINES = REPO.parent / "shared" / "fixtures" / "machines"
+MACHINES = testdata.MACHINES
 
 Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 

@@ -16,9 +16,10 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+import testdata
 from operator_helpers import wait_for
 
-MACHINES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "machines"
+MACHINES = testdata.MACHINES
 POOL_LABEL = "numalign.io/e2e-pool"
 ROLE_LABEL = "numalign.io/e2e-role"
 RESOLVED = "numalign.io/resolved"

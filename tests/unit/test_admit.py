@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
+import testdata
 from numalign.topology.admit import UNEXPECTED_REASON, AdmitResult, admit_pod
 from numalign.topology.errors import TopologyError
 from numalign.topology.ledger import ContainerAllocation, Ledger
@@ -17,8 +18,7 @@ from numalign.topology.merge import REJECT_MESSAGE, REJECT_REASON
 from numalign.topology.pod import Pod, pod_from_dict
 from numalign.topology.policy import PolicyOptions
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared"
-MACHINES = SHARED / "fixtures" / "machines"
+MACHINES = testdata.MACHINES
 PODS = Path(__file__).resolve().parents[1] / "fixtures" / "pods"
 MI = 2**20
 SEED_LIMITS = {"cpu": "2", "memory": "200Mi", "gpu-vendor.com/gpu": "1",
@@ -27,8 +27,6 @@ SEED_LIMITS = {"cpu": "2", "memory": "200Mi", "gpu-vendor.com/gpu": "1",
 
 def _machine(name: str) -> Machine:
     path = MACHINES / name
-    if not path.exists():
-        pytest.skip(f"shared fixtures not found at {MACHINES}")
     return load_machine(path)
 
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+import testdata
 from numalign.commands.admit import main
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared"
-MACHINES = SHARED / "fixtures" / "machines"
+MACHINES = testdata.MACHINES
 PODS = Path(__file__).resolve().parents[1] / "fixtures" / "pods"
 
 POD = """apiVersion: v1
@@ -27,8 +27,6 @@ spec:
 @pytest.fixture
 def seed() -> str:
     path = MACHINES / "seed-figure1.yaml"
-    if not path.exists():
-        pytest.skip(f"shared fixtures not found at {MACHINES}")
     return str(path)
 
 

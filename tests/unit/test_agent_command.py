@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
+import testdata
 from numalign.agent.emulate import expand
 from numalign.commands.agent import main, parse_emulate
 
-MACHINES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "machines"
+MACHINES = testdata.MACHINES
 
 
 def test_emulate_counts_and_names() -> None:

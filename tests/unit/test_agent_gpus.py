@@ -4,16 +4,16 @@ valid request, refusal (``InvalidGpuRequest``, nothing held) on a malformed one.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
+import testdata
 from numalign.agent.annotations import Resolved
 from numalign.agent.engine import INVALID_GPU_REASON
 from numalign.agent.publish import build_status
 from numalign.agent.state import NodeState
 from numalign.topology.machine import load_machine
 
-MACHINES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "machines"
+MACHINES = testdata.MACHINES
 SNN = Resolved("single-numa-node", "pod", {}, "pod")
 
 

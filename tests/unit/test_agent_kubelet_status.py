@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
+import testdata
 from numalign.agent.kubelet_status import (
     TOPOLOGY_MESSAGE,
     TOPOLOGY_REASON,
@@ -17,7 +16,7 @@ from numalign.agent.kubelet_status import (
 )
 from numalign.topology.machine import load_machine
 
-MACHINES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "machines"
+MACHINES = testdata.MACHINES
 
 
 def _pod() -> dict[str, object]:

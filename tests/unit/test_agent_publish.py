@@ -5,17 +5,17 @@ from __future__ import annotations
 import asyncio
 import copy
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+import testdata
 from numalign.agent.kube import JSON_PATCH, MERGE_PATCH, ApiError
 from numalign.agent.publish import Publisher, build_status, merge_diff
 from numalign.agent.state import NodeState
 from numalign.topology.machine import load_machine
 
-MACHINES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "machines"
+MACHINES = testdata.MACHINES
 
 
 def apply_merge_patch(target: Any, patch: Any) -> Any:

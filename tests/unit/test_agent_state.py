@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
+import testdata
 from numalign.agent.annotations import ALLOCATION, Resolved
 from numalign.agent.publish import build_status
 from numalign.agent.state import NodeState
 from numalign.api.nodetopology import NodeTopologyStatus, summarize
 from numalign.topology.machine import load_machine
 
-MACHINES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "machines"
+MACHINES = testdata.MACHINES
 GPU = "gpu-vendor.com/gpu"
 NIC = "nic-vendor.com/nic"
 MI200 = 200 << 20

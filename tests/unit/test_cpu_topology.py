@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+import testdata
 from numalign.agent.annotations import Resolved
 from numalign.agent.publish import build_status
 from numalign.agent.state import NodeState
@@ -17,7 +17,7 @@ from numalign.topology.cputopo import cpu_topology_json, cpus_from_topology
 from numalign.topology.explain import held_from_admitted, ledger_from_held, machine_from_status
 from numalign.topology.machine import CPU, Machine, load_machine
 
-MACHINES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "machines"
+MACHINES = testdata.MACHINES
 
 
 def _round_trip(machine: Machine) -> Machine:

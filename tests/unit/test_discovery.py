@@ -1,4 +1,4 @@
-"""Node discovery: the sysfs dumps in shared/fixtures/sysfs, synthetic trees for the cases a
+"""Node discovery: the sysfs dumps in tests/fixtures/sysfs, synthetic trees for the cases a
 user relies on, the nvidia-smi parsers and the conversion to the engine's machine model."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+import testdata
 from numalign.agent.discovery import (
     DiscoveryError,
     NvidiaSmiError,
@@ -27,7 +28,7 @@ from numalign.agent.discovery import (
 from numalign.commands import discover as discover_cmd
 from numalign.topology.machine import load_machine, machine_from_dict
 
-SYSFS = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "sysfs"
+SYSFS = testdata.SYSFS
 SMI = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-smi"
 DUMPS = sorted(SYSFS.glob("*.tar.bz2")) if SYSFS.is_dir() else []
 
@@ -41,7 +42,6 @@ def _unpack(archive: Path, dest: Path) -> Path:
 # --------------------------------------------------------------------------- real machines
 
 
-@pytest.mark.skipif(not DUMPS, reason=f"no sysfs fixtures under {SYSFS}")
 @pytest.mark.parametrize("archive", DUMPS, ids=lambda p: p.name.removesuffix(".tar.bz2"))
 def test_sysfs_dump_matches_expected(archive: Path, tmp_path: Path) -> None:
     root = _unpack(archive, tmp_path)
@@ -59,7 +59,6 @@ def test_sysfs_dump_matches_expected(archive: Path, tmp_path: Path) -> None:
         assert m.node(int(nid)).memory == node["memoryBytes"]
 
 
-@pytest.mark.skipif(not DUMPS, reason=f"no sysfs fixtures under {SYSFS}")
 def test_command_prints_the_contract(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     archive = next((a for a in DUMPS if a.name.startswith("offline-cpu0-node0")), DUMPS[0])
     root = _unpack(archive, tmp_path)

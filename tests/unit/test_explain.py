@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
+import testdata
 from numalign.commands import explain as cmd
 from numalign.topology.errors import TopologyError
 from numalign.topology.explain import (
@@ -24,7 +25,7 @@ from numalign.topology.machine import load_machine
 from numalign.topology.pod import pod_from_dict
 from numalign.topology.policy import PolicyOptions
 
-MACHINES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "machines"
+MACHINES = testdata.MACHINES
 SEED = MACHINES / "seed-figure1.yaml"
 FRAG = MACHINES / "fragmented-8numa.yaml"
 GPU = "gpu-vendor.com/gpu"

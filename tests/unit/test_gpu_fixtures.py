@@ -1,11 +1,10 @@
-"""GPU group allocation on the fixture machines (shared/fixtures/machines)."""
+"""GPU group allocation on the fixture machines (tests/fixtures/machines)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
+import testdata
 from numalign.topology.gpu import (
     GpuAllocationError,
     allocate,
@@ -16,13 +15,11 @@ from numalign.topology.gpu import (
 from numalign.topology.hints import TopologyHint, mask_ids, mask_of
 from numalign.topology.machine import Machine, load_machine
 
-MACHINES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "machines"
+MACHINES = testdata.MACHINES
 
 
 def machine(name: str) -> Machine:
     path = MACHINES / name
-    if not path.exists():
-        pytest.skip(f"fixture machine {name} not found under {MACHINES}")
     return load_machine(path)
 
 

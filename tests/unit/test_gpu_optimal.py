@@ -1,17 +1,17 @@
 """The allocator against exhaustive search on small machines: for every generated
 request mix and free state, its allocation scores at least as well as the best
-allocation found by trying every combination (tests/unit/gpu_bruteforce.py)."""
+allocation found by trying every combination (numalign.testing.gpu_bruteforce)."""
 
 from __future__ import annotations
 
 import json
 import random
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+import testdata
+from numalign.testing.gpu_bruteforce import brute_force
 from numalign.topology.errors import TopologyError
 from numalign.topology.gpu import (
     GpuAllocationError,
@@ -24,10 +24,7 @@ from numalign.topology.gpu import (
 )
 from numalign.topology.machine import Machine, load_machine, machine_from_dict
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_bruteforce import brute_force
-
-MACHINES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "machines"
+MACHINES = testdata.MACHINES
 
 
 def random_machine(rng: random.Random) -> Machine:
@@ -116,8 +113,6 @@ def test_random_small_machines_match_exhaustive(block: int) -> None:
 ])
 def test_fixture_machines_match_exhaustive(name: str, levels: list[str]) -> None:
     path = MACHINES / name
-    if not path.exists():
-        pytest.skip(f"fixture machine {name} not found under {MACHINES}")
     m = load_machine(path)
     checked = 0
     for seed in range(60):

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
+import testdata
 from numalign.topology.errors import TopologyError
 from numalign.topology.gpu import WithResource, parse_gpu_requests
 from numalign.topology.machine import Machine, load_machine
 
-MACHINES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "machines"
+MACHINES = testdata.MACHINES
 
 
 def machine(name: str) -> Machine:
     path = MACHINES / name
-    if not path.exists():
-        pytest.skip(f"fixture machine {name} not found under {MACHINES}")
     return load_machine(path)
 
 

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
+import testdata
 from numalign.topology.ledger import ContainerAllocation, Ledger, LedgerError
 from numalign.topology.machine import Machine, load_machine, machine_from_dict
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared"
-MACHINES = SHARED / "fixtures" / "machines"
+MACHINES = testdata.MACHINES
 MI = 2**20
 
 
@@ -109,8 +108,6 @@ def test_copy_is_independent() -> None:
 
 def test_cpu_less_nodes_have_memory_only() -> None:
     path = MACHINES / "gb200-like-34numa.yaml"
-    if not path.exists():
-        pytest.skip(f"shared fixtures not found at {MACHINES}")
     led = Ledger(load_machine(path))
     free = led.free_view()
     assert free["5"]["cpus"] == [] and free["5"]["memory"] == 23 * 1024 * MI

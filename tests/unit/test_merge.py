@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from numalign.testing.reference_merge import reference_merge
 from numalign.topology import merge as merge_mod
 from numalign.topology.errors import TopologyError
 from numalign.topology.hints import ProviderHints, TopologyHint, mask_of
@@ -21,7 +22,6 @@ from numalign.topology.merge import (
     merge,
 )
 from numalign.topology.policy import PolicyOptions
-from reference_merge import reference_merge
 
 # ---------------------------------------------------------------------------------------
 # The kubelet's tables (policy_test.go, policy_best_effort_test.go,

@@ -8,13 +8,14 @@ from typing import Any
 import pytest
 import yaml
 
+import testdata
 from numalign.agent import nrt
 from numalign.agent.kube import ApiError
 from numalign.agent.publish import build_status
 from numalign.agent.state import NodeState
 from numalign.topology.machine import load_machine
 
-MACHINES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "machines"
+MACHINES = testdata.MACHINES
 CRD = Path(__file__).resolve().parents[2] / "config" / "nrt" / "crd.yaml"
 
 

@@ -4,11 +4,9 @@
 from __future__ import annotations
 
 import random
-from pathlib import Path
 from typing import Any
 
-import pytest
-
+import testdata
 from numalign.topology.cpu_assign import allocate_cpus, take_by_topology
 from numalign.topology.hintgen import FULL_LIMIT, plan_hints
 from numalign.topology.hints import TopologyHint, mask_of
@@ -24,15 +22,12 @@ from numalign.topology.providers import (
     memory_demand,
 )
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared"
-MACHINES = SHARED / "fixtures" / "machines"
+MACHINES = testdata.MACHINES
 GI = 2**30
 
 
 def _load(name: str) -> Machine:
     path = MACHINES / name
-    if not path.exists():
-        pytest.skip(f"shared fixtures not found at {MACHINES}")
     return load_machine(path)
 
 

@@ -2,7 +2,7 @@
 sysfs, and GPUs from ``nvidia-smi``.
 
 Reads a root directory (``/`` on a live node, an unpacked sysfs dump in tests) with the
-kubelet's (cadvisor's) semantics, as ``shared/fixtures/sysfs/README.md`` states them:
+kubelet's (cadvisor's) semantics, as ``tests/fixtures/sysfs/README.md`` states them:
 
 - one NUMA node per ``sys/devices/system/node/nodeN`` directory (ids may be sparse);
 - a node's CPUs come from its ``cpulist`` (else ``cpumap``, else its ``cpuN`` entries) and
@@ -969,7 +969,7 @@ def _parse_pci_resources(pci_resources: Mapping[str, str] | None) -> dict[str, s
 
 def machine_dict(dm: DiscoveredMachine, name: str, *, description: str = "",
                  pci_resources: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The discovered machine as a machine file document (``shared/fixtures/machines``).
+    """The discovered machine as a machine file document (``tests/fixtures/machines``).
 
     Devices: GPUs found by nvidia-smi as ``nvidia.com/gpu`` (id = UUID, memory, groups);
     PCI devices whose ``vendor:device`` (e.g. ``15b3:101b``) or address is a key of

@@ -1,6 +1,6 @@
 """The hardware of one node: NUMA nodes, CPUs (with cores and sockets), memory,
 hugepages, distances and devices. Loaded from a machine file (see
-``shared/fixtures/machines/README.md`` for the format) or built by discovery.
+``tests/fixtures/machines/README.md`` for the format) or built by discovery.
 """
 
 from __future__ import annotations
