@@ -21,13 +21,13 @@ from numalign.api.resolution import (
     matched_namespaces,
     node_default_for,
     node_spec_from,
-    parse_resolved,
     policy_problems,
     redeploy_settings,
     resolve,
     specificity,
 )
 from numalign.api.selectors import selector_matches, selectors_disjoint
+from numalign.api.wire import resolved_or_none
 
 
 def tp(name: str, **spec: Any) -> PolicyRef:
@@ -68,7 +68,7 @@ def test_no_match_falls_to_node_default_then_none() -> None:
     nd = {"policy": "restricted", "scope": "pod", "options": {"preferClosestNumaNodes": True}}
     r = resolve(over("other"), {}, [ML, BATCH], nd)
     assert (r.policy, r.scope, r.source) == ("restricted", "pod", "node-default")
-    assert r.options == {"preferClosestNumaNodes": True}
+    assert r.options.to_json() == {"preferClosestNumaNodes": True}
     r = resolve(over("other"), {}, [ML], {"policy": None})
     assert r.source == "none"
     r = resolve(over("other"), {}, [], {"policy": "bogus"})
@@ -80,7 +80,7 @@ def test_unbound_pod_defers_to_node() -> None:
     assert r.deferred and r.source == "node-default"
     assert json.loads(r.annotation()) == {"policy": None, "scope": None, "options": {},
                                           "source": "node-default"}
-    done = complete_for_node(parse_resolved(r.annotation()), {"policy": "restricted"})
+    done = complete_for_node(resolved_or_none(r.annotation()), {"policy": "restricted"})
     assert (done.policy, done.scope, done.source) == ("restricted", "container", "node-default")
     assert complete_for_node(r, None).source == "none"
     assert complete_for_node(None, None).policy == "none"
@@ -181,7 +181,7 @@ def test_override_takes_options_of_the_governing_policy() -> None:
     p = tp("p", policy="best-effort", options={"maxAllowableNumaNodes": 16},
            podOverrides={"allowed": True})
     r = resolve(over("x", policy="single-numa-node"), {}, [p])
-    assert r.options == {"maxAllowableNumaNodes": 16} and r.source == "pod"
+    assert r.options.to_json() == {"maxAllowableNumaNodes": 16} and r.source == "pod"
 
 
 def test_override_policies_unset_allows_all() -> None:
@@ -386,7 +386,7 @@ def test_annotation_round_trip() -> None:
     assert json.loads(text) == {"policy": "restricted", "scope": "container",
                                 "options": {"preferClosestNumaNodes": True},
                                 "source": "TopologyPolicy/ml"}
-    back = parse_resolved(text)
+    back = resolved_or_none(text)
     assert back is not None and back.to_json() == r.to_json()
 
 
@@ -399,7 +399,7 @@ def test_annotation_round_trip() -> None:
     '{"policy": "none", "scope": "pod", "source": "pod", "options": 3}',
 ])
 def test_parse_resolved_rejects_malformed(text: str | None) -> None:
-    assert parse_resolved(text) is None
+    assert resolved_or_none(text) is None
 
 
 def test_resolved_is_plain_data() -> None:

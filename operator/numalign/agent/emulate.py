@@ -23,14 +23,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from numalign.api.wire import (
+    ANN_ALLOCATION,
+    LABEL_MACHINE,
+    REJECT_REASON,
+    REJECTED_PREFIX,
+    TOPOLOGY_MESSAGE,
+)
 from numalign.topology.machine import Machine
 
-from .annotations import ALLOCATION, resolve_pod
+from .annotations import resolve_pod
 from .kube import MERGE_PATCH, NT_BASE, ApiError, Kube, nt_path, pod_path, q
 from .kubelet_status import (
-    MACHINE_LABEL,
-    TOPOLOGY_MESSAGE,
-    TOPOLOGY_REASON,
     lease_object,
     node_addresses,
     node_object,
@@ -97,7 +101,7 @@ class Emulator:
         self.status_interval = status_interval
         self.publisher = Publisher(self.bg, self.states, delay=publish_delay,
                                    min_interval=publish_interval,
-                                   labels=lambda st: {MACHINE_LABEL: st.machine.name},
+                                   labels=lambda st: {LABEL_MACHINE: st.machine.name},
                                    nrt=publish_nrt, node_uid=self._node_uids.get,
                                    busy=self.deciding, busy_interval=busy_publish_interval,
                                    busy_concurrency=max(1, background_connections // 2))
@@ -481,7 +485,7 @@ class Emulator:
             self._spawn(self._write_running(st, pod, decision.allocation, problem))
         else:
             self.stats.rejected += 1
-            self._spawn(self._write_rejected(st, pod, decision.reason or TOPOLOGY_REASON,
+            self._spawn(self._write_rejected(st, pod, decision.reason or REJECT_REASON,
                                              decision.message or TOPOLOGY_MESSAGE, problem))
 
     def _spawn(self, coro: Any) -> None:
@@ -526,7 +530,7 @@ class Emulator:
         status = running_status(pod, host_ip, self._pod_ip(st), scheduled_at(pod))
         self._keep_ip(st.name, {"metadata": {"uid": uid}, "spec": pod.get("spec"),
                                 "status": status})
-        body = {"metadata": {"uid": uid, "annotations": {ALLOCATION: alloc.to_annotation()}},
+        body = {"metadata": {"uid": uid, "annotations": {ANN_ALLOCATION: alloc.to_annotation()}},
                 "status": status}
         await self._write_pod(st, pod, body)
         if problem:
@@ -560,7 +564,7 @@ class Emulator:
             self._spawn(self._event(st, pod, INVALID_POLICY_REASON,
                                     f"{problem}; using the node default policy "
                                     f"{st.default.policy} (scope {st.default.scope})"))
-        self._spawn(self._event(st, pod, reason, message.removeprefix("Pod was rejected: ")))
+        self._spawn(self._event(st, pod, reason, message.removeprefix(REJECTED_PREFIX)))
 
     async def _patch_pod(self, st: NodeState, pod: Mapping[str, Any], body: JSON) -> None:
         meta = pod.get("metadata") or {}

@@ -18,6 +18,10 @@ from typing import Annotated, Any, Literal, Self, get_args
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from pydantic.alias_generators import to_camel
 
+from numalign.topology.machine import MAX_NUMA_NODES as ENGINE_MAX_NUMA_NODES
+
+from .wire import MIN_MAX_ALLOWABLE_NUMA_NODES
+
 GROUP = "numalign.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -29,8 +33,10 @@ POLICIES: tuple[str, ...] = get_args(Policy)
 SCOPES: tuple[str, ...] = get_args(Scope)
 
 MAX_NUMA_ID = 255
-MAX_NUMA_NODES = 64  # the alignment engine's limit per machine
-KUBELET_MAX_NUMA_NODES = 8  # the kubelet's default max-allowable-numa-nodes
+# The alignment engine's limit per machine, and the kubelet's default (and least)
+# max-allowable-numa-nodes.
+MAX_NUMA_NODES = ENGINE_MAX_NUMA_NODES
+KUBELET_MAX_NUMA_NODES = MIN_MAX_ALLOWABLE_NUMA_NODES
 
 QUANTITY_PATTERN = (
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]"

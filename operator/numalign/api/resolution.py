@@ -44,39 +44,27 @@ the annotation with the concrete values once the pod is bound.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from numalign.topology.policy import (
-    OPTION_MAX_ALLOWABLE_NUMA_NODES,
-    OPTION_PREFER_CLOSEST_NUMA_NODES,
-    POLICIES,
-    SCOPES,
-)
+from numalign.topology.policy import POLICIES, SCOPES
 
 from .selectors import selector_matches, selector_problems, selector_size, selectors_disjoint
-
-# A TopologyPolicy's option name -> the kubelet's (what the engine takes).
-KUBELET_OPTION_NAMES: dict[str, str] = {
-    "preferClosestNumaNodes": OPTION_PREFER_CLOSEST_NUMA_NODES,
-    "maxAllowableNumaNodes": OPTION_MAX_ALLOWABLE_NUMA_NODES,
-}
-OPTION_KEYS: tuple[str, ...] = tuple(KUBELET_OPTION_NAMES)
-MIN_MAX_ALLOWABLE_NUMA_NODES = 8
-MAX_MAX_ALLOWABLE_NUMA_NODES = 64
-
-ANN_POLICY = "numalign.io/policy"
-ANN_SCOPE = "numalign.io/scope"
-ANN_RESOLVED = "numalign.io/resolved"
-
-SOURCE_POD = "pod"
-SOURCE_NODE_DEFAULT = "node-default"
-SOURCE_NONE = "none"
-SOURCE_POLICY_PREFIX = "TopologyPolicy/"
-
-DEFAULT_SCOPE = "container"
+from .wire import (
+    ANN_POLICY,
+    ANN_SCOPE,
+    DEFAULT_SCOPE,
+    DEFERRED,
+    MAX_MAX_ALLOWABLE_NUMA_NODES,
+    MIN_MAX_ALLOWABLE_NUMA_NODES,
+    OPTION_KEYS,
+    SOURCE_POD,
+    SOURCE_POLICY_PREFIX,
+    Resolved,
+    parse_options,
+)
+from .wire import node_default as wire_node_default
 
 
 class _Unknown:
@@ -130,37 +118,6 @@ class PolicyRef:
         meta = obj.get("metadata") or {}
         spec = obj.get("spec") or {}
         return cls(name=str(meta.get("name", "")), spec=spec if isinstance(spec, Mapping) else {})
-
-
-@dataclass(frozen=True)
-class Resolved:
-    """The outcome of :func:`resolve`.
-
-    ``policy``/``scope`` are None only for a deferred node default (pod not bound).
-    ``governing`` is the TopologyPolicy whose settings (redeploy, overrides) apply to
-    the pod, if any; ``problems`` lists what is wrong with the pod's override
-    annotations; ``conflicting`` names equally-ranked matching policies.
-    """
-
-    policy: str | None
-    scope: str | None
-    options: Mapping[str, Any]
-    source: str
-    governing: str | None = None
-    problems: tuple[str, ...] = ()
-    conflicting: tuple[str, ...] = ()
-
-    @property
-    def deferred(self) -> bool:
-        return self.policy is None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"policy": self.policy, "scope": self.scope,
-                "options": dict(self.options), "source": self.source}
-
-    def annotation(self) -> str:
-        """The value of ``numalign.io/resolved``: compact JSON with sorted keys."""
-        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
 
 
 def _str_map(value: Any) -> dict[str, str]:
@@ -345,13 +302,8 @@ def _override_problems(pod: PodMeta, winner: PolicyRef | None) -> tuple[
 def _node_default_result(node_default: Mapping[str, Any] | _Unknown | None,
                          problems: tuple[str, ...]) -> Resolved:
     if isinstance(node_default, _Unknown):
-        return Resolved(None, None, {}, SOURCE_NODE_DEFAULT, problems=problems)
-    if isinstance(node_default, Mapping) and node_default.get("policy") in POLICIES:
-        scope = node_default.get("scope")
-        return Resolved(str(node_default["policy"]),
-                        scope if scope in SCOPES else DEFAULT_SCOPE,
-                        policy_options(node_default), SOURCE_NODE_DEFAULT, problems=problems)
-    return Resolved("none", DEFAULT_SCOPE, {}, SOURCE_NONE, problems=problems)
+        return replace(DEFERRED, problems=problems)
+    return replace(wire_node_default(node_default), problems=problems)
 
 
 def resolve(pod: PodMeta, namespace_labels: Mapping[str, str] | None,
@@ -378,7 +330,7 @@ def resolve(pod: PodMeta, namespace_labels: Mapping[str, str] | None,
     if winner is not None:
         wpol = str(winner.spec["policy"])
         wscope = winner.spec.get("scope") or DEFAULT_SCOPE
-        opts = policy_options(winner.spec)
+        opts = parse_options(policy_options(winner.spec), "spec.options")
         if pol is not None or scope is not None:
             return Resolved(pol or wpol, scope or wscope, opts, SOURCE_POD,
                             governing=winner.name, conflicting=conflicting)
@@ -417,35 +369,11 @@ def node_spec_from(ref: PolicyRef | None) -> dict[str, Any]:
             "options": policy_options(ref.spec)}
 
 
-def parse_resolved(text: str | None) -> Resolved | None:
-    """Parse a ``numalign.io/resolved`` annotation; None when absent or malformed."""
-    if not text:
-        return None
-    try:
-        doc = json.loads(text)
-    except (ValueError, TypeError):
-        return None
-    if not isinstance(doc, Mapping):
-        return None
-    pol, scope, source = doc.get("policy"), doc.get("scope"), doc.get("source")
-    opts = doc.get("options") or {}
-    if not isinstance(source, str) or not isinstance(opts, Mapping):
-        return None
-    if source not in (SOURCE_POD, SOURCE_NODE_DEFAULT, SOURCE_NONE) and not (
-            source.startswith(SOURCE_POLICY_PREFIX) and len(source) > len(SOURCE_POLICY_PREFIX)):
-        return None
-    if pol is None and scope is None and source == SOURCE_NODE_DEFAULT:
-        return Resolved(None, None, {}, source)
-    if pol not in POLICIES or scope not in SCOPES or options_problems(opts):
-        return None
-    return Resolved(str(pol), str(scope), dict(opts), source)
-
-
 def complete_for_node(resolved: Resolved | None,
                       node_default: Mapping[str, Any] | None) -> Resolved:
     """Make a (possibly deferred or missing) resolution concrete on a known node."""
     if resolved is None or resolved.deferred:
-        return _node_default_result(node_default, ())
+        return wire_node_default(node_default)
     return resolved
 
 

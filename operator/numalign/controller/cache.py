@@ -28,11 +28,12 @@ from typing import Any
 import kopf
 from kubernetes.client.exceptions import ApiException
 
-from . import kube
+from numalign.api.wire import REJECT_REASON
 
-REASON = "TopologyAffinityError"
+from . import kube
+from .redeploy.record import STATE_LABEL
+
 STATE_CONFIGMAP = "numalign-redeploy"
-STATE_LABEL = "numalign.io/state"
 
 
 def _rv(obj: Mapping[str, Any] | None) -> int | None:
@@ -203,7 +204,7 @@ def slim_failed(obj: Mapping[str, Any]) -> dict[str, Any]:
 
 def is_rejected(obj: Mapping[str, Any]) -> bool:
     status = obj.get("status") or {}
-    return bool(status.get("phase") == "Failed" and status.get("reason") == REASON)
+    return bool(status.get("phase") == "Failed" and status.get("reason") == REJECT_REASON)
 
 
 def _list_failed() -> tuple[list[dict[str, Any]], int | None]:

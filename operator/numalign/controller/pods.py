@@ -31,17 +31,13 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 
 from numalign.api.resolution import (
-    ANN_POLICY,
-    ANN_RESOLVED,
-    ANN_SCOPE,
     NODE_UNKNOWN,
     PodMeta,
-    Resolved,
     complete_for_node,
-    parse_resolved,
     policy_refs,
     resolve,
 )
+from numalign.api.wire import ANN_POLICY, ANN_RESOLVED, ANN_SCOPE, Resolved, resolved_or_none
 
 from . import cache, kube, redeploy
 
@@ -113,7 +109,7 @@ def _needs_backstop(body: kopf.Body, **_: Any) -> bool:
     if phase in ("Succeeded", "Failed"):
         return False
     ann = meta.get("annotations") or {}
-    current = parse_resolved(ann.get(ANN_RESOLVED))
+    current = resolved_or_none(ann.get(ANN_RESOLVED))
     bound = bool((body.get("spec") or {}).get("nodeName"))
     if current is None:
         # Missing or malformed: fix it while the agent has not admitted the pod.
@@ -127,7 +123,7 @@ def backstop(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
     ann = meta.get("annotations") or {}
     try:
         res = resolve_pod(body)
-        current = parse_resolved(ann.get(ANN_RESOLVED))
+        current = resolved_or_none(ann.get(ANN_RESOLVED))
         if current is not None and current.deferred:
             nt = cache.node_topology(str(body["spec"]["nodeName"]))
             res = complete_for_node(current, (nt or {}).get("spec") or None)

@@ -24,13 +24,13 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 
 from numalign.api.resolution import (
-    SOURCE_POLICY_PREFIX,
     PolicyRef,
     conflicts,
     matched_namespaces,
     policy_problems,
     policy_refs,
 )
+from numalign.api.wire import SOURCE_POLICY_PREFIX
 
 from . import cache, kube, redeploy
 

@@ -24,7 +24,6 @@ from .record import (
     ANN_WORKLOAD,
     AVOID_FOR_S,
     GATE,
-    REASON,
     RESET_AFTER_S,
     WorkloadState,
     backoff_delay,
@@ -39,7 +38,7 @@ from .record import (
 )
 
 __all__ = [
-    "ANN_BASE", "ANN_REDEPLOY_OF", "ANN_RESET", "ANN_WORKLOAD", "AVOID_FOR_S", "GATE", "REASON",
+    "ANN_BASE", "ANN_REDEPLOY_OF", "ANN_RESET", "ANN_WORKLOAD", "AVOID_FOR_S", "GATE",
     "RESET_AFTER_S", "Workload", "WorkloadState", "backoff_delay", "backoff_message",
     "base_name", "build_replacement", "controller_ref", "gate_message", "handlers",
     "has_gate", "is_topology_rejected", "periodic_release", "release_budgets",

@@ -12,6 +12,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from numalign.api.resolution import RedeploySettings
+from numalign.api.wire import REJECT_REASON
 
 from .. import cache, kube
 from ..fit import with_unfit
@@ -19,7 +20,6 @@ from .decide import governing_settings
 from .record import (
     ANN_RESET,
     GATE,
-    REASON,
     RESET_AFTER_S,
     WorkloadState,
     controller_ref,
@@ -91,7 +91,7 @@ def _rejected_by_owner(namespace: str) -> dict[str, dict[str, str]]:
                                              resource_version="0")
     out: dict[str, dict[str, str]] = {}
     for other in failed.items:
-        if other.status.reason != REASON or other.metadata.deletion_timestamp:
+        if other.status.reason != REJECT_REASON or other.metadata.deletion_timestamp:
             continue
         for r in other.metadata.owner_references or []:
             if r.controller:
