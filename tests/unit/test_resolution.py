@@ -134,8 +134,8 @@ def test_specificity_breaks_priority_ties() -> None:
     assert resolve(over("ml"), {"x": "1"}, [broad, ns_sel, ns_list]).source == \
         "TopologyPolicy/c-list"
     assert resolve(over("zz"), {"x": "1"}, [broad, ns_sel]).source == "TopologyPolicy/b-sel"
-    assert specificity(pod_sel.spec) > specificity(ns_list.spec) > specificity(ns_sel.spec) \
-        > specificity(broad.spec)
+    assert specificity(pod_sel.model) > specificity(ns_list.model) > specificity(ns_sel.model) \
+        > specificity(broad.model)
     two = tp("e-two", priority=1, podSelector={"matchLabels": {"p": "1", "q": "2"}})
     assert resolve(over("ml", {"p": "1", "q": "2"}), {}, [pod_sel, two]).source == \
         "TopologyPolicy/e-two"
@@ -344,8 +344,8 @@ def test_conflicts_need_a_shared_namespace() -> None:
     assert conflicts([e, f], nss) == {"e": [], "f": []}  # disjoint pods
     g = tp("g", namespaces=["ml"], priority=3)
     assert conflicts([a, g], nss) == {"a": [], "g": []}
-    assert matched_namespaces(b.spec, nss) == ["ml"]
-    assert matched_namespaces(tp("all").spec, nss) == ["ml", "web"]
+    assert matched_namespaces(b, nss) == ["ml"]
+    assert matched_namespaces(tp("all"), nss) == ["ml", "web"]
 
 
 # ----------------------------------------------------------------------------- node defaults
@@ -412,9 +412,10 @@ def test_redeploy_settings_defaults() -> None:
     d = redeploy_settings(None)
     assert (d.enabled, d.max_attempts, d.backoff_seconds, d.avoid_rejecting_nodes) == \
         (True, 3, 10, True)
-    s = redeploy_settings({"redeploy": {"enabled": False, "maxAttempts": 7, "backoffSeconds": 1,
-                                        "avoidRejectingNodes": False}})
+    s = redeploy_settings(tp("s", redeploy={"enabled": False, "maxAttempts": 7,
+                                            "backoffSeconds": 1, "avoidRejectingNodes": False}))
     assert (s.enabled, s.max_attempts, s.backoff_seconds, s.avoid_rejecting_nodes) == \
         (False, 7, 1, False)
-    assert redeploy_settings({"redeploy": {"maxAttempts": "x"}}).max_attempts == 3
+    # An invalid policy governs nothing; its settings are the defaults.
+    assert redeploy_settings(tp("x", redeploy={"maxAttempts": "x"})).max_attempts == 3
 

@@ -15,7 +15,14 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, Self, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from numalign.topology.machine import MAX_NUMA_NODES as ENGINE_MAX_NUMA_NODES
@@ -178,15 +185,15 @@ class TopologyOptions(Model):
     """max-allowable-numa-nodes: the largest number of NUMA nodes a machine may have for
     the policy to apply (8 to 64; unset: up to 64, numalign's limit)."""
 
-    @model_validator(mode="after")
-    def _max_allowable(self) -> Self:
-        n = self.max_allowable_numa_nodes
+    @field_validator("max_allowable_numa_nodes")
+    @classmethod
+    def _max_allowable(cls, n: int | None) -> int | None:
         if n is not None and n < KUBELET_MAX_NUMA_NODES:
             raise ValueError(
                 f"maxAllowableNumaNodes must be at least {KUBELET_MAX_NUMA_NODES} (the kubelet's "
                 f"default) and at most {MAX_NUMA_NODES}, got {n}"
             )
-        return self
+        return n
 
 
 # ---------------------------------------------------------------------------- conditions

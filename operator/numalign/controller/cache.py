@@ -31,9 +31,10 @@ from kubernetes.client.exceptions import ApiException
 from numalign.api.wire import REJECT_REASON
 
 from . import kube
-from .redeploy.record import STATE_LABEL
 
+# The redeploy records: one ConfigMap per namespace (controller.redeploy.store).
 STATE_CONFIGMAP = "numalign-redeploy"
+STATE_LABEL = "numalign.io/state"
 
 
 def _rv(obj: Mapping[str, Any] | None) -> int | None:

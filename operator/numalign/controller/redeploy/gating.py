@@ -11,7 +11,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from numalign.api.resolution import RedeploySettings
+from numalign.api.topologypolicy import RedeployPolicy
 from numalign.api.wire import REJECT_REASON
 
 from .. import cache, kube
@@ -38,10 +38,10 @@ class Workload:
     state: WorkloadState
     failed: dict[str, str]  # pod uid -> node
     pod: Mapping[str, Any]
-    _settings: RedeploySettings | None = None
+    _settings: RedeployPolicy | None = None
 
     @property
-    def settings(self) -> RedeploySettings:
+    def settings(self) -> RedeployPolicy:
         if self._settings is None:
             self._settings = governing_settings(self.pod)[1]
         return self._settings

@@ -15,8 +15,6 @@ from typing import Any
 
 from numalign.api.wire import ANN_ALLOCATION, ANN_RESOLVED, REJECT_REASON
 
-STATE_CONFIGMAP = "numalign-redeploy"
-STATE_LABEL = "numalign.io/state"
 ANN_REDEPLOY_OF = "numalign.io/redeploy-of"
 ANN_BASE = "numalign.io/redeploy-base"
 ANN_WORKLOAD = "numalign.io/workload"

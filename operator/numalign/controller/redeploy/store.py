@@ -11,7 +11,8 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from .. import cache, kube
-from .record import REPLICATED_KINDS, STATE_CONFIGMAP, STATE_LABEL, WorkloadState, controller_ref
+from ..cache import STATE_CONFIGMAP, STATE_LABEL
+from .record import REPLICATED_KINDS, WorkloadState, controller_ref
 
 
 def load_state(namespace: str) -> tuple[dict[str, str], str | None]:
