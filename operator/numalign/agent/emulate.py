@@ -601,10 +601,3 @@ class Emulator:
     def nodetopology_path(self, name: str) -> str:
         return nt_path(name)
 
-
-if __name__ == "__main__":
-    import sys
-
-    from numalign.commands.agent import main
-
-    sys.exit(main(["--emulate" if a == "--machine" else a for a in sys.argv[1:]]))
