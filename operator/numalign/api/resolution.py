@@ -1,45 +1,13 @@
 """Policy resolution: which Topology Manager policy applies to a pod, and why.
 
-ONE pure function, :func:`resolve`, used by the operator (mutating webhook and backstop
-pod handler), by the node agent at admission and by ``numalign explain``. No Kubernetes
-client, no I/O: inputs are plain mappings as they appear in the API objects.
-
-Rules (first that applies wins):
-
-1. **Pod override** — annotations ``numalign.io/policy`` and/or ``numalign.io/scope``,
-   valid only if the TopologyPolicy that rule 2 selects for the pod allows overrides
-   (``podOverrides.allowed``) and lists the requested policy in ``podOverrides.policies``
-   (an absent list allows every policy). A scope-only override keeps that policy's
-   policy; a policy-only override keeps its scope. The options come from that policy.
-   Source ``pod``.
-2. **TopologyPolicy** — among the *valid* policies whose namespace part
-   (listed in ``namespaces`` AND matching ``namespaceSelector``, each when set;
-   neither = every namespace) AND
-   ``podSelector`` (absent = every pod) match, the highest ``priority``; ties go to the
-   more specific selector (see :func:`specificity`), then to the lexically smallest
-   name. Two matches with equal priority and equal specificity are a conflict: the
-   name still decides (so the answer is deterministic) and both are reported in
-   :attr:`Resolved.conflicting` (the operator marks them ``Conflicting``).
-   Source ``TopologyPolicy/<name>``.
-3. **Node default** — the node's ``NodeTopology.spec`` (policy, scope, options), source
-   ``node-default``; when the node has none, ``none`` / ``container``, source ``none``.
-
-An invalid override never wins: :attr:`Resolved.problems` says what is wrong and which
-values are allowed (the validating webhook refuses the pod with that message; without
-the webhook the operator emits a Warning event) and the pod gets the rule 2/3 policy.
-
-**nodeSelector.** Resolution happens when the pod is created, before it is scheduled,
-so a policy's ``nodeSelector`` does not take part in rules 1-2: a policy matches pods by
-namespace and podSelector wherever they land. A ``nodeSelector`` *additionally* makes
-the policy the default of every node it selects (:func:`node_default_for`): the
-operator pushes it into that node's ``NodeTopology.spec`` and rule 3 applies it to
-pods that no policy matches. A policy without a nodeSelector sets no node default.
-
-**Unbound pods and rule 3.** When the operator resolves a pod before it is bound it
-does not know the node, so rule 3 yields a *deferred* result: source ``node-default``
-with ``policy``/``scope`` null in the annotation. The agent completes it at admission
-with :func:`complete_for_node` (its own ``NodeTopology.spec``); the operator rewrites
-the annotation with the concrete values once the pod is bound.
+One pure function, :func:`resolve`, used by the operator (mutating webhook, backstop
+handler, redeploy settings); the rules (pod override, then the best-ranked matching
+TopologyPolicy, then the node's default, else ``none``) are in the README (section
+"TopologyPolicy"). An unbound pod that no policy matches gets the
+*deferred* value (:data:`numalign.api.wire.DEFERRED`): the agent admits it with its
+node's default, the operator rewrites it once the pod is bound. Policies are read
+through the CRD's own model (:class:`~numalign.api.topologypolicy.TopologyPolicySpec`);
+an invalid one never matches.
 """
 
 from __future__ import annotations

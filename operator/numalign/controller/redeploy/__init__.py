@@ -1,8 +1,8 @@
 """Redeploy of pods rejected with ``TopologyAffinityError``; the rules (attempt budget,
-backoff, scheduling gate, node avoidance, release) are written down once, in the README
-("Redeploy"). :mod:`.record` is the pure logic, :mod:`.store` the ConfigMap records,
-:mod:`.decide` one rejected pod's decision, :mod:`.gating` the held pods, :mod:`.handlers`
-the Kopf handlers."""
+backoff, scheduling gate, node avoidance, release, durable decisions) are written down
+once, in the README (section "TopologyPolicy"). :mod:`.record` is the pure logic,
+:mod:`.store` the ConfigMap records, :mod:`.decide` one rejected pod's decision,
+:mod:`.gating` the held pods, :mod:`.handlers` the Kopf handlers."""
 
 from . import handlers
 from .decide import step

@@ -1,5 +1,5 @@
 """The scheduling gate that holds a workload's new pods during a backoff or once its
-budget is spent, and the passes that release them (README, "Redeploy")."""
+budget is spent, and the passes that release them (rules: README, "TopologyPolicy")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The pure redeploy logic: names, keys, backoff, node avoidance, replacements, and the
 durable record of a workload (:class:`WorkloadState`). The rules are in the README
-("Redeploy"); nothing here talks to the API server."""
+(section "TopologyPolicy"); nothing here talks to the API server."""
 
 from __future__ import annotations
 
