@@ -1,17 +1,12 @@
-"""Emulated nodes: many kubelets in one asyncio process.
+"""Emulated nodes: many kubelets in one asyncio process, one pod watch for all.
 
-Each emulated node registers its Node (capacity from a machine file), keeps it Ready
-(Lease renewals, periodic status), and plays the kubelet's part for the pods bound to
-it: admission with the pod's resolved policy, then Running (conditions, container
-statuses, IPs, ``numalign.io/allocation``) or Failed with ``TopologyAffinityError`` and a
-Warning event; deletion releases the allocation. One pod watch serves every node.
-NodeTopology status is published per node, coalesced.
-
-Pod decisions come first: their status writes have the client's connection pool to
-themselves; NodeTopology, Lease, Node status and Event writes go through a small pool
-of their own (``background_connections``), and NodeTopology writes are spaced out while
-decisions are being made. The agent watches NodeTopologies as metadata only (its own
-status writes would otherwise come back to it whole) and reads one when its spec changed.
+Each node registers its Node (capacity from a machine file) and keeps it Ready, admits
+the pods bound to it (Running with ``numalign.io/allocation``, or Failed with the
+kubelet's reason and a Warning event), releases them on deletion and publishes its
+NodeTopology status, coalesced. Pod status writes have the client's connection pool to
+themselves; the other writes share a small pool (``background_connections``) and
+NodeTopology writes are spaced out while decisions are made. NodeTopologies are watched
+as metadata only; one is read when its spec changed.
 """
 
 from __future__ import annotations
