@@ -107,9 +107,13 @@ def build_programs(log: Callable[[str], None] | None = None) -> tuple[Path, str]
         _run([tc.go, "build", "-trimpath", "-ldflags", "-s -w", "-o", str(tmp) + "/",
               *[f"./{p}" for p in programs]], source_dir(), say)
         (tmp / ".complete").write_text(f"{tc.version} GOARCH={goarch}\n")
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
+        if out.exists() and not stamp.exists():
+            shutil.rmtree(out, ignore_errors=True)  # an interrupted build
+        try:
+            tmp.rename(out)
+        except OSError:
+            if not stamp.exists():  # not a concurrent build that finished first
+                raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
