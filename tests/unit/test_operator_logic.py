@@ -145,6 +145,7 @@ def test_build_replacement() -> None:
     new = build_replacement(pod, "web-r1", ["n1"])
     assert new["metadata"]["name"] == "web-r1" and new["metadata"]["labels"] == {"a": "b"}
     assert new["metadata"]["annotations"] == {"keep": "me", "numalign.io/redeploy-of": "web",
+                                              "numalign.io/redeploy-of-uid": "u",
                                               "numalign.io/redeploy-base": "web"}
     assert "nodeName" not in new["spec"] and "status" not in new
     assert pod["spec"]["nodeName"] == "n1"  # the original is untouched

@@ -86,6 +86,7 @@ REASON = "TopologyAffinityError"
 STATE_CONFIGMAP = "numalign-redeploy"
 STATE_LABEL = "numalign.io/state"
 ANN_REDEPLOY_OF = "numalign.io/redeploy-of"
+ANN_REDEPLOY_OF_UID = "numalign.io/redeploy-of-uid"
 ANN_BASE = "numalign.io/redeploy-base"
 ANN_WORKLOAD = "numalign.io/workload"
 ANN_RESET = "numalign.io/redeploy-reset"
@@ -289,6 +290,7 @@ def build_replacement(pod: Mapping[str, Any], name: str, avoid: list[str]) -> di
     ann = {k: v for k, v in (meta.get("annotations") or {}).items()
            if k not in _DROP_ANNOTATIONS and not k.startswith("kopf.zalando.org/")}
     ann[ANN_REDEPLOY_OF] = str(meta.get("name", ""))
+    ann[ANN_REDEPLOY_OF_UID] = str(meta.get("uid", ""))
     ann[ANN_BASE] = base_name(pod)
     spec = dict(pod.get("spec") or {})
     spec.pop("nodeName", None)
@@ -439,8 +441,25 @@ def _delete_pod(namespace: str, name: str, uid: str) -> None:
             raise
 
 
+# Recreating bare pods needs `create` on pods, a separate role (config/recreate-bare-pods):
+# off unless the operator runs with --recreate-bare-pods.
+RECREATE_BARE_PODS = False
+NAME_TAKEN = "name-taken"
+
+
+def is_replacement_of(existing: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
+    """Whether ``existing`` (found under the replacement's name) is the replacement this
+    operator created for ``pod``: it names the original and its uid."""
+    ann = (existing.get("metadata") or {}).get("annotations") or {}
+    meta = pod.get("metadata") or {}
+    return (ann.get(ANN_REDEPLOY_OF) == meta.get("name")
+            and ann.get(ANN_REDEPLOY_OF_UID) == meta.get("uid"))
+
+
 def _finish(pod: Mapping[str, Any], decision: Mapping[str, Any]) -> str:
-    """Carry out a recorded decision; idempotent."""
+    """Carry out a recorded decision; idempotent. Returns the action done, or
+    NAME_TAKEN when the replacement's name belongs to an unrelated pod (the original is
+    then kept: deleting it would lose the workload)."""
     meta = pod.get("metadata") or {}
     ns, name, uid = str(meta["namespace"]), str(meta["name"]), str(meta["uid"])
     if decision.get("action") == "recreate":
@@ -449,11 +468,39 @@ def _finish(pod: Mapping[str, Any], decision: Mapping[str, Any]) -> str:
         try:
             kube.core().create_namespaced_pod(ns, new)
         except ApiException as e:
-            if e.status != 409:  # AlreadyExists: created before a crash/retry
+            if e.status != 409:
                 raise
+            # AlreadyExists: created before a crash/retry, or someone else's pod.
+            try:
+                existing = kube.to_dict(kube.core().read_namespaced_pod(
+                    str(decision["replacement"]), ns))
+            except ApiException as e2:
+                if e2.status != 404:
+                    raise
+                raise e from None  # gone again: retried by the caller
+            if not is_replacement_of(existing, pod):
+                return NAME_TAKEN
         _fault("after-create")
     _delete_pod(ns, name, uid)
     return str(decision.get("action"))
+
+
+def _give_up_name_taken(pod: Mapping[str, Any], decision: Mapping[str, Any],
+                        now: float) -> None:
+    meta = pod.get("metadata") or {}
+    ns, name, uid = str(meta["namespace"]), str(meta["name"]), str(meta["uid"])
+    key = workload_key(pod)
+    data, rv = load_state(ns)
+    st = WorkloadState.parse(data.get(key))
+    st.handled = {k: v for k, v in (st.handled or {}).items() if k != uid}
+    st.gave_up = {**(st.gave_up or {}), uid: _iso(now)}
+    data[key] = st.dump()
+    save_state(ns, data, rv)
+    metrics.REDEPLOYS.labels(outcome="gave_up").inc()
+    kube.event(pod, "Warning", reason="RedeployGaveUp",
+               message=f"not redeploying {name}: its replacement's name "
+                       f"{decision.get('replacement')} is taken by a pod that is not its "
+                       f"replacement; {name} is kept")
 
 
 def step(pod: Mapping[str, Any], first_seen: float, now: float | None = None) -> float | None:
@@ -467,7 +514,8 @@ def step(pod: Mapping[str, Any], first_seen: float, now: float | None = None) ->
     st = WorkloadState.parse(data.get(key))
     decision = (st.handled or {}).get(uid)
     if decision is not None:
-        _finish(pod, decision)
+        if _finish(pod, decision) == NAME_TAKEN:
+            _give_up_name_taken(pod, decision, now)
         return None
     if uid in (st.gave_up or {}):
         return None
@@ -477,6 +525,15 @@ def step(pod: Mapping[str, Any], first_seen: float, now: float | None = None) ->
     st.policy = governing
     st.expire(now)
     if not settings.enabled:
+        return None
+    if controller_ref(pod) is None and not RECREATE_BARE_PODS:
+        st.gave_up = {**(st.gave_up or {}), uid: _iso(now)}
+        data[key] = st.dump()
+        save_state(ns, data, rv)
+        metrics.REDEPLOYS.labels(outcome="gave_up").inc()
+        kube.event(pod, "Warning", reason="RedeployGaveUp",
+                   message=f"not redeploying {name}: it has no controller, and recreating "
+                           "bare pods is off (operator flag --recreate-bare-pods)")
         return None
     replicas, owner = owner_replicas(pod)
     budget = settings.max_attempts * replicas
@@ -527,6 +584,9 @@ def step(pod: Mapping[str, Any], first_seen: float, now: float | None = None) ->
     save_state(ns, data, rv)  # durable before acting (409 -> retried by the caller)
     _fault("after-record")
     action = _finish(pod, decision)
+    if action == NAME_TAKEN:
+        _give_up_name_taken(pod, decision, now)
+        return None
     metrics.REDEPLOYS.labels(outcome="recreated" if action == "recreate" else "deleted").inc()
     kube.event(pod, "Normal", reason="Redeploy",
               message=f"attempt {attempt}/{budget}: "
