@@ -139,12 +139,25 @@ def test_rbac_grants_each_identity_its_half(installed: Install, kubectl: Kubectl
     assert can(AGENT, "create", "nodetopologies.numalign.io")
     assert can(AGENT, "patch", "nodetopologies.numalign.io", "--subresource=status")
     assert not can(AGENT, "patch", "nodetopologies.numalign.io")
-    assert can(AGENT, "patch", "pods", "--subresource=status", "-A")
+    # A real node's agent: no pods, no pod status, no events (that is the emulation's).
+    assert not can(AGENT, "patch", "pods", "--subresource=status", "-A")
+    assert not can(AGENT, "list", "pods", "-A")
+    assert not can(AGENT, "create", "events", "-A")
     assert not can(AGENT, "delete", "pods", "-A")
     assert not can(AGENT, "get", "secrets", "-A")
     assert can(OPERATOR, "patch", "nodetopologies.numalign.io")
     assert not can(OPERATOR, "patch", "nodetopologies.numalign.io", "--subresource=status")
     assert can(OPERATOR, "delete", "pods", "-A")
+    assert not can(OPERATOR, "create", "pods", "-A")  # config/recreate-bare-pods only
+    # ConfigMaps: its redeploy record only (create is narrowed by admission policy).
+    assert can(OPERATOR, "update", "configmaps/numalign-redeploy", "-n", "default")
+    assert not can(OPERATOR, "update", "configmaps/other", "-n", "default")
+    assert not can(OPERATOR, "get", "configmaps/other", "-n", "default")
+    assert not can(OPERATOR, "list", "configmaps", "-A")
+    # Webhook configurations: its own, never new ones.
+    assert can(OPERATOR, "patch", "mutatingwebhookconfigurations/numalign.io")
+    assert not can(OPERATOR, "patch", "mutatingwebhookconfigurations/other")
+    assert not can(OPERATOR, "create", "validatingwebhookconfigurations")
     assert can(OPERATOR, "patch", "clusterkopfpeerings.kopf.dev/numalign")
     assert can(OPERATOR, "get", "secrets/numalign-webhook-cert", "-n", NS)
     assert not can(OPERATOR, "get", "secrets", "-A")
@@ -172,7 +185,29 @@ def test_agent_writes_only_its_own_nodetopology(installed: Install, kubectl: Kub
                 f"nodetopology/{mine}", f"nodetopology/{other}", check=False)
 
 
-def test_agent_writes_status_only_of_pods_on_its_node(installed: Install, kubectl: Kubectl,
+@pytest.fixture
+def agent_with_emulation_rights(installed: Install, kubectl: Kubectl) -> Iterator[None]:
+    """The agent's identity granted the emulation role (pod status, events): the node
+    restriction must still confine it."""
+    kubectl("apply", "-k", str(CONFIG / "emulation"), "-n", NS)
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": "test-agent-emulation-rights"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                           "name": "numalign-agent-emulation"},
+               "subjects": [{"kind": "ServiceAccount", "name": "numalign-agent",
+                             "namespace": NS}]}
+    kubectl("apply", "-f", "-", input=yaml.safe_dump(binding))
+    try:
+        yield
+    finally:
+        kubectl("delete", "--ignore-not-found", "clusterrolebinding/test-agent-emulation-rights",
+                check=False)
+        kubectl("delete", "--ignore-not-found", "-k", str(CONFIG / "emulation"), "-n", NS,
+                check=False)
+
+
+def test_agent_writes_status_only_of_pods_on_its_node(agent_with_emulation_rights: None,
+                                                      kubectl: Kubectl,
                                                       impersonate: Callable[..., Path],
                                                       namespace: str) -> None:
     mine, other = _node(), _node()
@@ -189,6 +224,52 @@ def test_agent_writes_status_only_of_pods_on_its_node(installed: Install, kubect
     _refused(kubectl("--kubeconfig", agent, "patch", "-n", namespace, "pod/there",
                      "--subresource=status", "--type=merge", "-p", patch, check=False),
              f"pod {namespace}/there", f'(on node "{other}")')
+
+
+def _event(namespace: str, kind: str, name: str, reporter: str) -> str:
+    return yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": f"ev-{uuid.uuid4().hex[:8]}", "namespace": namespace},
+        "involvedObject": {"apiVersion": "v1", "kind": kind, "name": name,
+                           "namespace": namespace},
+        "reason": "Test", "message": "m", "type": "Normal",
+        "source": {"component": "numalign-agent", "host": reporter},
+        "reportingComponent": "numalign-agent", "reportingInstance": reporter})
+
+
+def test_agent_events_only_about_its_own_node(agent_with_emulation_rights: None,
+                                              kubectl: Kubectl,
+                                              impersonate: Callable[..., Path],
+                                              namespace: str) -> None:
+    mine, other = _node(), _node()
+    agent = str(impersonate(AGENT, {NODE_NAME_EXTRA: [mine]}))
+    kubectl("--kubeconfig", agent, "create", "-f", "-",
+            input=_event(namespace, "Pod", "p", mine))
+    kubectl("--kubeconfig", agent, "create", "-f", "-",
+            input=_event(namespace, "Node", mine, mine))
+    for kind, name, reporter in (("Pod", "p", other), ("Node", other, mine),
+                                 ("Secret", "s", mine)):
+        proc = kubectl("--kubeconfig", agent, "create", "-f", "-",
+                       input=_event(namespace, kind, name, reporter), check=False)
+        assert proc.returncode != 0, (kind, name, reporter)
+        assert "ValidatingAdmissionPolicy 'numalign-agent-events'" in proc.stderr, proc.stderr
+
+
+def test_operator_creates_only_its_record_and_replacements(installed: Install,
+                                                           kubectl: Kubectl,
+                                                           impersonate: Callable[..., Path],
+                                                           namespace: str) -> None:
+    operator = str(impersonate(OPERATOR))
+    record = {"apiVersion": "v1", "kind": "ConfigMap",
+              "metadata": {"name": "numalign-redeploy", "namespace": namespace}}
+    kubectl("--kubeconfig", operator, "create", "-f", "-", input=yaml.safe_dump(record))
+    other = {**record, "metadata": {"name": "other", "namespace": namespace}}
+    proc = kubectl("--kubeconfig", operator, "create", "-f", "-", input=yaml.safe_dump(other),
+                   check=False)
+    assert proc.returncode != 0
+    assert "ValidatingAdmissionPolicy 'numalign-operator-restriction'" in proc.stderr, (
+        proc.stderr)
+    assert "may create only the ConfigMap numalign-redeploy, not other" in proc.stderr
 
 
 def test_agent_without_node_bound_token_writes_nothing(installed: Install, kubectl: Kubectl,
