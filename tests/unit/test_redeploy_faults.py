@@ -10,8 +10,9 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from numalign.api.resolution import RedeploySettings
-from numalign.controller import kube, redeploy
+from numalign.controller import kube
 from numalign.controller.redeploy import WorkloadState, build_replacement, step, workload_key
+from numalign.controller.redeploy import decide as redeploy
 
 
 class FakeCore:
@@ -55,7 +56,7 @@ def api(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     monkeypatch.setattr(redeploy, "load_state", lambda ns: (dict(state["data"]), "1"))
     monkeypatch.setattr(redeploy, "save_state",
                         lambda ns, data, rv: state.__setitem__("data", dict(data)))
-    monkeypatch.setattr(redeploy, "_governing", lambda pod: ("p", RedeploySettings()))
+    monkeypatch.setattr(redeploy, "governing_settings", lambda pod: ("p", RedeploySettings()))
     monkeypatch.setattr(redeploy, "with_unfit", lambda pod, avoid: avoid)
     monkeypatch.setattr(kube, "to_dict", lambda obj: obj)
     monkeypatch.setattr(kube, "event", lambda obj, type_, reason, message:

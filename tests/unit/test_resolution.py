@@ -25,10 +25,9 @@ from numalign.api.resolution import (
     policy_problems,
     redeploy_settings,
     resolve,
-    selector_matches,
-    selectors_disjoint,
     specificity,
 )
+from numalign.api.selectors import selector_matches, selectors_disjoint
 
 
 def tp(name: str, **spec: Any) -> PolicyRef:

@@ -56,6 +56,8 @@ from numalign.topology.policy import (
     SCOPES,
 )
 
+from .selectors import selector_matches, selector_problems, selector_size, selectors_disjoint
+
 # A TopologyPolicy's option name -> the kubelet's (what the engine takes).
 KUBELET_OPTION_NAMES: dict[str, str] = {
     "preferClosestNumaNodes": OPTION_PREFER_CLOSEST_NUMA_NODES,
@@ -75,7 +77,6 @@ SOURCE_NONE = "none"
 SOURCE_POLICY_PREFIX = "TopologyPolicy/"
 
 DEFAULT_SCOPE = "container"
-SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
 
 
 class _Unknown:
@@ -162,88 +163,10 @@ class Resolved:
         return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
 
 
-# ---------------------------------------------------------------------------
-# Label selectors
-
-
 def _str_map(value: Any) -> dict[str, str]:
     if not isinstance(value, Mapping):
         return {}
     return {str(k): str(v) for k, v in value.items() if v is not None}
-
-
-def selector_problems(selector: Any, where: str) -> list[str]:
-    """What is wrong with a LabelSelector (empty list: well-formed). None is fine."""
-    if selector is None:
-        return []
-    if not isinstance(selector, Mapping):
-        return [f"{where}: must be an object with matchLabels / matchExpressions"]
-    out: list[str] = []
-    unknown = sorted(set(selector) - {"matchLabels", "matchExpressions"})
-    if unknown:
-        out.append(f"{where}: unknown field(s) {', '.join(unknown)}")
-    ml = selector.get("matchLabels")
-    if ml is not None and not (
-        isinstance(ml, Mapping) and all(isinstance(v, str) for v in ml.values())
-    ):
-        out.append(f"{where}.matchLabels: must map label keys to string values")
-    exprs = selector.get("matchExpressions")
-    if exprs is not None:
-        if not isinstance(exprs, list):
-            out.append(f"{where}.matchExpressions: must be a list")
-        else:
-            for i, e in enumerate(exprs):
-                w = f"{where}.matchExpressions[{i}]"
-                if not isinstance(e, Mapping) or not isinstance(e.get("key"), str):
-                    out.append(f"{w}: needs a string key")
-                    continue
-                op = e.get("operator")
-                if op not in SELECTOR_OPERATORS:
-                    out.append(f"{w}.operator: {op!r} is not one of "
-                               f"{', '.join(SELECTOR_OPERATORS)}")
-                    continue
-                vals = e.get("values")
-                if op in ("In", "NotIn"):
-                    if not isinstance(vals, list) or not vals or not all(
-                        isinstance(v, str) for v in vals
-                    ):
-                        out.append(f"{w}.values: {op} needs a non-empty list of strings")
-                elif vals:
-                    out.append(f"{w}.values: must be empty for {op}")
-    return out
-
-
-def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
-    """Kubernetes LabelSelector semantics; None or {} selects everything.
-
-    A malformed selector selects nothing (callers validate first)."""
-    if selector is None:
-        return True
-    if selector_problems(selector, "selector"):
-        return False
-    for k, v in (selector.get("matchLabels") or {}).items():
-        if labels.get(k) != v:
-            return False
-    for e in selector.get("matchExpressions") or []:
-        key, op, vals = e["key"], e["operator"], e.get("values") or []
-        present = key in labels
-        if op == "In" and not (present and labels[key] in vals):
-            return False
-        if op == "NotIn" and present and labels[key] in vals:
-            return False
-        if op == "Exists" and not present:
-            return False
-        if op == "DoesNotExist" and present:
-            return False
-    return True
-
-
-def _selector_size(selector: Any) -> int:
-    if not isinstance(selector, Mapping):
-        return 0
-    ml = selector.get("matchLabels")
-    me = selector.get("matchExpressions")
-    return (len(ml) if isinstance(ml, Mapping) else 0) + (len(me) if isinstance(me, list) else 0)
 
 
 # ---------------------------------------------------------------------------
@@ -329,8 +252,8 @@ def specificity(spec: Mapping[str, Any]) -> tuple[int, int, int]:
     ``namespaceSelector`` 1, every namespace 0, namespaceSelector requirement count).
     """
     ns_rank = 2 if spec.get("namespaces") else (1 if spec.get("namespaceSelector") else 0)
-    return (_selector_size(spec.get("podSelector")), ns_rank,
-            _selector_size(spec.get("namespaceSelector")))
+    return (selector_size(spec.get("podSelector")), ns_rank,
+            selector_size(spec.get("namespaceSelector")))
 
 
 def namespace_matches(spec: Mapping[str, Any], namespace: str,
@@ -476,11 +399,11 @@ def node_default_for(node_labels: Mapping[str, str],
              and selector_matches(p.spec.get("nodeSelector"), node_labels)]
     if not cands:
         return None, ()
-    cands.sort(key=lambda r: (-_priority(r.spec), -_selector_size(r.spec.get("nodeSelector")),
+    cands.sort(key=lambda r: (-_priority(r.spec), -selector_size(r.spec.get("nodeSelector")),
                               r.name))
 
     def key(r: PolicyRef) -> tuple[int, int]:
-        return (_priority(r.spec), _selector_size(r.spec.get("nodeSelector")))
+        return (_priority(r.spec), selector_size(r.spec.get("nodeSelector")))
 
     tied = tuple(r.name for r in cands if key(r) == key(cands[0]))
     return cands[0], (tied if len(tied) > 1 else ())
@@ -532,42 +455,6 @@ def policy_refs(objs: Sequence[Mapping[str, Any]]) -> list[PolicyRef]:
 
 # ---------------------------------------------------------------------------
 # Policy-level views: conflicts, matched namespaces, redeploy settings
-
-
-def _requirements(selector: Any) -> list[tuple[str, str, frozenset[str]]]:
-    """A selector as (key, operator, values) requirements."""
-    if not isinstance(selector, Mapping):
-        return []
-    out = [(str(k), "In", frozenset([str(v)]))
-           for k, v in (selector.get("matchLabels") or {}).items()]
-    for e in selector.get("matchExpressions") or []:
-        if isinstance(e, Mapping):
-            out.append((str(e.get("key")), str(e.get("operator")),
-                        frozenset(str(v) for v in e.get("values") or [])))
-    return out
-
-
-def selectors_disjoint(a: Any, b: Any) -> bool:
-    """True when no label set can match both selectors (a sound, incomplete check)."""
-    reqs = _requirements(a) + _requirements(b)
-    keys = {k for k, _, _ in reqs}
-    for key in keys:
-        mine = [(op, vals) for k, op, vals in reqs if k == key]
-        must_exist = any(op in ("In", "Exists") for op, _ in mine)
-        must_not = any(op == "DoesNotExist" for op, _ in mine)
-        if must_exist and must_not:
-            return True
-        allowed: frozenset[str] | None = None
-        for op, vals in mine:
-            if op == "In":
-                allowed = vals if allowed is None else allowed & vals
-        if allowed is not None:
-            for op, vals in mine:
-                if op == "NotIn":
-                    allowed = allowed - vals
-            if not allowed:
-                return True
-    return False
 
 
 def matched_namespaces(spec: Mapping[str, Any],

@@ -34,16 +34,15 @@ from typing import Any, NoReturn
 
 import yaml
 
-from numalign.topology.errors import TopologyError
-from numalign.topology.explain import (
-    Explanation,
-    explain_pod,
+from numalign.api.nodestatus import (
     held_from_admitted,
     held_from_document,
     ledger_from_held,
     machine_from_status,
-    render_text,
 )
+from numalign.commands.explain_text import render_text
+from numalign.topology.errors import TopologyError
+from numalign.topology.explain import Explanation, explain_pod
 from numalign.topology.ledger import Ledger
 from numalign.topology.machine import load_machine
 from numalign.topology.pod import pod_from_dict

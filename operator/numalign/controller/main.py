@@ -148,7 +148,7 @@ async def run(opts: Options, stop_flag: asyncio.Event | None = None,
     global _options
     _options = opts
     kube.configure(opts.kubeconfig)
-    redeploy.RECREATE_BARE_PODS = opts.recreate_bare_pods
+    redeploy.decide.RECREATE_BARE_PODS = opts.recreate_bare_pods
     if opts.metrics_port:  # before Kopf, so that a taken port fails the start at once
         metrics.start_http_server(opts.metrics_port, opts.metrics_addr)
         log.info(f"metrics on http://{opts.metrics_addr}:{opts.metrics_port}/metrics")

@@ -1,0 +1,211 @@
+"""The redeploy step for one rejected pod: decide (recorded before acting), then carry
+the decision out; replaying a recorded decision is harmless."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from numalign.api.resolution import (
+    NODE_UNKNOWN,
+    PodMeta,
+    RedeploySettings,
+    policy_refs,
+    redeploy_settings,
+    resolve,
+)
+
+from .. import cache, kube, metrics
+from ..fit import with_unfit
+from .record import (
+    ANN_RESET,
+    GATE,
+    WorkloadState,
+    backoff_delay,
+    base_name,
+    build_replacement,
+    controller_ref,
+    is_replacement_of,
+    iso,
+    replacement_name,
+    workload_key,
+)
+from .store import load_state, owner_replicas, save_state
+
+log = logging.getLogger(__name__)
+
+
+# Recreating bare pods needs `create` on pods, a separate role (config/recreate-bare-pods):
+# off unless the operator runs with --recreate-bare-pods.
+RECREATE_BARE_PODS = False
+NAME_TAKEN = "name-taken"
+
+
+def _no_checkpoint(point: str) -> None:
+    pass
+
+
+# Called at ``after-record`` (the decision is durable) and ``after-create`` (the
+# replacement exists); the restart tests replace it to crash the process there.
+checkpoint: Callable[[str], None] = _no_checkpoint
+
+
+def governing_settings(pod: Mapping[str, Any]) -> tuple[str | None, RedeploySettings]:
+    meta = PodMeta.from_object(pod)
+    policies = policy_refs(cache.policies())
+    res = resolve(meta, cache.namespace_labels(meta.namespace), policies, NODE_UNKNOWN)
+    spec = next((p.spec for p in policies if p.name == res.governing), None)
+    return res.governing, redeploy_settings(spec)
+
+
+def _delete_pod(namespace: str, name: str, uid: str) -> None:
+    try:
+        kube.core().delete_namespaced_pod(
+            name, namespace, body={"preconditions": {"uid": uid}, "gracePeriodSeconds": 0})
+    except ApiException as e:
+        if e.status not in (404, 409):  # gone, or a different pod now has that name
+            raise
+
+
+def _finish(pod: Mapping[str, Any], decision: Mapping[str, Any]) -> str:
+    """Carry out a recorded decision; idempotent. Returns the action done, or
+    NAME_TAKEN when the replacement's name belongs to an unrelated pod (the original is
+    then kept: deleting it would lose the workload)."""
+    meta = pod.get("metadata") or {}
+    ns, name, uid = str(meta["namespace"]), str(meta["name"]), str(meta["uid"])
+    if decision.get("action") == "recreate":
+        new = build_replacement(pod, str(decision["replacement"]),
+                                list(decision.get("avoid") or []))
+        try:
+            kube.core().create_namespaced_pod(ns, new)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            # AlreadyExists: created before a crash/retry, or someone else's pod.
+            try:
+                existing = kube.to_dict(kube.core().read_namespaced_pod(
+                    str(decision["replacement"]), ns))
+            except ApiException as e2:
+                if e2.status != 404:
+                    raise
+                raise e from None  # gone again: retried by the caller
+            if not is_replacement_of(existing, pod):
+                return NAME_TAKEN
+        checkpoint("after-create")
+    _delete_pod(ns, name, uid)
+    return str(decision.get("action"))
+
+
+def _give_up_name_taken(pod: Mapping[str, Any], decision: Mapping[str, Any],
+                        now: float) -> None:
+    meta = pod.get("metadata") or {}
+    ns, name, uid = str(meta["namespace"]), str(meta["name"]), str(meta["uid"])
+    key = workload_key(pod)
+    data, rv = load_state(ns)
+    st = WorkloadState.parse(data.get(key))
+    st.handled = {k: v for k, v in (st.handled or {}).items() if k != uid}
+    st.gave_up = {**(st.gave_up or {}), uid: iso(now)}
+    data[key] = st.dump()
+    save_state(ns, data, rv)
+    metrics.REDEPLOYS.labels(outcome="gave_up").inc()
+    kube.event(pod, "Warning", reason="RedeployGaveUp",
+               message=f"not redeploying {name}: its replacement's name "
+                       f"{decision.get('replacement')} is taken by a pod that is not its "
+                       f"replacement; {name} is kept")
+
+
+def step(pod: Mapping[str, Any], first_seen: float, now: float | None = None) -> float | None:
+    """One pass over a rejected pod: None when done, else seconds to wait."""
+    now = time.time() if now is None else now
+    meta = pod.get("metadata") or {}
+    ns, name, uid = str(meta["namespace"]), str(meta["name"]), str(meta["uid"])
+    node = str((pod.get("spec") or {}).get("nodeName") or "")
+    key = workload_key(pod)
+    data, rv = load_state(ns)
+    st = WorkloadState.parse(data.get(key))
+    decision = (st.handled or {}).get(uid)
+    if decision is not None:
+        if _finish(pod, decision) == NAME_TAKEN:
+            _give_up_name_taken(pod, decision, now)
+        return None
+    if uid in (st.gave_up or {}):
+        return None
+    if uid in (st.released or {}):
+        return None
+    governing, settings = governing_settings(pod)
+    st.policy = governing
+    st.expire(now)
+    if not settings.enabled:
+        return None
+    if controller_ref(pod) is None and not RECREATE_BARE_PODS:
+        st.gave_up = {**(st.gave_up or {}), uid: iso(now)}
+        data[key] = st.dump()
+        save_state(ns, data, rv)
+        metrics.REDEPLOYS.labels(outcome="gave_up").inc()
+        kube.event(pod, "Warning", reason="RedeployGaveUp",
+                   message=f"not redeploying {name}: it has no controller, and recreating "
+                           "bare pods is off (operator flag --recreate-bare-pods)")
+        return None
+    replicas, owner = owner_replicas(pod)
+    budget = settings.max_attempts * replicas
+    st.budget = budget
+    if st.attempts >= budget:
+        st.gave_up = {**(st.gave_up or {}), uid: iso(now)}
+        st.last = iso(now)
+        ref = controller_ref(pod)
+        gate = ref is not None and owner is not None
+        if gate and not st.exhausted:
+            assert ref is not None and owner is not None
+            st.exhausted = iso(now)
+            st.owner = {"kind": str(ref.get("kind")), "name": str(ref.get("name"))}
+            st.reset = str(((owner.get("metadata") or {}).get("annotations") or {}).get(
+                ANN_RESET, ""))
+        data[key] = st.dump()
+        save_state(ns, data, rv)
+        metrics.REDEPLOYS.labels(outcome="gave_up").inc()
+        per = f"maxAttempts={settings.max_attempts}" + (
+            f" x {replicas} replicas" if replicas != 1 else "")
+        msg = (f"not redeploying {name}: {st.attempts} redeploy attempt(s) of this "
+               f"workload reached its budget ({per}"
+               + (f" of TopologyPolicy/{governing}" if governing else "") + ")")
+        if gate:
+            assert ref is not None
+            msg += (f"; new pods of {ref.get('kind')}/{ref.get('name')} are held by the "
+                    f"scheduling gate {GATE} until it is released: fix the policy or free "
+                    f"capacity, then annotate the {ref.get('kind')} with {ANN_RESET}=<a new "
+                    f"value>")
+        kube.event(pod, "Warning", reason="RedeployGaveUp", message=msg)
+        return None
+    wait = first_seen + backoff_delay(settings.backoff_seconds, st.attempts, replicas) - now
+    if wait > 0:
+        return wait
+    attempt = st.attempts + 1
+    st.last = iso(now)
+    if node:
+        st.rejections = {**(st.rejections or {}), node: iso(now)}
+    avoid = st.avoid_nodes(now) if settings.avoid_rejecting_nodes else []
+    avoid = with_unfit(pod, avoid)
+    bare = controller_ref(pod) is None
+    decision = {"action": "recreate" if bare else "delete", "attempt": attempt, "node": node,
+                "at": iso(now), "pod": name, "avoid": avoid if bare else [],
+                "replacement": replacement_name(base_name(pod), attempt) if bare else None}
+    st.handled = {**(st.handled or {}), uid: decision}
+    st.attempts = attempt
+    data[key] = st.dump()
+    save_state(ns, data, rv)  # durable before acting (409 -> retried by the caller)
+    checkpoint("after-record")
+    action = _finish(pod, decision)
+    if action == NAME_TAKEN:
+        _give_up_name_taken(pod, decision, now)
+        return None
+    metrics.REDEPLOYS.labels(outcome="recreated" if action == "recreate" else "deleted").inc()
+    kube.event(pod, "Normal", reason="Redeploy",
+              message=f"attempt {attempt}/{budget}: "
+                      + (f"recreated as {decision['replacement']}" if bare
+                         else "deleted so that its controller recreates it")
+                      + (f", avoiding {', '.join(avoid)}" if avoid else ""))
+    return None
