@@ -13,8 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from numalign.api.resolution import KUBELET_OPTION_NAMES
+from numalign.api.resolution import KUBELET_OPTION_NAMES, MAX_RESOLVED_BYTES
 from numalign.api.resolution import parse_resolved as parse_shared_resolved
+from numalign.topology import jsontext
 from numalign.topology.policy import OPTION_MAX_ALLOWABLE_NUMA_NODES, POLICIES, SCOPES
 
 RESOLVED = "numalign.io/resolved"
@@ -98,9 +99,9 @@ def parse_resolved(value: str) -> Resolved:
     """Parse ``numalign.io/resolved``; raises AnnotationError naming what is wrong."""
     where = f"annotation {RESOLVED}"
     try:
-        doc = json.loads(value)
+        doc = jsontext.loads(value, where, max_bytes=MAX_RESOLVED_BYTES)
     except ValueError as e:
-        raise AnnotationError(f"{where} is not valid JSON: {e}") from None
+        raise AnnotationError(str(e)) from None
     if not isinstance(doc, Mapping):
         raise AnnotationError(f"{where} must be a JSON object")
     policy = doc.get("policy")
@@ -255,7 +256,7 @@ def allocation_from_json(doc: Any, where: str = f"annotation {ALLOCATION}") -> A
 
 def parse_allocation(value: str) -> Allocation:
     try:
-        doc = json.loads(value)
+        doc = jsontext.loads(value, f"annotation {ALLOCATION}")
     except ValueError as e:
-        raise AnnotationError(f"annotation {ALLOCATION} is not valid JSON: {e}") from None
+        raise AnnotationError(str(e)) from None
     return allocation_from_json(doc)

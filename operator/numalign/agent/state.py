@@ -149,8 +149,8 @@ class NodeState:
         """Rebuild the ledger after a restart.
 
         ``published`` is the NodeTopology object (or None); ``pods`` are the pods bound to
-        this node now. A pod that is Running with an allocation (its annotation, else the
-        published entry with its uid) gets that allocation back; a pod already rejected
+        this node now. A pod that is Running with an allocation (the published entry with
+        its uid, else its annotation) gets that allocation back; a pod already rejected
         stays rejected; a pod still Pending is returned to be decided; published pods that
         are gone are dropped.
         """
@@ -165,6 +165,7 @@ class NodeState:
                 by_uid[str(entry["uid"])] = entry
         present: set[str] = set()
         pending: list[Mapping[str, Any]] = []
+        to_restore: list[tuple[Mapping[str, Any], Any]] = []
         for pod in pods:
             uid = pod_uid(pod)
             if not uid or uid in self.decided:
@@ -182,24 +183,36 @@ class NodeState:
             if meta.get("deletionTimestamp") and phase != "Running":
                 continue
             if phase == "Running" or ann is not None:
-                alloc, resolved = self._allocation_of(pod, ann, by_uid.get(uid))
-                if alloc is None:
-                    # Running without anything to restore from (not ours): hold nothing.
-                    self.decided[uid] = True
-                    continue
-                ns, name = pod_key(pod)
-                try:
-                    engine.commit(self.machine, self.ledger, uid, pod, alloc)
-                except engine.RestoreConflict as e:
-                    log.warning("%s: cannot restore %s/%s: %s", self.name, ns, name, e)
-                    report.conflicts.append(uid)
-                    self.decided[uid] = True
-                    continue
-                self.decided[uid] = True
-                self.admitted[uid] = AdmittedPod(ns, name, uid, resolved, alloc)
-                report.restored.append(uid)
+                to_restore.append((pod, ann))
                 continue
             pending.append(pod)
+        # What the agent itself published first: a pod's annotation can be edited by its
+        # tenant, so it is used only for pods the published status lacks, after every
+        # published allocation is back (a claim on another pod's CPUs then conflicts).
+        to_restore.sort(key=lambda pa: pod_uid(pa[0]) not in by_uid)
+        for pod, ann in to_restore:
+            uid = pod_uid(pod)
+            ns, name = pod_key(pod)
+            try:
+                alloc, resolved = self._allocation_of(pod, ann, by_uid.get(uid))
+            except Exception as e:  # a poisoned pod must not stop the restore
+                log.warning("%s: cannot read the allocation of %s/%s: %s", self.name, ns,
+                            name, e)
+                alloc, resolved = None, NONE
+            if alloc is None:
+                # Running without anything to restore from (not ours): hold nothing.
+                self.decided[uid] = True
+                continue
+            try:
+                engine.commit(self.machine, self.ledger, uid, pod, alloc)
+            except engine.RestoreConflict as e:
+                log.warning("%s: cannot restore %s/%s: %s", self.name, ns, name, e)
+                report.conflicts.append(uid)
+                self.decided[uid] = True
+                continue
+            self.decided[uid] = True
+            self.admitted[uid] = AdmittedPod(ns, name, uid, resolved, alloc)
+            report.restored.append(uid)
         report.dropped = [u for u in by_uid if u not in present]
         prev = status.get("rejected")
         if isinstance(prev, int) and not isinstance(prev, bool):
@@ -223,16 +236,16 @@ class NodeState:
             resolved = Resolved(policy=str(entry.get("policy") or "none"),
                                 scope=str(entry.get("scope") or "container"),
                                 options=options, source=str(entry.get("source") or "none"))
-        if ann is not None:
-            try:
-                return parse_allocation(str(ann)), resolved
-            except AnnotationError as e:
-                log.warning("%s: %s", self.name, e)
         if entry is not None:
             try:
                 return allocation_from_entry(entry), resolved
-            except (AnnotationError, ValueError) as e:
+            except Exception as e:  # malformed: fall back to the annotation
                 log.warning("%s: NodeTopology entry of %s: %s", self.name, entry.get("pod"), e)
+        if ann is not None:
+            try:
+                return parse_allocation(str(ann)), resolved
+            except (AnnotationError, ValueError) as e:
+                log.warning("%s: %s", self.name, e)
         return None, resolved
 
 

@@ -49,6 +49,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from numalign.topology import jsontext
 from numalign.topology.policy import (
     OPTION_MAX_ALLOWABLE_NUMA_NODES,
     OPTION_PREFER_CLOSEST_NUMA_NODES,
@@ -70,6 +71,8 @@ MAX_MAX_ALLOWABLE_NUMA_NODES = 64
 ANN_POLICY = "numalign.io/policy"
 ANN_SCOPE = "numalign.io/scope"
 ANN_RESOLVED = "numalign.io/resolved"
+# A resolution is ~200 bytes; anything much larger is not one.
+MAX_RESOLVED_BYTES = 4096
 
 SOURCE_POD = "pod"
 SOURCE_NODE_DEFAULT = "node-default"
@@ -422,8 +425,8 @@ def parse_resolved(text: str | None) -> Resolved | None:
     if not text:
         return None
     try:
-        doc = json.loads(text)
-    except (ValueError, TypeError):
+        doc = jsontext.loads(text, ANN_RESOLVED, max_bytes=MAX_RESOLVED_BYTES)
+    except ValueError:
         return None
     if not isinstance(doc, Mapping):
         return None

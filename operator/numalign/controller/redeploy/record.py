@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from numalign.api.resolution import ANN_RESOLVED
+from numalign.topology import jsontext
 
 REASON = "TopologyAffinityError"
 STATE_CONFIGMAP = "numalign-redeploy"
@@ -28,6 +29,8 @@ REPLICATED_KINDS = ("ReplicaSet", "StatefulSet", "ReplicationController")
 RESET_AFTER_S = 3600.0
 AVOID_FOR_S = 1800.0
 MAX_HANDLED = 64
+# A ConfigMap holds at most 1 MiB.
+MAX_RECORD_BYTES = 1 << 20
 MAX_NAME = 253
 
 # ---------------------------------------------------------------------------
@@ -110,7 +113,8 @@ class WorkloadState:
     @classmethod
     def parse(cls, text: str | None) -> WorkloadState:
         try:
-            doc = json.loads(text) if text else {}
+            doc = jsontext.loads(text, "redeploy record", max_bytes=MAX_RECORD_BYTES) \
+                if text else {}
         except ValueError:
             doc = {}
         if not isinstance(doc, dict):
