@@ -3,6 +3,9 @@ a name clash, and without --recreate-bare-pods it is never deleted."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,7 +14,13 @@ from kubernetes.client.exceptions import ApiException
 
 from numalign.api.resolution import RedeploySettings
 from numalign.controller import kube
-from numalign.controller.redeploy import WorkloadState, build_replacement, step, workload_key
+from numalign.controller.redeploy import (
+    WorkloadState,
+    build_replacement,
+    handlers,
+    step,
+    workload_key,
+)
 from numalign.controller.redeploy import decide as redeploy
 
 
@@ -106,3 +115,73 @@ def test_without_the_switch_a_bare_pod_is_kept_with_an_event(
     assert core.created == [] and core.deleted == []
     [(reason, message)] = api["events"]
     assert reason == "RedeployGaveUp" and "--recreate-bare-pods" in message
+
+
+class QuotaCore(FakeCore):
+    """Every replacement is refused (an exhausted quota)."""
+
+    def __init__(self, pods: dict[str, dict[str, Any]]) -> None:
+        super().__init__(pods)
+        self.attempts = 0
+
+    def create_namespaced_pod(self, ns: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.attempts += 1
+        raise ApiException(status=403, reason="Forbidden: exceeded quota")
+
+
+def test_replacement_create_errors_back_off_then_give_up_with_an_event(
+        api: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(redeploy, "RECREATE_BARE_PODS", True)
+    monkeypatch.setattr(handlers, "API_RETRY_FIRST", 0.01)
+    monkeypatch.setattr(handlers, "API_RETRY_MAX", 0.04)
+    monkeypatch.setattr(redeploy, "governing_settings",
+                        lambda pod: ("p", RedeploySettings(backoff_seconds=0)))
+    pod = _bare()
+    core = QuotaCore({"web": pod})
+    monkeypatch.setattr(kube, "core", lambda: core)
+    monkeypatch.setattr(handlers, "release_held", lambda ns: None)
+    sleeps: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def sleep(delay: float) -> None:
+        sleeps.append(delay)
+        await real_sleep(0)
+
+    monkeypatch.setattr(handlers.asyncio, "sleep", sleep)
+
+    async def run() -> None:
+        await asyncio.wait_for(handlers._worker(pod, "uid-web", logging.getLogger("t")), 30)
+
+    asyncio.run(run())
+    assert core.attempts == handlers.API_GIVE_UP_AFTER
+    assert sleeps == [0.01, 0.02, 0.04, 0.04, 0.04, 0.04, 0.04]
+    assert "web" in core.pods and core.deleted == []  # the original is kept
+    st = WorkloadState.parse(api["data"][workload_key(pod)])
+    assert "uid-web" in (st.gave_up or {}) and "uid-web" not in (st.handled or {})
+    reason, message = api["events"][-1]
+    assert reason == "RedeployGaveUp" and "403" in message and "exceeded quota" in message
+
+
+def test_pods_waiting_out_a_backoff_hold_no_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """More rejected pods in backoff than the default executor has threads: a blocking
+    call of the periodic pass still runs at once."""
+    pods = {f"p{i}": _bare(f"p{i}", f"uid-{i}") for i in range(100)}
+    core = FakeCore(pods)
+    monkeypatch.setattr(kube, "core", lambda: core)
+    monkeypatch.setattr(kube, "to_dict", lambda obj: obj)
+    monkeypatch.setattr(handlers, "step", lambda pod, first_seen: 3600.0)
+
+    async def run() -> float:
+        log = logging.getLogger("t")
+        tasks = [asyncio.create_task(handlers._worker(p, p["metadata"]["uid"], log))
+                 for p in pods.values()]
+        await asyncio.sleep(0.5)  # every worker has taken its first step
+        start = time.monotonic()
+        await asyncio.wait_for(asyncio.to_thread(lambda: None), 30)
+        took = time.monotonic() - start
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return took
+
+    assert asyncio.run(run()) < 1.0

@@ -100,8 +100,9 @@ def _finish(pod: Mapping[str, Any], decision: Mapping[str, Any]) -> str:
     return str(decision.get("action"))
 
 
-def _give_up_name_taken(pod: Mapping[str, Any], decision: Mapping[str, Any],
-                        now: float) -> None:
+def give_up(pod: Mapping[str, Any], why: str, now: float) -> None:
+    """Stop redeploying ``pod`` for good (recorded, so that a restart does not retry a
+    decision that cannot be carried out) and say why in a Warning event."""
     meta = pod.get("metadata") or {}
     ns, name, uid = str(meta["namespace"]), str(meta["name"]), str(meta["uid"])
     key = workload_key(pod)
@@ -113,9 +114,14 @@ def _give_up_name_taken(pod: Mapping[str, Any], decision: Mapping[str, Any],
     save_state(ns, data, rv)
     metrics.REDEPLOYS.labels(outcome="gave_up").inc()
     kube.event(pod, "Warning", reason="RedeployGaveUp",
-               message=f"not redeploying {name}: its replacement's name "
-                       f"{decision.get('replacement')} is taken by a pod that is not its "
-                       f"replacement; {name} is kept")
+               message=f"not redeploying {name}: {why}")
+
+
+def _give_up_name_taken(pod: Mapping[str, Any], decision: Mapping[str, Any],
+                        now: float) -> None:
+    name = str((pod.get("metadata") or {}).get("name"))
+    give_up(pod, f"its replacement's name {decision.get('replacement')} is taken by a pod "
+                 f"that is not its replacement; {name} is kept", now)
 
 
 def step(pod: Mapping[str, Any], first_seen: float, now: float | None = None) -> float | None:
