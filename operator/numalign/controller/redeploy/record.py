@@ -184,12 +184,32 @@ class WorkloadState:
         return [n for _, n in sorted(recent, key=lambda tn: (-tn[0], tn[1]))]
 
 
+def _pinned(term: Mapping[str, Any]) -> set[str] | None:
+    """The node names a nodeSelectorTerm allows by ``metadata.name In`` (None: any)."""
+    pins: set[str] | None = None
+    for f in term.get("matchFields") or []:
+        if f.get("key") == "metadata.name" and f.get("operator") == "In":
+            values = {str(v) for v in f.get("values") or []}
+            pins = values if pins is None else pins & values
+    return pins
+
+
 def with_node_avoidance(spec: Mapping[str, Any], avoid: list[str]) -> dict[str, Any]:
     """A copy of a pod spec whose required node affinity excludes ``avoid`` nodes (by
     ``metadata.name`` field, one requirement per node; added to every nodeSelectorTerm,
-    since terms are ORed)."""
+    since terms are ORed) -- unless that would leave it no node at all: a pod bound to a
+    node already, or one whose every term names only avoided nodes (DaemonSet pods)."""
     out = copy.deepcopy(dict(spec))
-    if not avoid:
+    if not avoid or out.get("nodeName"):
+        return out
+    avoided = set(avoid)
+    existing = ((((out.get("affinity") or {}).get("nodeAffinity") or {})
+                 .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+                .get("nodeSelectorTerms") or [{}])
+    if all((p := _pinned(t)) is not None and not p - avoided for t in existing):
+        # Every term names its nodes (a DaemonSet pod's matchFields, a pod pinned by
+        # name) and all of them are avoided: the pod would fit no node, ever. It keeps
+        # its nodes; the kubelet's rejections count towards the budget as before.
         return out
     # The API server allows one value per metadata.name field requirement: one each.
     reqs = [{"key": "metadata.name", "operator": "NotIn", "values": [n]}
