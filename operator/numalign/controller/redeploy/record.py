@@ -29,8 +29,9 @@ REPLICATED_KINDS = ("ReplicaSet", "StatefulSet", "ReplicationController")
 RESET_AFTER_S = 3600.0
 AVOID_FOR_S = 1800.0
 MAX_HANDLED = 64
-# A ConfigMap holds at most 1 MiB.
+# A ConfigMap holds at most 1 MiB: the records of a namespace are pruned below this.
 MAX_RECORD_BYTES = 1 << 20
+MAX_DATA_BYTES = 768 << 10
 MAX_NAME = 253
 
 # ---------------------------------------------------------------------------
@@ -269,3 +270,40 @@ def build_replacement(pod: Mapping[str, Any], name: str, avoid: list[str]) -> di
 def has_gate(pod: Mapping[str, Any]) -> bool:
     return any(isinstance(g, Mapping) and g.get("name") == GATE
                for g in (pod.get("spec") or {}).get("schedulingGates") or [])
+
+
+def _uids(st: WorkloadState) -> set[str]:
+    return {*(st.handled or {}), *(st.gave_up or {}), *(st.released or {})}
+
+
+def prune(data: dict[str, str], now: float, live: set[str],
+          max_bytes: int = MAX_DATA_BYTES) -> list[str]:
+    """Remove from ``data`` the records that no longer matter and return their keys.
+
+    A record matters while its workload was rejected within :data:`RESET_AFTER_S` (its
+    budget and avoided nodes still apply; :meth:`WorkloadState.expire` resets it after
+    that anyway), while it is exhausted (its new pods are held), or while one of the pods
+    it decided on is still Failed (``live``: a record lost would redeploy a pod it gave
+    up on). A workload that is gone is quiet, so its record goes an hour later. Past
+    ``max_bytes`` the quiet-but-young records go too, oldest first, so that a namespace
+    with many workloads never outgrows its ConfigMap."""
+    removed: list[str] = []
+    candidates: list[tuple[float, str]] = []
+    for key, text in list(data.items()):
+        st = WorkloadState.parse(text)
+        if st.exhausted or _uids(st) & live:
+            continue
+        last = st.last_rejection()
+        if now - last > RESET_AFTER_S:
+            del data[key]
+            removed.append(key)
+        else:
+            candidates.append((last, key))
+    size = sum(len(k) + len(v) for k, v in data.items())
+    for _last, key in sorted(candidates):
+        if size <= max_bytes:
+            break
+        size -= len(key) + len(data[key])
+        del data[key]
+        removed.append(key)
+    return removed
