@@ -87,6 +87,22 @@ async def _periodic(interval: float) -> None:
         await asyncio.sleep(interval)
 
 
+async def _renew_certificates(cert_dir: Path, hosts: list[str], secret: str | None, url: str,
+                              exclude: list[str], interval: float = webhooks.RENEW_CHECK_S
+                              ) -> None:
+    """Renew the serving certificate before it expires, for as long as the operator runs
+    (Kopf's server reloads the changed files); rewrite the webhook configurations after."""
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            if await asyncio.to_thread(webhooks.renew, cert_dir, hosts, secret):
+                log.info("webhook certificate renewed")
+                ca = (cert_dir / webhooks.CA_FILE).read_bytes()
+                await asyncio.to_thread(webhookconfig.apply, url, ca, exclude)
+        except Exception as e:  # retried at the next check
+            log.warning(f"webhook certificate renewal failed: {e}")
+
+
 class _NoWebhookServer:
     """An admission 'server' that never serves (``--no-webhooks``): the pod backstop
     handler resolves pods instead."""
@@ -124,6 +140,8 @@ async def startup(settings: kopf.OperatorSettings, logger: kopf.Logger, **_: Any
         url = f"https://{host}:{opts.webhook_port}"
         ca = (cert_dir / webhooks.CA_FILE).read_bytes()
         await asyncio.to_thread(webhookconfig.apply, url, ca, opts.webhook_exclude)
+        _tasks.append(asyncio.create_task(_renew_certificates(
+            cert_dir, hosts, opts.cert_secret, url, opts.webhook_exclude)))
         logger.info(f"webhooks on https://{host}:{opts.webhook_port} (certificates in {cert_dir})")
     else:
         # Kopf refuses to start with admission handlers and no server: serve nothing.
