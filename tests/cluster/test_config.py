@@ -144,6 +144,8 @@ def test_rbac_grants_each_identity_its_half(installed: Install, kubectl: Kubectl
     assert not can(AGENT, "list", "pods", "-A")
     assert not can(AGENT, "create", "events", "-A")
     assert not can(AGENT, "delete", "pods", "-A")
+    assert can(AGENT, "update", "leases.coordination.k8s.io", "-n", NS)
+    assert not can(AGENT, "update", "leases.coordination.k8s.io", "-n", "kube-node-lease")
     assert not can(AGENT, "get", "secrets", "-A")
     assert can(OPERATOR, "patch", "nodetopologies.numalign.io")
     assert not can(OPERATOR, "patch", "nodetopologies.numalign.io", "--subresource=status")

@@ -304,6 +304,7 @@ def test_admission_policies_bind_the_exact_identities_in_any_overlay(
                for w in of_kind(objs, "DaemonSet", "StatefulSet")}
     confined = {f"{prefix}numalign-agent-node-restriction": runs_as["DaemonSet"],
                 f"{prefix}numalign-agent-events": runs_as["DaemonSet"],
+                f"{prefix}numalign-agent-lease": runs_as["DaemonSet"],
                 f"{prefix}numalign-operator-restriction": runs_as["StatefulSet"]}
     for b in bindings:
         policy = policies[b["spec"]["policyName"]]
@@ -324,13 +325,15 @@ def test_admission_policies_bind_the_exact_identities_in_any_overlay(
 
 def test_agent_policies_cover_its_writes_and_events(default: list[Obj]) -> None:
     covered = set()
-    for name in ("numalign-agent-node-restriction", "numalign-agent-events"):
+    for name in ("numalign-agent-node-restriction", "numalign-agent-events",
+                 "numalign-agent-lease"):
         vap = _named(default, "ValidatingAdmissionPolicy", name)
         for rule in vap["spec"]["matchConstraints"]["resourceRules"]:
             covered |= {(g, r) for g in rule["apiGroups"] for r in rule["resources"]}
-    agent = _rules(default, "numalign-agent")
+    agent = _rules(default, "numalign-agent") + _named(default, "Role", "numalign-agent")["rules"]
     written = {(g, r) for rule in agent for g in rule["apiGroups"] for r in rule["resources"]
                if set(rule["verbs"]) & {"create", "update", "patch", "delete"}}
+    assert ("coordination.k8s.io", "leases") in written
     assert written <= covered, written - covered
     assert ("", "events") in covered
     events = yaml.safe_dump(_named(default, "ValidatingAdmissionPolicy",

@@ -14,6 +14,7 @@ from numalign.topology.machine import Machine
 
 from .kube import NT_BASE, ApiError, Kube, q
 from .kubelet_status import MACHINE_LABEL
+from .lease import NodeLease
 from .publish import Publisher
 from .state import NodeState
 
@@ -32,8 +33,10 @@ def discover_machine(name: str, root: str = "/") -> Machine:
 
 class RealNode:
     def __init__(self, kube: Kube, name: str, machine: Machine, *,
-                 resync: float = 300.0, publish_nrt: bool = False) -> None:
+                 resync: float = 300.0, publish_nrt: bool = False,
+                 lease: NodeLease | None = None) -> None:
         self.kube = kube
+        self.lease = lease
         self.state = NodeState(name, machine, admits=False)
         self.states = {name: self.state}
         self.node_uid: str | None = None
@@ -51,6 +54,23 @@ class RealNode:
 
     async def run(self) -> None:
         await self.kube.open()
+        if self.lease is None:
+            await self._run()
+            return
+        # One agent per node: publish only while holding the node's Lease.
+        await self.lease.acquire()
+        keeper = asyncio.create_task(self.lease.keep(), name="lease")
+        main = asyncio.create_task(self._run(), name="publish")
+        try:
+            done, _ = await asyncio.wait([keeper, main], return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                t.result()  # LeaseLost: stop publishing (the pod restarts and stands by)
+        finally:
+            for t in (keeper, main):
+                t.cancel()
+            await asyncio.gather(keeper, main, return_exceptions=True)
+
+    async def _run(self) -> None:
         name = self.state.name
         if self.publisher.nrt:
             try:  # the Node owns its NodeResourceTopology (garbage-collected with it)

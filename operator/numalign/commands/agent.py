@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Coroutine
 from typing import Any
@@ -46,6 +47,9 @@ def _parser() -> argparse.ArgumentParser:
                         "seconds (default: 1, or one per 50 emulated nodes)")
     p.add_argument("--concurrency", type=int, default=96,
                    help="concurrent pod writes (default 96)")
+    p.add_argument("--lease-namespace", metavar="NAMESPACE",
+                   help="--node: where the node's Lease numalign-agent-<node> is kept (one "
+                   "agent per node; default: $POD_NAMESPACE, else default)")
     p.add_argument("--publish-nrt", action="store_true",
                    help="also publish each node's NodeResourceTopology "
                         "(topology.node.k8s.io/v1alpha2, for topology-aware schedulers) "
@@ -143,9 +147,14 @@ def main(argv: list[str] | None = None) -> int:
                     _metrics(args.metrics_port, emulator)
                 await emulator.run()
             else:
+                from numalign.agent.lease import NodeLease
                 from numalign.agent.node import RealNode
 
-                await RealNode(kube, name, machine, publish_nrt=args.publish_nrt).run()
+                namespace = args.lease_namespace or os.environ.get("POD_NAMESPACE") or "default"
+                identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+                lease = NodeLease(kube, name, namespace, identity)
+                await RealNode(kube, name, machine, publish_nrt=args.publish_nrt,
+                               lease=lease).run()
         finally:
             await kube.close()
 
