@@ -42,7 +42,8 @@ class RealNode:
         self.node_uid: str | None = None
         self.publisher = Publisher(kube, self.states,
                                    labels=lambda st: {MACHINE_LABEL: st.machine.name},
-                                   nrt=publish_nrt, node_uid=lambda _: self.node_uid)
+                                   nrt=publish_nrt, node_uid=lambda _: self.node_uid,
+                                   preconditions=True)
         self.resync = resync
 
     def on_nodetopology(self, typ: str, obj: Mapping[str, Any]) -> None:
