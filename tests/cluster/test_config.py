@@ -120,11 +120,14 @@ def test_default_installs_with_dry_run_and_for_real(installed: Install,
                              "-o", "json").stdout)
     assert sts["spec"]["template"]["spec"]["containers"][0]["image"] == (
         "ghcr.io/numalign/numalign:0.1.0")
-    # The policy's CEL type-checks against the API server's schemas.
-    vap = json.loads(kubectl("get", f"validatingadmissionpolicy/{POLICY}", "-o",
-                             "json").stdout)
-    warnings = ((vap.get("status") or {}).get("typeChecking") or {}).get("expressionWarnings")
-    assert not warnings, warnings
+    # The policies' CEL type-checks against the API server's schemas.
+    for name in (POLICY, "numalign-agent-events", "numalign-agent-lease",
+                 "numalign-operator-restriction"):
+        vap = json.loads(kubectl("get", f"validatingadmissionpolicy/{name}", "-o",
+                                 "json").stdout)
+        warnings = ((vap.get("status") or {}).get("typeChecking") or {}).get(
+            "expressionWarnings")
+        assert not warnings, (name, warnings)
     # Applying again succeeds, and what is installed is what config/default says.
     kubectl("apply", "-k", str(CONFIG / "default"))
     diff = kubectl("diff", "-k", str(CONFIG / "default"), check=False)
