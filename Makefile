@@ -18,11 +18,13 @@ demo: $(BIN)/.installed
 down: $(BIN)/.installed
 	$(BIN)/numalign dev down
 
-# Everything CI runs: lint, types, unit tests, tests against the real API server.
+# Everything CI runs: lint, types, layers (pyproject's import-linter contracts), unit
+# tests, tests against the real API server.
 test: $(BIN)/.installed
 	$(BIN)/numalign dev build
 	$(BIN)/ruff check operator tests bench
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/pytest -q -p no:cacheprovider
 
 unit: $(BIN)/.installed

@@ -12,9 +12,8 @@ from typing import Any
 import pytest
 
 import testdata
-from numalign.agent.annotations import AnnotationError, parse_allocation, parse_resolved
 from numalign.agent.emulate import Emulator, NodeSpec
-from numalign.api.resolution import parse_resolved as parse_shared_resolved
+from numalign.api.wire import WireError, parse_allocation, parse_resolved, resolved_or_none
 from numalign.topology.errors import TopologyError
 from numalign.topology.gpu import parse_gpu_requests
 from numalign.topology.machine import load_machine
@@ -94,15 +93,15 @@ def test_poisoned_pods_do_not_end_the_pod_watch() -> None:
 
 
 @pytest.mark.parametrize("parse", [parse_resolved, parse_allocation])
-def test_agent_annotation_parsers_refuse_deep_and_huge_values(parse: Any) -> None:
+def test_annotation_parsers_refuse_deep_and_huge_values(parse: Any) -> None:
     for value, message in ((NESTED, "nested more than 32 levels"),
                            (json.dumps({"x": "a" * 100_000}), "bytes, more than")):
-        with pytest.raises(AnnotationError, match=message):
+        with pytest.raises(WireError, match=message):
             parse(value)
 
 
 def test_operator_parser_and_gpu_requests_refuse_deep_values() -> None:
-    assert parse_shared_resolved(NESTED) is None
-    assert parse_shared_resolved('{"policy": "none", "x": ' + NESTED + "}") is None
+    assert resolved_or_none(NESTED) is None
+    assert resolved_or_none('{"policy": "none", "x": ' + NESTED + "}") is None
     with pytest.raises(TopologyError, match=r"^numalign\.io/gpus: is nested more than 32"):
         parse_gpu_requests(NESTED)

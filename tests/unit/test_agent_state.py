@@ -6,10 +6,10 @@ import json
 from typing import Any
 
 import testdata
-from numalign.agent.annotations import ALLOCATION, Resolved
 from numalign.agent.publish import build_status
 from numalign.agent.state import NodeState
 from numalign.api.nodetopology import NodeTopologyStatus, summarize
+from numalign.api.wire import ANN_ALLOCATION, Resolved
 from numalign.topology.machine import load_machine
 
 MACHINES = testdata.MACHINES
@@ -30,7 +30,7 @@ def _alloc(cpus: list[int], zone: int, gpu: str, nic: str) -> dict[str, Any]:
 
 def _pod(name: str, phase: str, alloc: dict[str, Any] | None = None,
          reason: str | None = None) -> dict[str, Any]:
-    ann = {ALLOCATION: json.dumps(alloc)} if alloc is not None else {}
+    ann = {ANN_ALLOCATION: json.dumps(alloc)} if alloc is not None else {}
     status: dict[str, Any] = {"phase": phase}
     if reason:
         status["reason"] = reason
@@ -170,9 +170,9 @@ def test_restore_trusts_what_the_agent_published_over_tenant_annotations() -> No
 def test_restore_survives_a_poisoned_annotation() -> None:
     st = _state()
     poisoned = _pod("poisoned", "Running")
-    poisoned["metadata"]["annotations"][ALLOCATION] = "[" * 5000 + "]" * 5000
+    poisoned["metadata"]["annotations"][ANN_ALLOCATION] = "[" * 5000 + "]" * 5000
     huge = _pod("huge", "Running")
-    huge["metadata"]["annotations"][ALLOCATION] = json.dumps(
+    huge["metadata"]["annotations"][ANN_ALLOCATION] = json.dumps(
         {"numaNodes": [0], "containers": {"c": {"cpus": list(range(100000))}}})
     good = _pod("good", "Running", _alloc([0, 1], 0, "gpu0", "nic0"))
     report = st.restore(None, [poisoned, huge, good])

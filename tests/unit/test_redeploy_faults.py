@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from numalign.api.resolution import RedeploySettings
+from numalign.api.topologypolicy import RedeployPolicy
 from numalign.controller import kube
 from numalign.controller.redeploy import (
     WorkloadState,
@@ -65,7 +65,7 @@ def api(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     monkeypatch.setattr(redeploy, "load_state", lambda ns: (dict(state["data"]), "1"))
     monkeypatch.setattr(redeploy, "save_state",
                         lambda ns, data, rv: state.__setitem__("data", dict(data)))
-    monkeypatch.setattr(redeploy, "governing_settings", lambda pod: ("p", RedeploySettings()))
+    monkeypatch.setattr(redeploy, "governing_settings", lambda pod: ("p", RedeployPolicy()))
     monkeypatch.setattr(redeploy, "with_unfit", lambda pod, avoid: avoid)
     monkeypatch.setattr(kube, "to_dict", lambda obj: obj)
     monkeypatch.setattr(kube, "event", lambda obj, type_, reason, message:
@@ -135,7 +135,7 @@ def test_replacement_create_errors_back_off_then_give_up_with_an_event(
     monkeypatch.setattr(handlers, "API_RETRY_FIRST", 0.01)
     monkeypatch.setattr(handlers, "API_RETRY_MAX", 0.04)
     monkeypatch.setattr(redeploy, "governing_settings",
-                        lambda pod: ("p", RedeploySettings(backoff_seconds=0)))
+                        lambda pod: ("p", RedeployPolicy.model_construct(backoff_seconds=0)))
     pod = _bare()
     core = QuotaCore({"web": pod})
     monkeypatch.setattr(kube, "core", lambda: core)

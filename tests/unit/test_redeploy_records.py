@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from numalign.api.resolution import RedeploySettings
+from numalign.api.topologypolicy import RedeployPolicy
 from numalign.controller import cache, kube
 from numalign.controller.redeploy import decide, store
 from numalign.controller.redeploy.record import (
@@ -116,8 +116,8 @@ def test_a_namespace_with_500_workloads_stays_under_the_configmap_limit(
     monkeypatch.setattr(kube, "event", lambda *a, **k: None)
     monkeypatch.setattr(cache, "STATES", cache.Store("s", lambda: ([], 0), cache._ns_name))
     monkeypatch.setattr(cache, "FAILED", cache.Store("f", lambda: ([], 0), cache._uid))
-    monkeypatch.setattr(decide, "governing_settings",
-                        lambda pod: ("p", RedeploySettings(max_attempts=100, backoff_seconds=0)))
+    settings = RedeployPolicy.model_construct(max_attempts=100, backoff_seconds=0)
+    monkeypatch.setattr(decide, "governing_settings", lambda pod: ("p", settings))
     monkeypatch.setattr(decide, "owner_replicas", lambda pod: (1, None))
     monkeypatch.setattr(decide, "with_unfit", lambda pod, avoid: avoid)
     start = time.time() - 500 * 60

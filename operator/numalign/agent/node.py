@@ -10,10 +10,10 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from numalign.api.wire import LABEL_MACHINE
 from numalign.topology.machine import Machine
 
 from .kube import NT_BASE, ApiError, Kube, q
-from .kubelet_status import MACHINE_LABEL
 from .lease import NodeLease
 from .publish import Publisher
 from .state import NodeState
@@ -41,7 +41,7 @@ class RealNode:
         self.states = {name: self.state}
         self.node_uid: str | None = None
         self.publisher = Publisher(kube, self.states,
-                                   labels=lambda st: {MACHINE_LABEL: st.machine.name},
+                                   labels=lambda st: {LABEL_MACHINE: st.machine.name},
                                    nrt=publish_nrt, node_uid=lambda _: self.node_uid,
                                    preconditions=True)
         self.resync = resync

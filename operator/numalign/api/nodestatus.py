@@ -15,7 +15,8 @@ from numalign.topology.hints import NumaMask, mask_of
 from numalign.topology.ledger import MEMORY, ContainerAllocation, Ledger, LedgerError
 from numalign.topology.machine import Machine, machine_from_dict
 from numalign.topology.pod import HUGEPAGES_PREFIX
-from numalign.topology.quantity import parse_cpulist, quantity_bytes
+
+from . import wire
 
 JSON = dict[str, Any]
 
@@ -93,61 +94,24 @@ def machine_from_status(status: Mapping[str, Any], name: str = "node") -> Machin
     return replace(machine, cpus=cpus)
 
 
-def _cpus(v: Any, where: str) -> tuple[int, ...]:
-    if v is None or v == "":
-        return ()
-    if isinstance(v, str):
-        try:
-            return tuple(parse_cpulist(v))
-        except ValueError as e:
-            raise LedgerError(where, str(e)) from None
-    if isinstance(v, list) and all(isinstance(c, int) and not isinstance(c, bool) for c in v):
-        return tuple(v)
-    raise LedgerError(where, "must be a cpulist string or a list of CPU ids")
-
-
-def _zone_bytes(v: Any, where: str) -> dict[int, int]:
-    if not v:
-        return {}
-    if not isinstance(v, Mapping):
-        raise LedgerError(where, "must map a NUMA node id to an amount")
-    out: dict[int, int] = {}
-    for z, b in v.items():
-        try:
-            out[int(z)] = quantity_bytes(b)
-        except (TypeError, ValueError) as e:
-            raise LedgerError(f"{where}.{z}", str(e)) from None
-    return out
-
-
-def container_allocation(entry: Mapping[str, Any], where: str) -> ContainerAllocation:
-    """A container's holdings from published or annotated data: ``cpus`` (cpulist or
-    ids), ``memory`` ({zone: bytes or quantity}), ``hugepages`` ({size: {zone: ...}}),
-    ``devices`` ({resource: [ids]}), ``numaNodes`` (the memory affinity)."""
+def ledger_container(a: wire.ContainerAllocation, reusable: bool = False) -> ContainerAllocation:
+    """What a container holds (as the allocation annotation and ``status.admitted`` say
+    it) as the ledger's allocation; ``reusable``: a plain init container's, which the
+    app containers may reuse."""
     memory: dict[str, dict[int, int]] = {}
-    mem = _zone_bytes(entry.get("memory"), f"{where}.memory")
-    if mem:
-        memory[MEMORY] = mem
-    huge = entry.get("hugepages") or {}
-    if not isinstance(huge, Mapping):
-        raise LedgerError(f"{where}.hugepages", "must map a page size to zones")
-    for size, per in huge.items():
-        got = _zone_bytes(per, f"{where}.hugepages.{size}")
-        if got:
-            memory[HUGEPAGES_PREFIX + str(size)] = got
-    devices_raw = entry.get("devices") or {}
-    if not isinstance(devices_raw, Mapping):
-        raise LedgerError(f"{where}.devices", "must map a resource to device ids")
-    devices = {str(r): tuple(str(i) for i in ids) for r, ids in devices_raw.items()
-               if isinstance(ids, list) and ids}
+    if a.memory:
+        memory[MEMORY] = {int(z): b for z, b in a.memory.items()}
+    for size, per_zone in a.hugepages.items():
+        if per_zone:
+            memory[HUGEPAGES_PREFIX + size] = {int(z): b for z, b in per_zone.items()}
     mask: NumaMask | None = None
     if memory:
-        numa = entry.get("numaNodes")
-        nodes = ([int(n) for n in numa] if isinstance(numa, list) and numa
-                 else sorted({n for per in memory.values() for n in per}))
+        nodes = a.numa_nodes if a.numa_nodes else sorted(
+            {n for per in memory.values() for n in per})
         mask = mask_of(nodes)
-    return ContainerAllocation(cpus=_cpus(entry.get("cpus"), f"{where}.cpus"), memory=memory,
-                               memory_mask=mask, devices=devices)
+    return ContainerAllocation(cpus=tuple(a.cpus), memory=memory, memory_mask=mask,
+                               devices={r: tuple(ids) for r, ids in a.devices.items() if ids},
+                               reusable=reusable)
 
 
 @dataclass(frozen=True)
@@ -159,26 +123,24 @@ class HeldPod:
 
 
 def held_from_admitted(entry: Mapping[str, Any], where: str) -> HeldPod:
-    """One ``status.admitted`` entry of a NodeTopology (per-container detail when present,
-    else the pod's totals as one container)."""
-    uid = str(entry.get("uid") or "")
-    name = str(entry.get("pod") or uid)
-    ns = str(entry.get("namespace") or "default")
-    items: list[tuple[str, ContainerAllocation]] = []
+    """One ``status.admitted`` entry of a NodeTopology (:func:`numalign.api.wire.parse_admitted`),
+    or a ``numalign admit`` output line (containers by name)."""
+    entry = _mapping(entry, where)
     raw = entry.get("containers")
-    if isinstance(raw, list) and raw:
-        for i, c in enumerate(raw):
-            c = _mapping(c, f"{where}.containers[{i}]")
-            items.append((str(c.get("name") or i),
-                          container_allocation(c, f"{where}.containers[{i}]")))
-    elif isinstance(raw, Mapping) and raw:  # `numalign admit` output / allocation annotation
-        for cname, c in raw.items():
-            items.append((str(cname),
-                          container_allocation(_mapping(c, f"{where}.containers.{cname}"),
-                                               f"{where}.containers.{cname}")))
-    else:
-        items.append(("", container_allocation(entry, where)))
-    return HeldPod(uid or f"{ns}/{name}", name, ns, tuple(items))
+    try:
+        if isinstance(raw, Mapping) and raw:
+            uid = str(entry.get("uid") or "")
+            name = str(entry.get("pod") or uid)
+            ns = str(entry.get("namespace") or "default")
+            alloc = wire.allocation_from_json({"containers": raw}, where)
+            uid = uid or f"{ns}/{name}"
+        else:
+            got = wire.parse_admitted(entry, where)
+            uid, name, ns, alloc = got.uid, got.pod, got.namespace, got.allocation
+    except wire.WireError as e:
+        raise LedgerError("", str(e)) from None
+    return HeldPod(uid, name, ns, tuple((n, ledger_container(c))
+                                        for n, c in alloc.containers.items()))
 
 
 def ledger_from_held(machine: Machine, pods: Iterable[HeldPod],

@@ -1,91 +1,39 @@
-"""Kubernetes label selectors: validation, matching (the API server's semantics),
-specificity and a disjointness check."""
+"""Kubernetes label selectors at run time: the CRD's :class:`~numalign.api.common.LabelSelector`
+model matches; here its specificity and a disjointness check."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
+from pydantic import ValidationError
 
-
-def selector_problems(selector: Any, where: str) -> list[str]:
-    """What is wrong with a LabelSelector (empty list: well-formed). None is fine."""
-    if selector is None:
-        return []
-    if not isinstance(selector, Mapping):
-        return [f"{where}: must be an object with matchLabels / matchExpressions"]
-    out: list[str] = []
-    unknown = sorted(set(selector) - {"matchLabels", "matchExpressions"})
-    if unknown:
-        out.append(f"{where}: unknown field(s) {', '.join(unknown)}")
-    ml = selector.get("matchLabels")
-    if ml is not None and not (
-        isinstance(ml, Mapping) and all(isinstance(v, str) for v in ml.values())
-    ):
-        out.append(f"{where}.matchLabels: must map label keys to string values")
-    exprs = selector.get("matchExpressions")
-    if exprs is not None:
-        if not isinstance(exprs, list):
-            out.append(f"{where}.matchExpressions: must be a list")
-        else:
-            for i, e in enumerate(exprs):
-                w = f"{where}.matchExpressions[{i}]"
-                if not isinstance(e, Mapping) or not isinstance(e.get("key"), str):
-                    out.append(f"{w}: needs a string key")
-                    continue
-                op = e.get("operator")
-                if op not in SELECTOR_OPERATORS:
-                    out.append(f"{w}.operator: {op!r} is not one of "
-                               f"{', '.join(SELECTOR_OPERATORS)}")
-                    continue
-                vals = e.get("values")
-                if op in ("In", "NotIn"):
-                    if not isinstance(vals, list) or not vals or not all(
-                        isinstance(v, str) for v in vals
-                    ):
-                        out.append(f"{w}.values: {op} needs a non-empty list of strings")
-                elif vals:
-                    out.append(f"{w}.values: must be empty for {op}")
-    return out
+from .common import LabelSelector
 
 
 def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
-    """Kubernetes LabelSelector semantics; None or {} selects everything.
-
-    A malformed selector selects nothing (callers validate first)."""
+    """Kubernetes LabelSelector semantics (the model's); None or {} selects everything,
+    a malformed selector nothing."""
     if selector is None:
         return True
-    if selector_problems(selector, "selector"):
+    try:
+        model = LabelSelector.model_validate(selector, strict=True)
+    except ValidationError:
         return False
-    for k, v in (selector.get("matchLabels") or {}).items():
-        if labels.get(k) != v:
-            return False
-    for e in selector.get("matchExpressions") or []:
-        key, op, vals = e["key"], e["operator"], e.get("values") or []
-        present = key in labels
-        if op == "In" and not (present and labels[key] in vals):
-            return False
-        if op == "NotIn" and present and labels[key] in vals:
-            return False
-        if op == "Exists" and not present:
-            return False
-        if op == "DoesNotExist" and present:
-            return False
-    return True
+    return model.matches(labels)
 
 
-def selector_size(selector: Any) -> int:
+def selector_size(selector: LabelSelector | None) -> int:
     """How many requirements a selector has (its specificity)."""
-    if not isinstance(selector, Mapping):
+    if selector is None:
         return 0
-    ml = selector.get("matchLabels")
-    me = selector.get("matchExpressions")
-    return (len(ml) if isinstance(ml, Mapping) else 0) + (len(me) if isinstance(me, list) else 0)
+    return len(selector.match_labels or {}) + len(selector.match_expressions or [])
 
 
 def _requirements(selector: Any) -> list[tuple[str, str, frozenset[str]]]:
     """A selector as (key, operator, values) requirements."""
+    if isinstance(selector, LabelSelector):
+        selector = selector.to_dict()
     if not isinstance(selector, Mapping):
         return []
     out = [(str(k), "In", frozenset([str(v)]))

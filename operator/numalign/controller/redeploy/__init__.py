@@ -1,8 +1,8 @@
 """Redeploy of pods rejected with ``TopologyAffinityError``; the rules (attempt budget,
-backoff, scheduling gate, node avoidance, release) are written down once, in the README
-("Redeploy"). :mod:`.record` is the pure logic, :mod:`.store` the ConfigMap records,
-:mod:`.decide` one rejected pod's decision, :mod:`.gating` the held pods, :mod:`.handlers`
-the Kopf handlers."""
+backoff, scheduling gate, node avoidance, release, durable decisions) are written down
+once, in the README (section "TopologyPolicy"). :mod:`.record` is the pure logic,
+:mod:`.store` the ConfigMap records, :mod:`.decide` one rejected pod's decision,
+:mod:`.gating` the held pods, :mod:`.handlers` the Kopf handlers."""
 
 from . import handlers
 from .decide import step
@@ -24,7 +24,6 @@ from .record import (
     ANN_WORKLOAD,
     AVOID_FOR_S,
     GATE,
-    REASON,
     RESET_AFTER_S,
     WorkloadState,
     backoff_delay,
@@ -39,7 +38,7 @@ from .record import (
 )
 
 __all__ = [
-    "ANN_BASE", "ANN_REDEPLOY_OF", "ANN_RESET", "ANN_WORKLOAD", "AVOID_FOR_S", "GATE", "REASON",
+    "ANN_BASE", "ANN_REDEPLOY_OF", "ANN_RESET", "ANN_WORKLOAD", "AVOID_FOR_S", "GATE",
     "RESET_AFTER_S", "Workload", "WorkloadState", "backoff_delay", "backoff_message",
     "base_name", "build_replacement", "controller_ref", "gate_message", "handlers",
     "has_gate", "is_topology_rejected", "periodic_release", "release_budgets",

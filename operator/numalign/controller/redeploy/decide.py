@@ -13,11 +13,11 @@ from kubernetes.client.exceptions import ApiException
 from numalign.api.resolution import (
     NODE_UNKNOWN,
     PodMeta,
-    RedeploySettings,
     policy_refs,
     redeploy_settings,
     resolve,
 )
+from numalign.api.topologypolicy import RedeployPolicy
 
 from .. import cache, kube, metrics
 from ..fit import with_unfit
@@ -54,12 +54,12 @@ def _no_checkpoint(point: str) -> None:
 checkpoint: Callable[[str], None] = _no_checkpoint
 
 
-def governing_settings(pod: Mapping[str, Any]) -> tuple[str | None, RedeploySettings]:
+def governing_settings(pod: Mapping[str, Any]) -> tuple[str | None, RedeployPolicy]:
     meta = PodMeta.from_object(pod)
     policies = policy_refs(cache.policies())
     res = resolve(meta, cache.namespace_labels(meta.namespace), policies, NODE_UNKNOWN)
-    spec = next((p.spec for p in policies if p.name == res.governing), None)
-    return res.governing, redeploy_settings(spec)
+    ref = next((p for p in policies if p.name == res.governing), None)
+    return res.governing, redeploy_settings(ref)
 
 
 def _delete_pod(namespace: str, name: str, uid: str) -> None:

@@ -1,5 +1,5 @@
 """The scheduling gate that holds a workload's new pods during a backoff or once its
-budget is spent, and the passes that release them (README, "Redeploy")."""
+budget is spent, and the passes that release them (rules: README, "TopologyPolicy")."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from numalign.api.resolution import RedeploySettings
+from numalign.api.topologypolicy import RedeployPolicy
+from numalign.api.wire import REJECT_REASON
 
 from .. import cache, kube
 from ..fit import with_unfit
@@ -19,7 +20,6 @@ from .decide import governing_settings
 from .record import (
     ANN_RESET,
     GATE,
-    REASON,
     RESET_AFTER_S,
     WorkloadState,
     controller_ref,
@@ -38,10 +38,10 @@ class Workload:
     state: WorkloadState
     failed: dict[str, str]  # pod uid -> node
     pod: Mapping[str, Any]
-    _settings: RedeploySettings | None = None
+    _settings: RedeployPolicy | None = None
 
     @property
-    def settings(self) -> RedeploySettings:
+    def settings(self) -> RedeployPolicy:
         if self._settings is None:
             self._settings = governing_settings(self.pod)[1]
         return self._settings
@@ -91,7 +91,7 @@ def _rejected_by_owner(namespace: str) -> dict[str, dict[str, str]]:
                                              resource_version="0")
     out: dict[str, dict[str, str]] = {}
     for other in failed.items:
-        if other.status.reason != REASON or other.metadata.deletion_timestamp:
+        if other.status.reason != REJECT_REASON or other.metadata.deletion_timestamp:
             continue
         for r in other.metadata.owner_references or []:
             if r.controller:

@@ -1,6 +1,6 @@
 """The pure redeploy logic: names, keys, backoff, node avoidance, replacements, and the
 durable record of a workload (:class:`WorkloadState`). The rules are in the README
-("Redeploy"); nothing here talks to the API server."""
+(section "TopologyPolicy"); nothing here talks to the API server."""
 
 from __future__ import annotations
 
@@ -13,12 +13,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from numalign.api.resolution import ANN_RESOLVED
+from numalign.api.wire import ANN_ALLOCATION, ANN_RESOLVED, REJECT_REASON
 from numalign.topology import jsontext
 
-REASON = "TopologyAffinityError"
-STATE_CONFIGMAP = "numalign-redeploy"
-STATE_LABEL = "numalign.io/state"
 ANN_REDEPLOY_OF = "numalign.io/redeploy-of"
 ANN_REDEPLOY_OF_UID = "numalign.io/redeploy-of-uid"
 ANN_BASE = "numalign.io/redeploy-base"
@@ -40,7 +37,7 @@ MAX_NAME = 253
 
 def is_topology_rejected(pod: Mapping[str, Any]) -> bool:
     status = pod.get("status") or {}
-    return bool(status.get("phase") == "Failed" and status.get("reason") == REASON)
+    return bool(status.get("phase") == "Failed" and status.get("reason") == REJECT_REASON)
 
 
 def backoff_delay(backoff_seconds: float, attempt: int, replicas: int = 1) -> float:
@@ -234,7 +231,7 @@ def with_node_avoidance(spec: Mapping[str, Any], avoid: list[str]) -> dict[str, 
     return out
 
 
-_DROP_ANNOTATIONS = (ANN_RESOLVED, "numalign.io/allocation",
+_DROP_ANNOTATIONS = (ANN_RESOLVED, ANN_ALLOCATION,
                      "kubectl.kubernetes.io/last-applied-configuration")
 
 

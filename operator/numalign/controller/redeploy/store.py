@@ -11,15 +11,8 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from .. import cache, kube
-from .record import (
-    MAX_DATA_BYTES,
-    REPLICATED_KINDS,
-    STATE_CONFIGMAP,
-    STATE_LABEL,
-    WorkloadState,
-    controller_ref,
-    prune,
-)
+from ..cache import STATE_CONFIGMAP, STATE_LABEL
+from .record import MAX_DATA_BYTES, REPLICATED_KINDS, WorkloadState, controller_ref, prune
 
 
 def load_state(namespace: str) -> tuple[dict[str, str], str | None]:
