@@ -195,17 +195,26 @@ def agent_with_emulation_rights(installed: Install, kubectl: Kubectl) -> Iterato
     """The agent's identity granted the emulation role (pod status, events): the node
     restriction must still confine it."""
     kubectl("apply", "-k", str(CONFIG / "emulation"), "-n", NS)
-    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-               "metadata": {"name": "test-agent-emulation-rights"},
-               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                           "name": "numalign-agent-emulation"},
-               "subjects": [{"kind": "ServiceAccount", "name": "numalign-agent",
-                             "namespace": NS}]}
-    kubectl("apply", "-f", "-", input=yaml.safe_dump(binding))
+    def bind(name: str, role: str) -> dict[str, Any]:
+        return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                "metadata": {"name": name},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                            "name": role},
+                "subjects": [{"kind": "ServiceAccount", "name": "numalign-agent",
+                              "namespace": NS}]}
+
+    binding = bind("test-agent-emulation-rights", "numalign-agent-emulation")
+    events_v1 = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                 "metadata": {"name": "test-agent-events-v1"},
+                 "rules": [{"apiGroups": ["events.k8s.io"], "resources": ["events"],
+                            "verbs": ["create"]}]}
+    events_binding = bind("test-agent-events-v1", "test-agent-events-v1")
+    kubectl("apply", "-f", "-", input=yaml.safe_dump_all([binding, events_v1, events_binding]))
     try:
         yield
     finally:
         kubectl("delete", "--ignore-not-found", "clusterrolebinding/test-agent-emulation-rights",
+                "clusterrolebinding/test-agent-events-v1", "clusterrole/test-agent-events-v1",
                 check=False)
         kubectl("delete", "--ignore-not-found", "-k", str(CONFIG / "emulation"), "-n", NS,
                 check=False)
@@ -257,6 +266,32 @@ def test_agent_events_only_about_its_own_node(agent_with_emulation_rights: None,
         proc = kubectl("--kubeconfig", agent, "create", "-f", "-",
                        input=_event(namespace, kind, name, reporter), check=False)
         assert proc.returncode != 0, (kind, name, reporter)
+        assert "ValidatingAdmissionPolicy 'numalign-agent-events'" in proc.stderr, proc.stderr
+
+
+def _event_v1(namespace: str, kind: str, name: str, reporter: str) -> str:
+    return yaml.safe_dump({
+        "apiVersion": "events.k8s.io/v1", "kind": "Event",
+        "metadata": {"name": f"ev-{uuid.uuid4().hex[:8]}", "namespace": namespace},
+        "regarding": {"apiVersion": "v1", "kind": kind, "name": name, "namespace": namespace},
+        "reason": "Test", "note": "m", "type": "Normal", "action": "Test",
+        "eventTime": "2026-01-01T00:00:00.000000Z",
+        "reportingController": "numalign.io/agent", "reportingInstance": reporter})
+
+
+def test_agent_events_v1_only_about_its_own_node(agent_with_emulation_rights: None,
+                                                 kubectl: Kubectl,
+                                                 impersonate: Callable[..., Path],
+                                                 namespace: str) -> None:
+    mine, other = _node(), _node()
+    agent = str(impersonate(AGENT, {NODE_NAME_EXTRA: [mine]}))
+    kubectl("--kubeconfig", agent, "create", "-f", "-",
+            input=_event_v1(namespace, "Pod", "p", mine))
+    for kind, name, reporter in (("Pod", "p", other), ("Node", other, mine)):
+        proc = kubectl("--kubeconfig", agent, "create", "-f", "-",
+                       input=_event_v1(namespace, kind, name, reporter), check=False)
+        assert proc.returncode != 0, (kind, name, reporter)
+        # Converted to core/v1 (matchPolicy Equivalent) and refused by the same policy.
         assert "ValidatingAdmissionPolicy 'numalign-agent-events'" in proc.stderr, proc.stderr
 
 

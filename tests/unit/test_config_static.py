@@ -336,6 +336,9 @@ def test_agent_policies_cover_its_writes_and_events(default: list[Obj]) -> None:
     assert ("coordination.k8s.io", "leases") in written
     assert written <= covered, written - covered
     assert ("", "events") in covered
+    # events.k8s.io Events are converted to core/v1 for it (matchPolicy Equivalent).
+    vap = _named(default, "ValidatingAdmissionPolicy", "numalign-agent-events")
+    assert vap["spec"]["matchConstraints"].get("matchPolicy", "Equivalent") == "Equivalent"
     events = yaml.safe_dump(_named(default, "ValidatingAdmissionPolicy",
                                    "numalign-agent-events"))
     assert "involvedObject" in events and "reportingInstance" in events
