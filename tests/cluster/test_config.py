@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from operator_helpers import operator
 
 pytestmark = pytest.mark.cluster
 
@@ -344,3 +347,26 @@ def test_samples_are_accepted(installed: Install, kubectl: Kubectl, namespace: s
             obj["metadata"]["namespace"] = namespace
         proc = kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(obj))
         assert "(server dry run)" in proc.stdout
+
+
+def test_the_operator_runs_with_its_own_service_account(
+        installed: Install, kubectl: Kubectl, kubeconfig: Path, k8s_client: Any,
+        tmp_path: Path) -> None:
+    """The operator as numalign-operator (a token of that ServiceAccount): it fills in the
+    installed webhook configurations (patch by name, no create), its webhook answers, and
+    its periodic pass (ConfigMaps listed by name, nodes, namespaces, policies) raises no
+    authorization error."""
+    token = kubectl("create", "token", "numalign-operator", "-n", NS,
+                    "--duration=1h").stdout.strip()
+    kc = yaml.safe_load(kubeconfig.read_text())
+    kc["users"][0]["user"] = {"token": token}
+    sa_kubeconfig = tmp_path / "operator.kubeconfig"
+    sa_kubeconfig.write_text(yaml.safe_dump(kc))
+    sa_kubeconfig.chmod(0o600)
+    log = tmp_path / "operator.log"
+    with operator(sa_kubeconfig, k8s_client, log) as op:
+        time.sleep(12)  # two periodic passes
+        assert op.alive(), op.text()[-4000:]
+        text = op.text()
+        for bad in ("403", "Forbidden", "forbidden", "Traceback"):
+            assert bad not in text, text[-6000:]
