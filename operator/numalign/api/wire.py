@@ -13,9 +13,10 @@ from typing import Any
 
 from numalign.topology import jsontext
 from numalign.topology.errors import TopologyError
-from numalign.topology.gpu.requests import ANNOTATION as ANN_GPUS
+from numalign.topology.gpu.requests import ANNOTATION as GPU_ANNOTATION
 from numalign.topology.machine import MAX_NUMA_NODES
-from numalign.topology.merge import REJECT_MESSAGE, REJECT_REASON
+from numalign.topology.merge import REJECT_MESSAGE as REJECT_MESSAGE  # the engine's
+from numalign.topology.merge import REJECT_REASON as REJECT_REASON
 from numalign.topology.policy import (
     KUBELET_MIN_MAX_ALLOWABLE_NUMA_NODES,
     OPTION_MAX_ALLOWABLE_NUMA_NODES,
@@ -29,8 +30,6 @@ from numalign.topology.policy import (
 )
 from numalign.topology.quantity import format_cpulist, parse_cpulist, quantity_bytes
 
-__all__ = ["ANN_GPUS", "REJECT_MESSAGE", "REJECT_REASON"]
-
 JSON = dict[str, Any]
 
 # ---------------------------------------------------------------- names
@@ -39,6 +38,7 @@ ANN_POLICY = "numalign.io/policy"  # user: policy override
 ANN_SCOPE = "numalign.io/scope"  # user: scope override
 ANN_RESOLVED = "numalign.io/resolved"  # operator: the resolved policy
 ANN_ALLOCATION = "numalign.io/allocation"  # agent: what the pod got
+ANN_GPUS = GPU_ANNOTATION  # user: GPU requests (the engine reads it)
 LABEL_MACHINE = "numalign.io/machine"  # node: its machine file
 LABEL_EMULATED = "numalign.io/emulated"  # node: run by the emulating agent
 

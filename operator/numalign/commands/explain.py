@@ -247,11 +247,13 @@ def _live(args: argparse.Namespace) -> Explanation:
     policy = scope = None
     options: dict[str, str] = {}
     source = "none"
+    deferred = False
     ann = annotations.get(ANN_RESOLVED)
     if ann is not None:
         try:
             r = parse_resolved(str(ann))
             policy, scope, options, source = r.policy, r.scope, dict(r.options.given), r.source
+            deferred = r.deferred
         except WireError as e:
             notes.append(f"{e}; using the node default")
     if policy is None and mine is not None:
@@ -265,8 +267,12 @@ def _live(args: argparse.Namespace) -> Explanation:
     if policy is None:
         r = node_default(nt.get("spec"))
         policy, scope, options, source = r.policy, r.scope, dict(r.options.given), r.source
-        notes.append(f"the pod has no {ANN_RESOLVED} annotation (is the operator "
-                     "running?): using the node default")
+        if deferred:
+            notes.append(f"{ANN_RESOLVED} defers to the node's default (the pod was not "
+                         "bound when the operator resolved it): using the node default")
+        else:
+            notes.append(f"the pod has no usable {ANN_RESOLVED} annotation (is the operator "
+                         "running?): using the node default")
     if args.policy or args.scope or args.option:
         policy = args.policy or policy
         scope = args.scope or scope
