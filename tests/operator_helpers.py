@@ -43,7 +43,7 @@ class OperatorProcess:
         self._f = open(self.log, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [sys.executable, *self.entry, "operator", "--kubeconfig",
-             str(self.kubeconfig), "--metrics-port", "0", *self.args],
+             str(self.kubeconfig), "--metrics-port", "0", "--recreate-bare-pods", *self.args],
             stdout=self._f, stderr=subprocess.STDOUT, env=self.env, cwd=REPO)
         return self
 

@@ -32,7 +32,8 @@ def test_real_node_publishes_discovered_topology(
     assert roots, "the dump holds no sys/devices"
     expected = json.loads((SYSFS / f"{DUMP}.expected.json").read_text())
     name = f"real-{uuid.uuid4().hex[:6]}"
-    log = tmp_path / "agent.log"
+    log, log2 = tmp_path / "agent.log", tmp_path / "agent2.log"
+    second: subprocess.Popen[bytes] | None = None
     proc = subprocess.Popen(
         [sys.executable, "-m", "numalign.cli", "agent", "--kubeconfig", str(kubeconfig),
          "--node", name, "--root", str(roots[0])],
@@ -51,8 +52,22 @@ def test_real_node_publishes_discovered_topology(
                 json.dumps({"spec": {"policy": "restricted", "policyGeneration": 3}}))
         wait(lambda: (nt() or {}).get("status", {}).get("observedPolicyGeneration") == 3, 30,
              "observedPolicyGeneration 3")
+        # A second agent for the same node stands by: the node's Lease is held.
+        lease = json.loads(kubectl("get", "lease", "-n", "default", f"numalign-agent-{name}",
+                                   "-o", "json").stdout)
+        assert lease["spec"]["holderIdentity"]
+        second = subprocess.Popen(
+            [sys.executable, "-m", "numalign.cli", "agent", "--kubeconfig", str(kubeconfig),
+             "--node", name, "--root", str(roots[0])],
+            stdout=log2.open("wb"), stderr=subprocess.STDOUT)
+        wait(lambda: "standing by" in log2.read_text(), 60, "the second agent to stand by")
+        assert second.poll() is None
     finally:
-        proc.terminate()
-        proc.wait(15)
+        for p in (proc, second):
+            if p is not None:
+                p.terminate()
+                p.wait(15)
         kubectl("delete", "nodetopology", name, "--ignore-not-found", check=False)
+        kubectl("delete", "lease", "-n", "default", f"numalign-agent-{name}",
+                "--ignore-not-found", check=False)
         sys.stderr.write(log.read_text()[-3000:])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from operator_helpers import operator
 
 pytestmark = pytest.mark.cluster
 
@@ -120,11 +123,14 @@ def test_default_installs_with_dry_run_and_for_real(installed: Install,
                              "-o", "json").stdout)
     assert sts["spec"]["template"]["spec"]["containers"][0]["image"] == (
         "ghcr.io/numalign/numalign:0.1.0")
-    # The policy's CEL type-checks against the API server's schemas.
-    vap = json.loads(kubectl("get", f"validatingadmissionpolicy/{POLICY}", "-o",
-                             "json").stdout)
-    warnings = ((vap.get("status") or {}).get("typeChecking") or {}).get("expressionWarnings")
-    assert not warnings, warnings
+    # The policies' CEL type-checks against the API server's schemas.
+    for name in (POLICY, "numalign-agent-events", "numalign-agent-lease",
+                 "numalign-operator-restriction"):
+        vap = json.loads(kubectl("get", f"validatingadmissionpolicy/{name}", "-o",
+                                 "json").stdout)
+        warnings = ((vap.get("status") or {}).get("typeChecking") or {}).get(
+            "expressionWarnings")
+        assert not warnings, (name, warnings)
     # Applying again succeeds, and what is installed is what config/default says.
     kubectl("apply", "-k", str(CONFIG / "default"))
     diff = kubectl("diff", "-k", str(CONFIG / "default"), check=False)
@@ -139,12 +145,27 @@ def test_rbac_grants_each_identity_its_half(installed: Install, kubectl: Kubectl
     assert can(AGENT, "create", "nodetopologies.numalign.io")
     assert can(AGENT, "patch", "nodetopologies.numalign.io", "--subresource=status")
     assert not can(AGENT, "patch", "nodetopologies.numalign.io")
-    assert can(AGENT, "patch", "pods", "--subresource=status", "-A")
+    # A real node's agent: no pods, no pod status, no events (that is the emulation's).
+    assert not can(AGENT, "patch", "pods", "--subresource=status", "-A")
+    assert not can(AGENT, "list", "pods", "-A")
+    assert not can(AGENT, "create", "events", "-A")
     assert not can(AGENT, "delete", "pods", "-A")
+    assert can(AGENT, "update", "leases.coordination.k8s.io", "-n", NS)
+    assert not can(AGENT, "update", "leases.coordination.k8s.io", "-n", "kube-node-lease")
     assert not can(AGENT, "get", "secrets", "-A")
     assert can(OPERATOR, "patch", "nodetopologies.numalign.io")
     assert not can(OPERATOR, "patch", "nodetopologies.numalign.io", "--subresource=status")
     assert can(OPERATOR, "delete", "pods", "-A")
+    assert not can(OPERATOR, "create", "pods", "-A")  # config/recreate-bare-pods only
+    # ConfigMaps: its redeploy record only (create is narrowed by admission policy).
+    assert can(OPERATOR, "update", "configmaps/numalign-redeploy", "-n", "default")
+    assert not can(OPERATOR, "update", "configmaps/other", "-n", "default")
+    assert not can(OPERATOR, "get", "configmaps/other", "-n", "default")
+    assert not can(OPERATOR, "list", "configmaps", "-A")
+    # Webhook configurations: its own, never new ones.
+    assert can(OPERATOR, "patch", "mutatingwebhookconfigurations/numalign.io")
+    assert not can(OPERATOR, "patch", "mutatingwebhookconfigurations/other")
+    assert not can(OPERATOR, "create", "validatingwebhookconfigurations")
     assert can(OPERATOR, "patch", "clusterkopfpeerings.kopf.dev/numalign")
     assert can(OPERATOR, "get", "secrets/numalign-webhook-cert", "-n", NS)
     assert not can(OPERATOR, "get", "secrets", "-A")
@@ -172,7 +193,38 @@ def test_agent_writes_only_its_own_nodetopology(installed: Install, kubectl: Kub
                 f"nodetopology/{mine}", f"nodetopology/{other}", check=False)
 
 
-def test_agent_writes_status_only_of_pods_on_its_node(installed: Install, kubectl: Kubectl,
+@pytest.fixture
+def agent_with_emulation_rights(installed: Install, kubectl: Kubectl) -> Iterator[None]:
+    """The agent's identity granted the emulation role (pod status, events): the node
+    restriction must still confine it."""
+    kubectl("apply", "-k", str(CONFIG / "emulation"), "-n", NS)
+    def bind(name: str, role: str) -> dict[str, Any]:
+        return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                "metadata": {"name": name},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                            "name": role},
+                "subjects": [{"kind": "ServiceAccount", "name": "numalign-agent",
+                              "namespace": NS}]}
+
+    binding = bind("test-agent-emulation-rights", "numalign-agent-emulation")
+    events_v1 = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                 "metadata": {"name": "test-agent-events-v1"},
+                 "rules": [{"apiGroups": ["events.k8s.io"], "resources": ["events"],
+                            "verbs": ["create"]}]}
+    events_binding = bind("test-agent-events-v1", "test-agent-events-v1")
+    kubectl("apply", "-f", "-", input=yaml.safe_dump_all([binding, events_v1, events_binding]))
+    try:
+        yield
+    finally:
+        kubectl("delete", "--ignore-not-found", "clusterrolebinding/test-agent-emulation-rights",
+                "clusterrolebinding/test-agent-events-v1", "clusterrole/test-agent-events-v1",
+                check=False)
+        kubectl("delete", "--ignore-not-found", "-k", str(CONFIG / "emulation"), "-n", NS,
+                check=False)
+
+
+def test_agent_writes_status_only_of_pods_on_its_node(agent_with_emulation_rights: None,
+                                                      kubectl: Kubectl,
                                                       impersonate: Callable[..., Path],
                                                       namespace: str) -> None:
     mine, other = _node(), _node()
@@ -189,6 +241,78 @@ def test_agent_writes_status_only_of_pods_on_its_node(installed: Install, kubect
     _refused(kubectl("--kubeconfig", agent, "patch", "-n", namespace, "pod/there",
                      "--subresource=status", "--type=merge", "-p", patch, check=False),
              f"pod {namespace}/there", f'(on node "{other}")')
+
+
+def _event(namespace: str, kind: str, name: str, reporter: str) -> str:
+    return yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": f"ev-{uuid.uuid4().hex[:8]}", "namespace": namespace},
+        "involvedObject": {"apiVersion": "v1", "kind": kind, "name": name,
+                           "namespace": namespace},
+        "reason": "Test", "message": "m", "type": "Normal",
+        "source": {"component": "numalign-agent", "host": reporter},
+        "reportingComponent": "numalign-agent", "reportingInstance": reporter})
+
+
+def test_agent_events_only_about_its_own_node(agent_with_emulation_rights: None,
+                                              kubectl: Kubectl,
+                                              impersonate: Callable[..., Path],
+                                              namespace: str) -> None:
+    mine, other = _node(), _node()
+    agent = str(impersonate(AGENT, {NODE_NAME_EXTRA: [mine]}))
+    kubectl("--kubeconfig", agent, "create", "-f", "-",
+            input=_event(namespace, "Pod", "p", mine))
+    kubectl("--kubeconfig", agent, "create", "-f", "-",
+            input=_event(namespace, "Node", mine, mine))
+    for kind, name, reporter in (("Pod", "p", other), ("Node", other, mine),
+                                 ("Secret", "s", mine)):
+        proc = kubectl("--kubeconfig", agent, "create", "-f", "-",
+                       input=_event(namespace, kind, name, reporter), check=False)
+        assert proc.returncode != 0, (kind, name, reporter)
+        assert "ValidatingAdmissionPolicy 'numalign-agent-events'" in proc.stderr, proc.stderr
+
+
+def _event_v1(namespace: str, kind: str, name: str, reporter: str) -> str:
+    return yaml.safe_dump({
+        "apiVersion": "events.k8s.io/v1", "kind": "Event",
+        "metadata": {"name": f"ev-{uuid.uuid4().hex[:8]}", "namespace": namespace},
+        "regarding": {"apiVersion": "v1", "kind": kind, "name": name, "namespace": namespace},
+        "reason": "Test", "note": "m", "type": "Normal", "action": "Test",
+        "eventTime": "2026-01-01T00:00:00.000000Z",
+        "reportingController": "numalign.io/agent", "reportingInstance": reporter})
+
+
+def test_agent_events_v1_only_about_its_own_node(agent_with_emulation_rights: None,
+                                                 kubectl: Kubectl,
+                                                 impersonate: Callable[..., Path],
+                                                 namespace: str) -> None:
+    mine, other = _node(), _node()
+    agent = str(impersonate(AGENT, {NODE_NAME_EXTRA: [mine]}))
+    kubectl("--kubeconfig", agent, "create", "-f", "-",
+            input=_event_v1(namespace, "Pod", "p", mine))
+    for kind, name, reporter in (("Pod", "p", other), ("Node", other, mine)):
+        proc = kubectl("--kubeconfig", agent, "create", "-f", "-",
+                       input=_event_v1(namespace, kind, name, reporter), check=False)
+        assert proc.returncode != 0, (kind, name, reporter)
+        # Converted to core/v1 (matchPolicy Equivalent) and refused by the same policy.
+        assert "ValidatingAdmissionPolicy 'numalign-agent-events'" in proc.stderr, proc.stderr
+
+
+def test_operator_creates_only_its_record_and_replacements(installed: Install,
+                                                           kubectl: Kubectl,
+                                                           impersonate: Callable[..., Path],
+                                                           namespace: str) -> None:
+    operator = str(impersonate(OPERATOR))
+    record = {"apiVersion": "v1", "kind": "ConfigMap",
+              "metadata": {"name": "numalign-redeploy", "namespace": namespace}}
+    kubectl("--kubeconfig", operator, "create", "-f", "-", input=yaml.safe_dump(record))
+    other = {**record, "metadata": {"name": "other", "namespace": namespace}}
+    proc = kubectl("--kubeconfig", operator, "create", "-f", "-", input=yaml.safe_dump(other),
+                   check=False)
+    assert proc.returncode != 0
+    assert "ValidatingAdmissionPolicy 'numalign-operator-restriction'" in proc.stderr, (
+        proc.stderr)
+    assert "may create only the ConfigMap numalign-redeploy, not other" in proc.stderr
 
 
 def test_agent_without_node_bound_token_writes_nothing(installed: Install, kubectl: Kubectl,
@@ -223,3 +347,26 @@ def test_samples_are_accepted(installed: Install, kubectl: Kubectl, namespace: s
             obj["metadata"]["namespace"] = namespace
         proc = kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(obj))
         assert "(server dry run)" in proc.stdout
+
+
+def test_the_operator_runs_with_its_own_service_account(
+        installed: Install, kubectl: Kubectl, kubeconfig: Path, k8s_client: Any,
+        tmp_path: Path) -> None:
+    """The operator as numalign-operator (a token of that ServiceAccount): it fills in the
+    installed webhook configurations (patch by name, no create), its webhook answers, and
+    its periodic pass (ConfigMaps listed by name, nodes, namespaces, policies) raises no
+    authorization error."""
+    token = kubectl("create", "token", "numalign-operator", "-n", NS,
+                    "--duration=1h").stdout.strip()
+    kc = yaml.safe_load(kubeconfig.read_text())
+    kc["users"][0]["user"] = {"token": token}
+    sa_kubeconfig = tmp_path / "operator.kubeconfig"
+    sa_kubeconfig.write_text(yaml.safe_dump(kc))
+    sa_kubeconfig.chmod(0o600)
+    log = tmp_path / "operator.log"
+    with operator(sa_kubeconfig, k8s_client, log) as op:
+        time.sleep(12)  # two periodic passes
+        assert op.alive(), op.text()[-4000:]
+        text = op.text()
+        for bad in ("403", "Forbidden", "forbidden", "Traceback"):
+            assert bad not in text, text[-6000:]

@@ -125,3 +125,58 @@ async def test_spaces_writes_out_while_busy_and_flushes_after() -> None:
         assert pub.writes == len(states) and not pub.pending()
     finally:
         task.cancel()
+
+
+class VersionedKube:
+    """A NodeTopology as the API server keeps it: every write bumps its resourceVersion,
+    and a merge patch naming another resourceVersion is refused with 409."""
+
+    def __init__(self) -> None:
+        self.obj: dict[str, Any] = {"metadata": {"name": "n1", "resourceVersion": "1"},
+                                    "status": {}}
+        self.conflicts = 0
+
+    def _bump(self) -> None:
+        meta = self.obj["metadata"]
+        meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
+
+    async def get(self, path: str) -> dict[str, Any]:
+        return copy.deepcopy(self.obj)
+
+    async def patch(self, path: str, body: Any, kind: str = MERGE_PATCH, *,
+                    decode: bool = True) -> dict[str, Any]:
+        assert kind == MERGE_PATCH
+        want = (body.get("metadata") or {}).get("resourceVersion")
+        if want is not None and want != self.obj["metadata"]["resourceVersion"]:
+            self.conflicts += 1
+            raise ApiError(409, {"message": "the object has been modified"}, "PATCH", path)
+        self.obj["status"] = apply_merge_patch(self.obj["status"], copy.deepcopy(body["status"]))
+        self._bump()
+        return copy.deepcopy(self.obj)
+
+    def foreign_write(self, status: dict[str, Any]) -> None:
+        """Another writer (a second agent for the node) replaces the status."""
+        self.obj["status"] = copy.deepcopy(status)
+        self._bump()
+
+
+async def test_status_writes_carry_the_resource_version_they_were_computed_against() -> None:
+    from numalign.agent.annotations import resolve_pod
+
+    st = NodeState("n1", load_machine(MACHINES / "seed-figure1.yaml"))
+    kube = VersionedKube()
+    pub = Publisher(kube, {"n1": st}, preconditions=True)  # type: ignore[arg-type]
+    await pub.write("n1")
+    assert kube.obj["status"] == build_status(st, kube.obj["status"])
+    # Someone else writes the status meanwhile (admitted pods of its own, a stale zone).
+    foreign = copy.deepcopy(kube.obj["status"])
+    foreign["admitted"] = [{"pod": "ghost", "namespace": "ns", "uid": "uid-ghost"}]
+    foreign["rejected"] = 99
+    kube.foreign_write(foreign)
+    pod = _pod("a", "1")
+    st.decide(pod, resolve_pod(pod, st.default)[0])
+    await pub.write("n1")
+    # Our diff was stale: refused, the object read again, and the status is exactly ours.
+    assert kube.conflicts == 1
+    assert kube.obj["status"] == build_status(st, kube.obj["status"])
+    assert [a["pod"] for a in kube.obj["status"]["admitted"]] == ["a"]

@@ -137,3 +137,44 @@ def test_condition_transition_time_kept() -> None:
     first["conditions"][0]["lastTransitionTime"] = "2020-01-01T00:00:00Z"
     again = build_status(st, first)
     assert again["conditions"][0]["lastTransitionTime"] == "2020-01-01T00:00:00Z"
+
+
+def _entry(name: str, cpus: str, zone: int, gpu: str, nic: str) -> dict[str, Any]:
+    return {"pod": name, "namespace": "ns", "uid": f"uid-{name}", "policy": "none",
+            "scope": "container", "source": "none", "numaNodes": [zone], "cpus": cpus,
+            "memory": {str(zone): MI200}, "devices": {GPU: [gpu], NIC: [nic]},
+            "containers": [{"name": "main", "numaNodes": [zone], "cpus": cpus,
+                            "memory": {str(zone): "200Mi"}, "devices": {GPU: [gpu], NIC: [nic]}}]}
+
+
+def test_restore_trusts_what_the_agent_published_over_tenant_annotations() -> None:
+    """A tenant rewrites its pod's allocation annotation to claim another pod's CPUs and
+    devices: the published status wins, for its own pod and for the victim."""
+    st = _state()
+    victim = _pod("victim", "Running", _alloc([0, 1], 0, "gpu0", "nic0"))
+    # The thief's annotation claims the victim's CPUs; its published entry says 4-5.
+    thief = _pod("thief", "Running", _alloc([0, 1], 0, "gpu0", "nic0"))
+    # An annotation-only pod (no published entry) claiming the same: listed first.
+    squatter = _pod("squatter", "Running", _alloc([0, 1], 0, "gpu0", "nic0"))
+    entries = [_entry("victim", "0-1", 0, "gpu0", "nic0"),
+               _entry("thief", "4-5", 1, "gpu1", "nic1")]
+    report = st.restore(_published(entries), [squatter, thief, victim])
+    assert sorted(report.restored) == ["uid-thief", "uid-victim"]
+    assert report.conflicts == ["uid-squatter"]
+    victim_alloc = st.admitted["uid-victim"].allocation
+    thief_alloc = st.admitted["uid-thief"].allocation
+    assert victim_alloc.cpus == [0, 1] and thief_alloc.cpus == [4, 5]
+    assert st.ledger.free_cpus() == {2, 3, 6, 7}
+
+
+def test_restore_survives_a_poisoned_annotation() -> None:
+    st = _state()
+    poisoned = _pod("poisoned", "Running")
+    poisoned["metadata"]["annotations"][ANN_ALLOCATION] = "[" * 5000 + "]" * 5000
+    huge = _pod("huge", "Running")
+    huge["metadata"]["annotations"][ANN_ALLOCATION] = json.dumps(
+        {"numaNodes": [0], "containers": {"c": {"cpus": list(range(100000))}}})
+    good = _pod("good", "Running", _alloc([0, 1], 0, "gpu0", "nic0"))
+    report = st.restore(None, [poisoned, huge, good])
+    assert report.restored == ["uid-good"]
+    assert st.decided["uid-poisoned"] is True and "uid-poisoned" not in st.admitted

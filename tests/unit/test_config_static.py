@@ -223,9 +223,15 @@ def test_operator_runs_in_peering_with_distinct_priorities(default: list[Obj]) -
     assert webhook["spec"]["ports"][0]["port"] == ports["webhook"]
 
 
+def _named(objs: list[Obj], kind: str, name: str) -> Obj:
+    [obj] = [o for o in of_kind(objs, kind) if o["metadata"]["name"] == name]
+    return obj
+
+
 def test_node_restriction_policy_is_bound(default: list[Obj]) -> None:
-    [vap] = of_kind(default, "ValidatingAdmissionPolicy")
-    [binding] = of_kind(default, "ValidatingAdmissionPolicyBinding")
+    vap = _named(default, "ValidatingAdmissionPolicy", "numalign-agent-node-restriction")
+    binding = _named(default, "ValidatingAdmissionPolicyBinding",
+                     "numalign-agent-node-restriction")
     assert binding["spec"]["policyName"] == vap["metadata"]["name"]
     assert binding["spec"]["validationActions"] == ["Deny"]
     assert vap["spec"]["failurePolicy"] == "Fail"
@@ -267,3 +273,157 @@ def test_nrt_component_adds_the_crd_and_the_flag(tmp_path: Path) -> None:
     [rule] = [r for r in role["rules"] if "topology.node.k8s.io" in r["apiGroups"]]
     assert rule["resources"] == ["noderesourcetopologies"]
     assert set(rule["verbs"]) == {"get", "create", "update"}
+
+
+def _overlay(tmp_path: Path, **fields: Any) -> list[Obj]:
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [os.path.relpath(CONFIG / "default", tmp_path)], **fields}))
+    return kustomize(tmp_path)
+
+
+def _identity(obj: Obj) -> str:
+    return f"system:serviceaccount:{obj['metadata']['namespace']}:{obj['metadata']['name']}"
+
+
+@pytest.mark.parametrize("fields", [{}, {"namePrefix": "prod-"},
+                                    {"namePrefix": "team-a-", "namespace": "numalign-a"}],
+                         ids=["default", "prefix", "prefix+namespace"])
+def test_admission_policies_bind_the_exact_identities_in_any_overlay(
+        tmp_path: Path, fields: dict[str, str]) -> None:
+    """Every policy is bound; each binding's parameter is the ServiceAccount that the
+    workload it confines runs as; the match is that exact user, not a name suffix."""
+    objs = _overlay(tmp_path, **fields)
+    prefix = fields.get("namePrefix", "")
+    accounts = {(o["metadata"]["namespace"], o["metadata"]["name"]): o
+                for o in of_kind(objs, "ServiceAccount")}
+    policies = {o["metadata"]["name"]: o for o in of_kind(objs, "ValidatingAdmissionPolicy")}
+    bindings = of_kind(objs, "ValidatingAdmissionPolicyBinding")
+    assert {b["spec"]["policyName"] for b in bindings} == set(policies)
+    runs_as = {w["kind"]: (w["metadata"]["namespace"], pod_spec(w)["serviceAccountName"])
+               for w in of_kind(objs, "DaemonSet", "StatefulSet")}
+    confined = {f"{prefix}numalign-agent-node-restriction": runs_as["DaemonSet"],
+                f"{prefix}numalign-agent-events": runs_as["DaemonSet"],
+                f"{prefix}numalign-agent-lease": runs_as["DaemonSet"],
+                f"{prefix}numalign-operator-restriction": runs_as["StatefulSet"]}
+    for b in bindings:
+        policy = policies[b["spec"]["policyName"]]
+        ref = b["spec"]["paramRef"]
+        assert (ref["namespace"], ref["name"]) == confined[policy["metadata"]["name"]]
+        assert (ref["namespace"], ref["name"]) in accounts, ref
+        assert policy["spec"]["paramKind"] == {"apiVersion": "v1", "kind": "ServiceAccount"}
+        [cond] = policy["spec"]["matchConditions"]
+        expr = " ".join(cond["expression"].split())
+        assert expr == ("request.userInfo.username == 'system:serviceaccount:' + "
+                        "params.metadata.namespace + ':' + params.metadata.name"), expr
+        assert "endsWith" not in yaml.safe_dump(policy)
+    # The RBAC bindings follow the same renames.
+    for rb in of_kind(objs, "ClusterRoleBinding", "RoleBinding"):
+        for subject in rb["subjects"]:
+            assert (subject["namespace"], subject["name"]) in accounts, (rb, subject)
+
+
+def test_agent_policies_cover_its_writes_and_events(default: list[Obj]) -> None:
+    covered = set()
+    for name in ("numalign-agent-node-restriction", "numalign-agent-events",
+                 "numalign-agent-lease"):
+        vap = _named(default, "ValidatingAdmissionPolicy", name)
+        for rule in vap["spec"]["matchConstraints"]["resourceRules"]:
+            covered |= {(g, r) for g in rule["apiGroups"] for r in rule["resources"]}
+    agent = _rules(default, "numalign-agent") + _named(default, "Role", "numalign-agent")["rules"]
+    written = {(g, r) for rule in agent for g in rule["apiGroups"] for r in rule["resources"]
+               if set(rule["verbs"]) & {"create", "update", "patch", "delete"}}
+    assert ("coordination.k8s.io", "leases") in written
+    assert written <= covered, written - covered
+    assert ("", "events") in covered
+    # events.k8s.io Events are converted to core/v1 for it (matchPolicy Equivalent).
+    vap = _named(default, "ValidatingAdmissionPolicy", "numalign-agent-events")
+    assert vap["spec"]["matchConstraints"].get("matchPolicy", "Equivalent") == "Equivalent"
+    events = yaml.safe_dump(_named(default, "ValidatingAdmissionPolicy",
+                                   "numalign-agent-events"))
+    assert "involvedObject" in events and "reportingInstance" in events
+
+
+def test_operator_rbac_is_narrowed_to_its_own_objects(default: list[Obj]) -> None:
+    rules = _rules(default, "numalign-operator")
+    # ConfigMaps: only its redeploy record, except `create` (no name yet: the operator
+    # restriction policy checks it).
+    for rule in rules:
+        if "configmaps" in rule["resources"] and rule["verbs"] != ["create"]:
+            assert rule.get("resourceNames") == ["numalign-redeploy"], rule
+    assert _allows(rules, "", "configmaps", "update") and _allows(rules, "", "configmaps",
+                                                                   "create")
+    # Pods: no create without the recreate-bare-pods component.
+    assert _allows(rules, "", "pods", "delete")
+    assert not _allows(rules, "", "pods", "create")
+    # Webhook configurations: its own two, never created.
+    for kind in ("validatingwebhookconfigurations", "mutatingwebhookconfigurations"):
+        assert not _allows(rules, "admissionregistration.k8s.io", kind, "create")
+        for rule in rules:
+            if kind in rule["resources"]:
+                assert rule["resourceNames"] == ["numalign.io"], rule
+    policy = yaml.safe_dump(_named(default, "ValidatingAdmissionPolicy",
+                                   "numalign-operator-restriction"))
+    assert "'numalign-redeploy'" in policy and "numalign.io/redeploy-of" in policy
+    [sts] = of_kind(default, "StatefulSet")
+    assert "--recreate-bare-pods" not in pod_spec(sts)["containers"][0]["args"]
+
+
+def test_recreate_bare_pods_is_a_switch_with_its_own_role(tmp_path: Path) -> None:
+    objs = _overlay(tmp_path, components=[os.path.relpath(CONFIG / "recreate-bare-pods",
+                                                          tmp_path)])
+    [sts] = of_kind(objs, "StatefulSet")
+    assert "--recreate-bare-pods" in pod_spec(sts)["containers"][0]["args"]
+    role = _named(objs, "ClusterRole", "numalign-operator-recreate-bare-pods")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]}]
+    binding = _named(objs, "ClusterRoleBinding", "numalign-operator-recreate-bare-pods")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "numalign-operator",
+                                    "namespace": "numalign-system"}]
+
+
+def test_agent_daemonset_role_is_split_from_the_emulation_role(default: list[Obj]) -> None:
+    agent = _rules(default, "numalign-agent")
+    for resource in ("pods", "pods/status", "events", "leases"):
+        assert not any(resource in r["resources"] for r in agent), resource
+    assert not any(o["metadata"]["name"] == "numalign-agent-emulation" for o in default)
+    emulation = kustomize(CONFIG / "emulation")
+    erules = _named(emulation, "ClusterRole", "numalign-agent-emulation")["rules"]
+    assert _allows(erules, "", "pods/status", "patch") and _allows(erules, "", "events",
+                                                                   "create")
+    assert _allows(erules, "", "nodes", "create")
+    [sa] = of_kind(emulation, "ServiceAccount")
+    assert sa["metadata"]["name"] == "numalign-agent-emulation"
+
+
+def test_webhooks_skip_system_namespaces_and_answer_fast(default: list[Obj]) -> None:
+    [sts] = of_kind(default, "StatefulSet")
+    args = pod_spec(sts)["containers"][0]["args"]
+    assert "--webhook-exclude-namespace=$(POD_NAMESPACE)" in args
+    hooks = [h for o in of_kind(default, "MutatingWebhookConfiguration",
+                                "ValidatingWebhookConfiguration")
+             for h in o["webhooks"]]
+    assert {h["name"] for h in hooks} == {"resolve.numalign.io", "overrides.numalign.io",
+                                          "policy-overlaps.numalign.io"}
+    for h in hooks:
+        [expr] = h["namespaceSelector"]["matchExpressions"]
+        assert expr["key"] == "kubernetes.io/metadata.name" and expr["operator"] == "NotIn"
+        assert {"kube-system", "numalign-system"} <= set(expr["values"])
+        assert h["timeoutSeconds"] <= 5 and h["failurePolicy"] == "Ignore"
+
+
+def test_network_policies_guard_the_webhook_and_metrics_ports(default: list[Obj]) -> None:
+    [sts] = of_kind(default, "StatefulSet")
+    ports = {p["name"] for p in pod_spec(sts)["containers"][0]["ports"]}
+    pod_labels = sts["spec"]["template"]["metadata"]["labels"]
+    op = _named(default, "NetworkPolicy", "numalign-operator")
+    assert op["spec"]["policyTypes"] == ["Ingress"]
+    assert all(pod_labels.get(k) == v
+               for k, v in op["spec"]["podSelector"]["matchLabels"].items())
+    allowed = {p["port"]: rule.get("from") for rule in op["spec"]["ingress"]
+               for p in rule["ports"]}
+    assert set(allowed) == {"webhook", "metrics"} and set(allowed) <= ports
+    assert allowed["webhook"] is None  # the API server, wherever it runs
+    assert allowed["metrics"], "metrics open to every pod"
+    agent = _named(default, "NetworkPolicy", "numalign-agent")
+    assert not agent["spec"].get("ingress") and agent["spec"]["policyTypes"] == ["Ingress"]

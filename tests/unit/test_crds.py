@@ -174,3 +174,28 @@ def test_api_policy_and_scope_names_are_the_engines() -> None:
 
     assert API_POLICIES == POLICIES
     assert API_SCOPES == SCOPES
+
+
+def test_every_map_and_list_a_tenant_or_agent_fills_is_bounded() -> None:
+    """matchLabels of every selector has maxProperties; a NodeTopology's zones, devices
+    and admitted pods have maxItems (the API server refuses oversized objects before any
+    handler reads them, and CEL cost estimates stay bounded)."""
+    by_kind = {c["spec"]["names"]["kind"]: c["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+               for c in crdgen.crds()}
+    selectors = 0
+    for kind, schema in by_kind.items():
+        for path, node in _walk(schema):
+            if path.endswith(".matchLabels"):
+                selectors += 1
+                assert 0 < node.get("maxProperties", 0) <= 64, f"{kind} {path}"
+    assert selectors >= 3  # namespaceSelector, nodeSelector, podSelector
+    status = by_kind["NodeTopology"]["properties"]["status"]["properties"]
+    assert status["zones"]["maxItems"] == 64
+    for key in ("devices", "admitted"):
+        assert 0 < status[key]["maxItems"] <= 1024, key
+    labels = {f"k{i}": "v" for i in range(65)}
+    with pytest.raises(ValidationError, match="at most 64 items"):
+        TopologyPolicySpec.model_validate({"policy": "restricted",
+                                           "podSelector": {"matchLabels": labels}})
+    with pytest.raises(ValidationError, match="at most 1024 items"):
+        NodeTopologyStatus.model_validate({"admitted": [{}] * 1025})

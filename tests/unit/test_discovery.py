@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
 import tarfile
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -509,3 +512,47 @@ def test_machine_dict_validates_like_a_machine_file(tmp_path: Path) -> None:
     m = machine_from_dict(doc)
     assert m.numa_ids == [0, 5, 9]
     assert doc["cpuTopology"]["siblings"][0] == "0-1"
+
+
+def test_hostile_sysfs_files_are_skipped_quickly(tmp_path: Path) -> None:
+    """A FIFO meminfo (would block for ever), a 2 MB cpumap (quadratic), a cpulist of a
+    billion CPUs (gigabytes) and an oversized distance file: discovery finishes at once,
+    with a warning naming each file."""
+    root = make_sysfs(tmp_path, {0: range(0, 4), 1: range(4, 8), 2: range(8, 12),
+                                 3: range(12, 16)})
+    nodes = root / "sys/devices/system/node"
+    (nodes / "node0/meminfo").unlink()
+    os.mkfifo(nodes / "node0/meminfo")
+    (nodes / "node1/cpulist").unlink()
+    _write(nodes / "node1/cpumap", "f" * (2 << 20) + "\n")
+    _write(nodes / "node2/cpulist", "0-999999999\n")
+    _write(nodes / "node2/cpumap", "f00\n")
+    _write(nodes / "node2/distance", "20 " * 40000 + "\n")
+    (nodes / "node3/cpulist").unlink()
+    _write(nodes / "node3/cpumap", "f" * 4096 + "\n")  # 16384 CPUs: within the size cap
+    code = ("import sys, json\nfrom numalign.agent.discovery import discover\n"
+            "dm = discover(sys.argv[1], gpus=False)\n"
+            "print(json.dumps({'nodes': {n.id: n.cpus for n in dm.nodes},"
+            " 'warnings': dm.warnings}))\n")
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert time.monotonic() - start < 30
+    out = json.loads(proc.stdout)
+    warnings = "\n".join(out["warnings"])
+    assert "node0/meminfo: is not a regular file" in warnings
+    assert "node1/cpumap: is larger than 65536 bytes" in warnings
+    assert "node3/cpumap: not a CPU mask" in warnings
+    assert "node2/cpulist: not a cpulist" in warnings
+    assert "node2/distance: is larger than" in warnings
+    assert out["nodes"]["2"] == [8, 9, 10, 11]  # from the cpumap after the bad cpulist
+
+
+def test_a_cpumap_at_the_kernel_limit_parses_in_linear_time() -> None:
+    from numalign.agent.discovery.sysfs import _parse_cpumask
+
+    text = ",".join(["ffffffff"] * 256)  # 8192 CPUs
+    start = time.process_time()
+    assert _parse_cpumask(text) == list(range(8192))
+    assert time.process_time() - start < 1.0

@@ -138,6 +138,36 @@ def test_node_avoidance_is_added_to_every_term() -> None:
     assert with_node_avoidance({}, []) == {}
 
 
+def _pinned_to(*nodes: str) -> dict[str, Any]:
+    """The affinity the DaemonSet controller gives its pod for one node."""
+    return {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": list(nodes)}]}]}}},
+        "containers": [{"name": "c"}]}
+
+
+def test_node_avoidance_never_leaves_a_pod_no_node() -> None:
+    # A DaemonSet pod rejected on its node: In [node-a] AND NotIn [node-a] would keep
+    # its replacement Pending for ever. It keeps its node.
+    spec = _pinned_to("node-a")
+    assert with_node_avoidance(spec, ["node-a", "node-b"]) == spec
+    # A pod already bound to a node: nothing to avoid.
+    bound = {"nodeName": "node-a", "containers": [{"name": "c"}]}
+    assert with_node_avoidance(bound, ["node-a"]) == bound
+    # Pinned to two nodes, one avoided: the other is still allowed.
+    out = with_node_avoidance(_pinned_to("node-a", "node-b"), ["node-a"])
+    [term] = out["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+    assert {"key": "metadata.name", "operator": "NotIn", "values": ["node-a"]} in (
+        term["matchFields"])
+    # Two terms, one still alive after avoidance: avoidance is added.
+    two = _pinned_to("node-a")
+    two["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"].append({"matchExpressions": [
+            {"key": "pool", "operator": "In", "values": ["x"]}]})
+    assert with_node_avoidance(two, ["node-a"]) != two
+
+
 def test_build_replacement() -> None:
     pod = {"metadata": {"name": "web", "namespace": "ns", "uid": "u", "labels": {"a": "b"},
                         "annotations": {"numalign.io/resolved": "{}", "keep": "me",
@@ -147,6 +177,7 @@ def test_build_replacement() -> None:
     new = build_replacement(pod, "web-r1", ["n1"])
     assert new["metadata"]["name"] == "web-r1" and new["metadata"]["labels"] == {"a": "b"}
     assert new["metadata"]["annotations"] == {"keep": "me", "numalign.io/redeploy-of": "web",
+                                              "numalign.io/redeploy-of-uid": "u",
                                               "numalign.io/redeploy-base": "web"}
     assert "nodeName" not in new["spec"] and "status" not in new
     assert pod["spec"]["nodeName"] == "n1"  # the original is untouched

@@ -197,11 +197,11 @@ class Emulator:
         # Every node's status, written by the publisher's loop: pods are decided meanwhile.
         self.publisher.mark_all()
         for p in pending:
-            self.on_pod("ADDED", p)
+            self._handle(self.on_pod, "restore", "ADDED", p)
         # Pods already marked for deletion while we were away.
         for p in pods:
             if (p.get("metadata") or {}).get("deletionTimestamp"):
-                self.on_pod("MODIFIED", p)
+                self._handle(self.on_pod, "restore", "MODIFIED", p)
         return nt_rv, pod_rv
 
     # -- the loops ------------------------------------------------------------------------
@@ -308,7 +308,7 @@ class Emulator:
                         rv = str(new_rv)
                     if typ == "BOOKMARK":
                         continue
-                    handle(typ, obj)
+                    self._handle(handle, path, typ, obj)
             except ApiError as e:
                 if e.status != 410:
                     log.warning("watch %s: %s", path, e)
@@ -324,6 +324,17 @@ class Emulator:
                     await asyncio.sleep(1)
                     continue
                 raise
+
+    @staticmethod
+    def _handle(handle: Any, path: str, typ: Any, obj: Mapping[str, Any]) -> None:
+        """One watch event. Nothing in an object's content may end the watch (and with it
+        every emulated node): a handler's failure is logged and the event skipped."""
+        try:
+            handle(typ, obj)
+        except Exception:
+            meta = obj.get("metadata") or {}
+            log.exception("watch %s: %s event of %s/%s failed; skipped", path, typ,
+                          meta.get("namespace"), meta.get("name"))
 
     async def _pod_loop(self, rv: str) -> None:
         await self._watch("/api/v1/pods", {"fieldSelector": POD_SELECTOR}, rv, self.on_pod,

@@ -22,6 +22,7 @@ from numalign.topology.machine import Machine
 
 from .kube import NT_BASE, ApiError, Kube, q
 from .kubelet_config import KubeletConfig, load_kubelet_config
+from .lease import NodeLease
 from .podresources import PodResourcesClient, PodResourcesError
 from .publish import Publisher
 from .realnode import apply_snapshot, kubelet_settings
@@ -45,15 +46,17 @@ class RealNode:
                  resync: float = 300.0, publish_nrt: bool = False,
                  pod_resources: str | None = None, kubelet_config: str | None = None,
                  refresh: float = 10.0, debounce: float = 0.3,
-                 max_backoff: float = 60.0) -> None:
+                 max_backoff: float = 60.0, lease: NodeLease | None = None) -> None:
         self.kube = kube
+        self.lease = lease
         self.base_machine = machine
         self.state = NodeState(name, machine, admits=False)
         self.states = {name: self.state}
         self.node_uid: str | None = None
         self.publisher = Publisher(kube, self.states,
                                    labels=lambda st: {LABEL_MACHINE: st.machine.name},
-                                   nrt=publish_nrt, node_uid=lambda _: self.node_uid)
+                                   nrt=publish_nrt, node_uid=lambda _: self.node_uid,
+                                   preconditions=True)
         self.resync = resync
         self.client = PodResourcesClient(pod_resources) if pod_resources else None
         self.kubelet_config_path = kubelet_config
@@ -207,6 +210,23 @@ class RealNode:
 
     async def run(self) -> None:
         await self.kube.open()
+        if self.lease is None:
+            await self._run()
+            return
+        # One agent per node: publish only while holding the node's Lease.
+        await self.lease.acquire()
+        keeper = asyncio.create_task(self.lease.keep(), name="lease")
+        main = asyncio.create_task(self._run(), name="publish")
+        try:
+            done, _ = await asyncio.wait([keeper, main], return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                t.result()  # LeaseLost: stop publishing (the pod restarts and stands by)
+        finally:
+            for t in (keeper, main):
+                t.cancel()
+            await asyncio.gather(keeper, main, return_exceptions=True)
+
+    async def _run(self) -> None:
         name = self.state.name
         if self.publisher.nrt:
             try:  # the Node owns its NodeResourceTopology (garbage-collected with it)

@@ -224,8 +224,13 @@ class Publisher:
                  nrt: bool = False,
                  node_uid: Callable[[str], str | None] | None = None,
                  busy: Callable[[], bool] | None = None, busy_interval: float = 8.0,
-                 busy_concurrency: int = 2) -> None:
+                 busy_concurrency: int = 2, preconditions: bool = False) -> None:
         self.kube = kube
+        # Every status write names the resourceVersion it was computed against (a stale
+        # one is refused with 409, then the stored object is read again): another writer
+        # of the same status is never overwritten blindly, nor merged into.
+        self.preconditions = preconditions
+        self._rv: dict[str, str] = {}
         self.busy = busy
         self.busy_interval = max(busy_interval, min_interval)
         self.busy_concurrency = max(1, busy_concurrency)
@@ -278,11 +283,47 @@ class Publisher:
                 raise
         return None
 
+    async def _write_checked(self, name: str, status: JSON) -> None:
+        """Write ``status`` as a merge patch against the stored object, with its
+        resourceVersion as a precondition (see ``preconditions``)."""
+        for attempt in range(6):
+            rv, stored = self._rv.get(name), self._stored.get(name)
+            if rv is None or stored is None:
+                try:
+                    obj = await self.kube.get(nt_path(name))
+                except ApiError as e:
+                    if e.status == 404 and attempt < 5:
+                        await self.ensure(name, None)
+                        continue
+                    raise
+                stored = dict(obj.get("status") or {})
+                rv = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+            diff = merge_diff(stored, status)
+            if diff is None:
+                self._rv[name], self._stored[name] = rv, stored
+                self.skipped += 1
+                return
+            self._rv.pop(name, None)
+            self._stored.pop(name, None)
+            try:
+                out = await self.kube.patch(nt_path(name, "status"),
+                                            {"metadata": {"resourceVersion": rv},
+                                             "status": diff}, MERGE_PATCH)
+            except ApiError as e:
+                if e.status in (404, 409) and attempt < 5:  # read it again, then retry
+                    await asyncio.sleep(0.05 * attempt)
+                    continue
+                raise
+            self._rv[name] = str((out.get("metadata") or {}).get("resourceVersion") or "")
+            self.writes += 1
+            return
+        raise RuntimeError(f"NodeTopology {name}: status not written")  # pragma: no cover
+
     async def write(self, name: str) -> None:
         st = self.states[name]
         version = st.version
         status = build_status(st, self._previous.get(name))
-        for attempt in range(6):
+        for attempt in range(6 if not self.preconditions else 0):
             stored = self._stored.get(name)
             if stored is not None:
                 diff = merge_diff(stored, status)
@@ -308,6 +349,8 @@ class Publisher:
                 raise
             self.writes += 1
             break
+        if self.preconditions:
+            await self._write_checked(name, status)
         self._stored[name] = status
         self._previous[name] = status
         self._published_version[name] = version

@@ -153,8 +153,8 @@ class NodeState:
         """Rebuild the ledger after a restart.
 
         ``published`` is the NodeTopology object (or None); ``pods`` are the pods bound to
-        this node now. A pod that is Running with an allocation (its annotation, else the
-        published entry with its uid) gets that allocation back; a pod already rejected
+        this node now. A pod that is Running with an allocation (the published entry with
+        its uid, else its annotation) gets that allocation back; a pod already rejected
         stays rejected; a pod still Pending is returned to be decided; published pods that
         are gone are dropped.
         """
@@ -169,6 +169,7 @@ class NodeState:
                 by_uid[str(entry["uid"])] = entry
         present: set[str] = set()
         pending: list[Mapping[str, Any]] = []
+        to_restore: list[tuple[Mapping[str, Any], Any]] = []
         for pod in pods:
             uid = pod_uid(pod)
             if not uid or uid in self.decided:
@@ -186,24 +187,36 @@ class NodeState:
             if meta.get("deletionTimestamp") and phase != "Running":
                 continue
             if phase == "Running" or ann is not None:
-                alloc, resolved = self._allocation_of(pod, ann, by_uid.get(uid))
-                if alloc is None:
-                    # Running without anything to restore from (not ours): hold nothing.
-                    self.decided[uid] = True
-                    continue
-                ns, name = pod_key(pod)
-                try:
-                    engine.commit(self.machine, self.ledger, uid, pod, alloc)
-                except engine.RestoreConflict as e:
-                    log.warning("%s: cannot restore %s/%s: %s", self.name, ns, name, e)
-                    report.conflicts.append(uid)
-                    self.decided[uid] = True
-                    continue
-                self.decided[uid] = True
-                self.admitted[uid] = AdmittedPod(ns, name, uid, resolved, alloc)
-                report.restored.append(uid)
+                to_restore.append((pod, ann))
                 continue
             pending.append(pod)
+        # What the agent itself published first: a pod's annotation can be edited by its
+        # tenant, so it is used only for pods the published status lacks, after every
+        # published allocation is back (a claim on another pod's CPUs then conflicts).
+        to_restore.sort(key=lambda pa: pod_uid(pa[0]) not in by_uid)
+        for pod, ann in to_restore:
+            uid = pod_uid(pod)
+            ns, name = pod_key(pod)
+            try:
+                alloc, resolved = self._allocation_of(pod, ann, by_uid.get(uid))
+            except Exception as e:  # a poisoned pod must not stop the restore
+                log.warning("%s: cannot read the allocation of %s/%s: %s", self.name, ns,
+                            name, e)
+                alloc, resolved = None, NONE
+            if alloc is None:
+                # Running without anything to restore from (not ours): hold nothing.
+                self.decided[uid] = True
+                continue
+            try:
+                engine.commit(self.machine, self.ledger, uid, pod, alloc)
+            except engine.RestoreConflict as e:
+                log.warning("%s: cannot restore %s/%s: %s", self.name, ns, name, e)
+                report.conflicts.append(uid)
+                self.decided[uid] = True
+                continue
+            self.decided[uid] = True
+            self.admitted[uid] = AdmittedPod(ns, name, uid, resolved, alloc)
+            report.restored.append(uid)
         report.dropped = [u for u in by_uid if u not in present]
         prev = status.get("rejected")
         if isinstance(prev, int) and not isinstance(prev, bool):
@@ -217,8 +230,8 @@ class NodeState:
 
     def _allocation_of(self, pod: Mapping[str, Any], ann: Any,
                        entry: Mapping[str, Any] | None) -> tuple[Allocation | None, Resolved]:
-        """From the pod's allocation annotation, else its published entry; the policy
-        from the published entry."""
+        """From the published entry (what this agent wrote), else the pod's allocation
+        annotation (which its tenant can edit); the policy from the published entry."""
         resolved = NONE
         published: Allocation | None = None
         if entry is not None:
@@ -229,12 +242,14 @@ class NodeState:
                     log.warning("%s: %s", self.name, problem)
             except WireError as e:
                 log.warning("%s: NodeTopology entry of %s: %s", self.name, entry.get("pod"), e)
+        if published is not None:
+            return published, resolved
         if ann is not None:
             try:
                 return parse_allocation(str(ann)), resolved
             except WireError as e:
                 log.warning("%s: %s", self.name, e)
-        return published, resolved
+        return None, resolved
 
 
 def _bind_order(pod: Mapping[str, Any]) -> tuple[str, str]:

@@ -51,6 +51,8 @@ QUANTITY_PATTERN = (
 )
 # A Kubernetes quantity: an integer or a string such as "64Gi" or "500m".
 Quantity = int | Annotated[str, StringConstraints(pattern=QUANTITY_PATTERN)]
+# Bounds that keep every object (and the API server's CEL cost) small.
+MAX_MATCH_LABELS = 64
 NumaId = Annotated[int, Field(ge=0, le=MAX_NUMA_ID)]
 Count = Annotated[int, Field(ge=0)]
 # A Linux cpulist: "0-3,8-11"; "" for none.
@@ -142,7 +144,9 @@ class LabelSelector(Model):
     """A Kubernetes label selector; all requirements must hold. An empty selector
     matches everything."""
 
-    match_labels: dict[str, LabelValue] | None = None
+    match_labels: Annotated[dict[str, LabelValue], Field(max_length=MAX_MATCH_LABELS)] | None = (
+        None
+    )
     """Labels that must be present with exactly these values."""
     match_expressions: Annotated[list[LabelSelectorRequirement], Field(max_length=32)] | None = (
         None

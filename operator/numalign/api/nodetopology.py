@@ -11,6 +11,7 @@ from pydantic import ConfigDict, Field
 from ..topology.quantity import parse_cpulist, parse_quantity
 from .common import (
     CONDITIONS_LIST,
+    MAX_NUMA_NODES,
     Condition,
     Count,
     CpuList,
@@ -21,6 +22,10 @@ from .common import (
     Scope,
     TopologyOptions,
 )
+
+# A node's devices, and the pods admitted on it (the kubelet's maxPods rarely passes 250).
+MAX_DEVICES = 1024
+MAX_ADMITTED = 1024
 
 KIND = "NodeTopology"
 PLURAL = "nodetopologies"
@@ -206,6 +211,7 @@ class NodeTopologyStatus(Model):
     zones: Annotated[
         list[Zone],
         Field(
+            max_length=MAX_NUMA_NODES,
             json_schema_extra={"x-kubernetes-list-type": "map",
                                "x-kubernetes-list-map-keys": ["id"]}
         ),
@@ -215,9 +221,9 @@ class NodeTopologyStatus(Model):
     """Core and socket of every CPU (the NUMA node of each is in zones)."""
     distances: dict[str, dict[str, int]] | None = None
     """NUMA distances: distances[from][to], keys are NUMA node ids."""
-    devices: list[Device] | None = None
+    devices: Annotated[list[Device], Field(max_length=MAX_DEVICES)] | None = None
     """Devices with their NUMA node, memory and groups."""
-    admitted: list[AdmittedPod] | None = None
+    admitted: Annotated[list[AdmittedPod], Field(max_length=MAX_ADMITTED)] | None = None
     """Pods admitted on the node with their affinity and allocation."""
     rejected: Count | None = None
     """Pods rejected with TopologyAffinityError since the agent started."""

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from numalign.topology import jsontext
 from numalign.topology.errors import TopologyError
 from numalign.topology.gpu.requests import ANNOTATION as GPU_ANNOTATION
 from numalign.topology.machine import MAX_NUMA_NODES
@@ -65,6 +66,11 @@ KUBELET_OPTION_NAMES: dict[str, str] = {
 OPTION_KEYS: tuple[str, ...] = tuple(KUBELET_OPTION_NAMES)
 # Either spelling -> the kubelet's.
 _OPTION_NAMES = {**KUBELET_OPTION_NAMES, **{k: k for k in KUBELET_OPTION_NAMES.values()}}
+
+
+# A resolution is ~200 bytes; anything much larger is not one (an allocation is bounded
+# by jsontext's default, 64 KiB).
+MAX_RESOLVED_BYTES = 4096
 
 
 class WireError(ValueError):
@@ -197,9 +203,9 @@ def parse_resolved(value: str) -> Resolved:
     Raises WireError naming the annotation and what is wrong."""
     where = f"annotation {ANN_RESOLVED}"
     try:
-        doc = json.loads(value)
-    except (ValueError, TypeError) as e:
-        raise WireError(f"{where} is not valid JSON: {e}") from None
+        doc = jsontext.loads(value, where, max_bytes=MAX_RESOLVED_BYTES)
+    except ValueError as e:
+        raise WireError(str(e)) from None
     if not isinstance(doc, Mapping):
         raise WireError(f"{where} must be a JSON object")
     policy, scope, source = doc.get("policy"), doc.get("scope"), doc.get("source", SOURCE_POD)
@@ -386,9 +392,9 @@ def allocation_from_json(doc: Any, where: str = f"annotation {ANN_ALLOCATION}") 
 def parse_allocation(value: str) -> Allocation:
     """Parse ``numalign.io/allocation``; raises WireError naming what is wrong."""
     try:
-        doc = json.loads(value)
+        doc = jsontext.loads(value, f"annotation {ANN_ALLOCATION}")
     except ValueError as e:
-        raise WireError(f"annotation {ANN_ALLOCATION} is not valid JSON: {e}") from None
+        raise WireError(str(e)) from None
     return allocation_from_json(doc)
 
 

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Coroutine
 from typing import Any
@@ -59,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
                         "seconds (default: 1, or one per 50 emulated nodes)")
     p.add_argument("--concurrency", type=int, default=96,
                    help="concurrent pod writes (default 96)")
+    p.add_argument("--lease-namespace", metavar="NAMESPACE",
+                   help="--node: where the node's Lease numalign-agent-<node> is kept (one "
+                   "agent per node; default: $POD_NAMESPACE, else default)")
     p.add_argument("--publish-nrt", action="store_true",
                    help="also publish each node's NodeResourceTopology "
                         "(topology.node.k8s.io/v1alpha2, for topology-aware schedulers) "
@@ -164,12 +168,16 @@ def main(argv: list[str] | None = None) -> int:
                     _metrics(args.metrics_port, emulator)
                 await emulator.run()
             else:
+                from numalign.agent.lease import NodeLease
                 from numalign.agent.node import RealNode
 
+                namespace = args.lease_namespace or os.environ.get("POD_NAMESPACE") or "default"
+                identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+                lease = NodeLease(kube, name, namespace, identity)
                 await RealNode(kube, name, machine, publish_nrt=args.publish_nrt,
                                pod_resources=args.pod_resources,
                                kubelet_config=args.kubelet_config,
-                               refresh=args.refresh_interval).run()
+                               refresh=args.refresh_interval, lease=lease).run()
         finally:
             await kube.close()
 

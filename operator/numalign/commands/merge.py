@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
 from numalign.topology.errors import TopologyError
@@ -44,6 +44,35 @@ Options: prefer-closest-numa-nodes (bool), max-allowable-numa-nodes (int >= 8, d
 
 MAX_NUMA_ID = 255
 MAX_DISTANCE = (1 << 32) - 1
+# A line at 64 NUMA nodes with every 1- and 2-node mask for 4 resources is ~350 KB.
+MAX_LINE_BYTES = 4 << 20
+
+
+class LineTooLong:
+    """Stands for an input line longer than :data:`MAX_LINE_BYTES` (skipped unread)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+
+def bounded_lines(stream: IO[bytes], limit: int = MAX_LINE_BYTES
+                  ) -> Iterator[bytes | LineTooLong]:
+    """The lines of ``stream``; one longer than ``limit`` bytes comes as a LineTooLong
+    and is skipped in chunks, so memory stays bounded whatever the input."""
+    while True:
+        line = stream.readline(limit + 1)
+        if not line:
+            return
+        if len(line) <= limit or line.endswith(b"\n"):
+            yield line
+            continue
+        size = len(line)
+        while not line.endswith(b"\n"):
+            line = stream.readline(1 << 20)
+            if not line:
+                break
+            size += len(line)
+        yield LineTooLong(size)
 
 
 def _is_int(v: Any) -> bool:
@@ -205,10 +234,16 @@ def decide(doc: Any) -> dict[str, Any]:
     return result.to_json()
 
 
-def run(lines: Iterable[str | bytes], out: IO[str]) -> int:
+def run(lines: Iterable[str | bytes | LineTooLong], out: IO[str]) -> int:
     status = 0
     for raw in lines:
         reply: dict[str, Any]
+        if isinstance(raw, LineTooLong):
+            out.write(json.dumps({"error": f"line of {raw.size} bytes is longer than "
+                                           f"{MAX_LINE_BYTES} bytes; refused"}) + "\n")
+            out.flush()
+            status = 1
+            continue
         if isinstance(raw, bytes):
             try:
                 line = raw.decode("utf-8")
@@ -246,7 +281,7 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"numalign merge: unexpected argument {argv[0]!r}\n\n{USAGE}")
         return 2
     try:
-        return run(sys.stdin.buffer, sys.stdout)
+        return run(bounded_lines(sys.stdin.buffer), sys.stdout)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

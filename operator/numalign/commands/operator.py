@@ -30,6 +30,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--cert-secret", metavar="NAMESPACE/NAME",
                    help="keep the webhook CA and certificate in this Secret (for replicas)")
     p.add_argument("--no-webhooks", action="store_true", help="serve no admission webhooks")
+    p.add_argument("--webhook-exclude-namespace", metavar="NAMESPACE", action="append",
+                   default=[], help="a namespace the webhooks never see (repeatable; "
+                   "kube-system always)")
+    p.add_argument("--recreate-bare-pods", action="store_true",
+                   help="redeploy a rejected pod without a controller by recreating it "
+                   "(needs `create` on pods: config/recreate-bare-pods); off: it stays "
+                   "Failed with an event")
     p.add_argument("--metrics-port", type=int, default=9090, help="0 disables /metrics")
     p.add_argument("--metrics-addr", default="0.0.0.0")
     p.add_argument("--liveness", metavar="URL", nargs="?", const="http://0.0.0.0:8080/healthz",
@@ -56,6 +63,8 @@ def main(argv: list[str]) -> int:
         webhooks=not args.no_webhooks, webhook_addr=args.webhook_addr,
         webhook_host=args.webhook_host, webhook_port=args.webhook_port,
         cert_dir=args.cert_dir, cert_secret=args.cert_secret,
+        webhook_exclude=["kube-system", *args.webhook_exclude_namespace],
+        recreate_bare_pods=args.recreate_bare_pods,
         metrics_port=args.metrics_port, metrics_addr=args.metrics_addr,
         liveness=args.liveness)
 

@@ -186,7 +186,10 @@ def slim_state(obj: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _list_states() -> tuple[list[dict[str, Any]], int | None]:
+    # By name: RBAC lets the operator read no other ConfigMap (resourceNames), which a
+    # LIST passes only with this field selector.
     res = kube.core().list_config_map_for_all_namespaces(
+        field_selector=f"metadata.name={STATE_CONFIGMAP}",
         label_selector=f"{STATE_LABEL}=redeploy")
     return ([slim_state(kube.to_dict(cm)) for cm in res.items
              if cm.metadata.name == STATE_CONFIGMAP], _list_rv(res))
@@ -338,14 +341,9 @@ async def namespace_event(body: kopf.Body, type: str | None, **_: Any) -> None:
     feed(NAMESPACES, body, type, slim_labels)
 
 
-def _is_state(body: kopf.Body, **_: Any) -> bool:
-    return str((body.get("metadata") or {}).get("name")) == STATE_CONFIGMAP
-
-
-@kopf.on.event("", "v1", "configmaps", id="cache-redeploy-states",
-               labels={STATE_LABEL: "redeploy"}, when=_is_state)
-async def state_event(body: kopf.Body, type: str | None, **_: Any) -> None:
-    feed(STATES, body, type, slim_state)
+# The redeploy records are not watched through Kopf: Kopf watches every ConfigMap of the
+# cluster, which the operator may not read. The periodic resync LISTs them by name, the
+# operator's own writes go into the store, and a 409 reads the record again by name.
 
 
 def _failed_or_gone(body: kopf.Body, **_: Any) -> bool:

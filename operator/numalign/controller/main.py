@@ -16,13 +16,21 @@ from typing import Any
 
 import kopf
 
-from . import cache, kube, metrics, nodedefaults, pods, policies, redeploy, webhooks
+from . import (
+    cache,
+    kube,
+    metrics,
+    nodedefaults,
+    pods,
+    policies,
+    redeploy,
+    webhookconfig,
+    webhooks,
+)
 
 __all__ = ["Options", "cache", "nodedefaults", "pods", "policies", "redeploy", "run"]
 
 log = logging.getLogger("numalign.operator")
-
-MANAGED_WEBHOOKS = "numalign.io"
 
 
 @dataclass
@@ -37,6 +45,9 @@ class Options:
     webhook_port: int = 9443
     cert_dir: str | None = None
     cert_secret: str | None = None
+    # Namespaces the webhooks never see (kube-system and numalign's own).
+    webhook_exclude: list[str] = field(default_factory=lambda: ["kube-system"])
+    recreate_bare_pods: bool = False
     metrics_port: int = 9090
     metrics_addr: str = "0.0.0.0"
     liveness: str | None = None
@@ -76,6 +87,22 @@ async def _periodic(interval: float) -> None:
         await asyncio.sleep(interval)
 
 
+async def _renew_certificates(cert_dir: Path, hosts: list[str], secret: str | None, url: str,
+                              exclude: list[str], interval: float = webhooks.RENEW_CHECK_S
+                              ) -> None:
+    """Renew the serving certificate before it expires, for as long as the operator runs
+    (Kopf's server reloads the changed files); rewrite the webhook configurations after."""
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            if await asyncio.to_thread(webhooks.renew, cert_dir, hosts, secret):
+                log.info("webhook certificate renewed")
+                ca = (cert_dir / webhooks.CA_FILE).read_bytes()
+                await asyncio.to_thread(webhookconfig.apply, url, ca, exclude)
+        except Exception as e:  # retried at the next check
+            log.warning(f"webhook certificate renewal failed: {e}")
+
+
 class _NoWebhookServer:
     """An admission 'server' that never serves (``--no-webhooks``): the pod backstop
     handler resolves pods instead."""
@@ -107,7 +134,14 @@ async def startup(settings: kopf.OperatorSettings, logger: kopf.Logger, **_: Any
         await asyncio.to_thread(webhooks.certificates, cert_dir, hosts, opts.cert_secret)
         settings.admission.server = webhooks.server(opts.webhook_addr, opts.webhook_port, host,
                                                     cert_dir)
-        settings.admission.managed = MANAGED_WEBHOOKS
+        # Kopf serves the handlers; the configurations are ours (webhookconfig: namespace
+        # exclusions, short timeout, nothing removed when a replica stops).
+        settings.admission.managed = None
+        url = f"https://{host}:{opts.webhook_port}"
+        ca = (cert_dir / webhooks.CA_FILE).read_bytes()
+        await asyncio.to_thread(webhookconfig.apply, url, ca, opts.webhook_exclude)
+        _tasks.append(asyncio.create_task(_renew_certificates(
+            cert_dir, hosts, opts.cert_secret, url, opts.webhook_exclude)))
         logger.info(f"webhooks on https://{host}:{opts.webhook_port} (certificates in {cert_dir})")
     else:
         # Kopf refuses to start with admission handlers and no server: serve nothing.
@@ -132,6 +166,7 @@ async def run(opts: Options, stop_flag: asyncio.Event | None = None,
     global _options
     _options = opts
     kube.configure(opts.kubeconfig)
+    redeploy.decide.RECREATE_BARE_PODS = opts.recreate_bare_pods
     if opts.metrics_port:  # before Kopf, so that a taken port fails the start at once
         metrics.start_http_server(opts.metrics_port, opts.metrics_addr)
         log.info(f"metrics on http://{opts.metrics_addr}:{opts.metrics_port}/metrics")

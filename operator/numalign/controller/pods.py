@@ -65,8 +65,10 @@ def mutate_pod(body: kopf.Body, patch: kopf.Patch, dryrun: bool, logger: kopf.Lo
         avoid, held = [], None
     if avoid:
         spec = redeploy.with_node_avoidance(dict(body.get("spec") or {}), avoid)
-        patch.setdefault("spec", {})["affinity"] = spec["affinity"]
-        patch["metadata"]["annotations"][redeploy.ANN_WORKLOAD] = redeploy.workload_key(body)
+        if spec.get("affinity") != (body.get("spec") or {}).get("affinity"):
+            patch.setdefault("spec", {})["affinity"] = spec["affinity"]
+            patch["metadata"]["annotations"][redeploy.ANN_WORKLOAD] = redeploy.workload_key(
+                body)
     if held is not None and not redeploy.has_gate(body):
         # A ReplicaSet (or Job) replaces a Failed pod at once. Hold the replacement while
         # the rejected pod waits out its backoff, and for good once the workload spent

@@ -2,7 +2,8 @@
 
 The operator serves its webhooks over TLS with a certificate signed by its own CA
 (RSA 2048, CA valid 10 years, serving certificate 1 year, renewed when it expires
-within 30 days or no longer covers the served host names). Kopf registers the
+within 30 days or no longer covers the served host names: checked at start and every
+6 hours while running). Kopf registers the
 Mutating/ValidatingWebhookConfiguration ``numalign.io`` (``settings.admission.managed``)
 with that CA as ``caBundle`` and the URL ``https://HOST:PORT/<handler id>``.
 
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 CA_FILE, CERT_FILE, KEY_FILE = "ca.crt", "tls.crt", "tls.key"
 CA_KEY_FILE = "ca.key"
 RENEW_BEFORE = dt.timedelta(days=30)
+RENEW_CHECK_S = 6 * 3600.0
 
 
 def _key() -> rsa.RSAPrivateKey:
@@ -175,6 +177,17 @@ def certificates(cert_dir: Path, hosts: list[str], secret: str | None = None) ->
         p.write_bytes(files[fn])
         p.chmod(0o600)
     return cert_dir
+
+
+def renew(cert_dir: Path, hosts: list[str], secret: str | None = None) -> bool:
+    """One renewal check (the operator runs it every :data:`RENEW_CHECK_S`): renew the
+    serving certificate when it expires within :data:`RENEW_BEFORE` (or take the one
+    another replica renewed in the Secret). Kopf's server notices the changed files and
+    serves the new certificate. Returns whether the files changed."""
+    before = {fn: (cert_dir / fn).read_bytes() if (cert_dir / fn).exists() else b""
+              for fn in (CA_FILE, CERT_FILE, KEY_FILE)}
+    certificates(cert_dir, hosts, secret)
+    return any((cert_dir / fn).read_bytes() != data for fn, data in before.items())
 
 
 class Server(kopf.WebhookServer):

@@ -101,7 +101,8 @@ def _operator_argv(info: ClusterInfo) -> list[str] | None:
     webhook_port, metrics_port = free_ports(2)  # several dev clusters may run side by side
     return ["-m", "numalign.cli", "operator", "--kubeconfig", str(info.kubeconfig),
             "--webhook-port", str(webhook_port), "--metrics-addr", "127.0.0.1",
-            "--metrics-port", str(metrics_port), "--cert-dir", str(info.state_dir / "operator")]
+            "--metrics-port", str(metrics_port), "--cert-dir", str(info.state_dir / "operator"),
+            "--recreate-bare-pods"]
 
 
 ADDONS: list[Addon] = [

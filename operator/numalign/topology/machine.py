@@ -5,6 +5,8 @@ hugepages, distances and devices. Loaded from a machine file (see
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -273,13 +275,35 @@ def _cpu_topology(raw: Any, nodes: list[NumaNode]) -> dict[int, CPU]:
                    numa=numa_of[c]) for c in all_cpus}
 
 
+# A machine file is a few KB (the 64-NUMA-node fixture is under 100 KB).
+MAX_MACHINE_FILE_BYTES = 4 << 20
+
+
+def read_machine_text(path: str | Path) -> str:
+    """The text of a machine file: a regular file (never a FIFO or device, which could
+    block forever), at most :data:`MAX_MACHINE_FILE_BYTES`, UTF-8. Errors name the file."""
+    p = Path(path)
+    try:
+        with open(p, "rb", opener=lambda f, flags: os.open(f, flags | os.O_NONBLOCK)) as fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise MachineError(str(p), "is not a regular file")
+            data = fh.read(MAX_MACHINE_FILE_BYTES + 1)
+    except OSError as e:
+        raise MachineError(str(p), f"cannot read: {e.strerror or e}") from None
+    if len(data) > MAX_MACHINE_FILE_BYTES:
+        raise MachineError(str(p), f"is larger than {MAX_MACHINE_FILE_BYTES >> 20} MiB")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise MachineError(str(p), f"is not UTF-8 text (byte {e.start}: "
+                                   f"{data[e.start:e.start + 1]!r})") from None
+
+
 def load_machine(path: str | Path) -> Machine:
     """Load a machine file; errors name the file and the field."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise MachineError(str(p), f"cannot read: {e.strerror or e}") from None
+    text = read_machine_text(p)
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:

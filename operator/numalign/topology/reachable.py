@@ -17,10 +17,15 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Iterator, Sequence
 
+from numalign.topology.errors import TopologyError
 from numalign.topology.hints import TopologyHint
 
 # Largest universe (NUMA nodes every resource can reach) handled by the zeta transform.
 ZETA_MAX_BITS = 18
+# Most (partial mask, hint mask) pairs the layered search may look at where the zeta
+# transform is out of reach (more than ZETA_MAX_BITS node classes): about a second of
+# work. Past it the merge is refused with a TopologyError instead of running for minutes.
+MAX_LAYERED_WORK = 1_000_000
 
 
 def reachable_non_preferred(
@@ -67,12 +72,20 @@ def reachable_non_preferred(
     if _use_zeta(len(classes), len(reduced), product):
         stats["method_zeta"] = 1
         return _reachable_zeta(reduced, classes)
-    budget = zeta_cost // 2 if len(classes) <= ZETA_MAX_BITS else None
+    zeta_ok = len(classes) <= ZETA_MAX_BITS
+    budget = zeta_cost // 2 if zeta_ok else MAX_LAYERED_WORK
     try:
         got = _reachable_layered(reduced, universe, bnp, stats, budget)
         stats["method_layered"] = 1
         return got
     except _OverBudget:
+        if not zeta_ok:
+            widest = max(len(m) for m in reduced)
+            raise TopologyError(
+                "providers",
+                f"too much work: {len(reduced)} resources with up to {widest} distinct hints "
+                f"over {n} NUMA nodes ({len(classes)} node classes) reach more than "
+                f"{MAX_LAYERED_WORK} partial merges; refused") from None
         stats["method_zeta"] = 1
         return _reachable_zeta(reduced, classes)
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from numalign.topology.hints import mask_ids
-from numalign.topology.quantity import format_bytes, parse_cpulist
+from numalign.topology.quantity import MAX_CPU_ID, format_bytes, parse_cpulist
 
 from .model import (
     LOCAL_DISTANCE,
@@ -50,6 +50,8 @@ from .nvidia_smi import add_gpus
 _NODE_DIR = "sys/devices/system/node"
 _CPU_DIR = "sys/devices/system/cpu"
 _MAX_LINK_HOPS = 40
+# sysfs attributes are at most a page (4 KiB); meminfo and distance rows are smaller.
+MAX_FILE_BYTES = 64 * 1024
 
 
 # --------------------------------------------------------------------------- the root
@@ -116,19 +118,41 @@ class _Root:
             return []
 
     def read(self, rel: str, warnings: list[str] | None = None) -> str | None:
-        """The text of a file, NULs dropped; None when absent or unreadable (warned)."""
+        """The text of a regular file of at most :data:`MAX_FILE_BYTES`, NULs dropped;
+        None when absent, not a regular file (a FIFO would block for ever), too large or
+        unreadable (warned)."""
         p = self.resolve(rel)
         if p is None:
             return None
-        try:
-            data = p.read_bytes()
-        except IsADirectoryError:
+
+        def warn(problem: str) -> None:
             if warnings is not None:
-                warnings.append(f"{self.show(rel)}: is a directory, expected a file")
+                warnings.append(f"{self.show(rel)}: {problem}")
+
+        try:
+            fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+        except IsADirectoryError:
+            warn("is a directory, expected a file")
             return None
         except OSError as e:
-            if warnings is not None:
-                warnings.append(f"{self.show(rel)}: cannot read: {e.strerror or e}")
+            warn(f"cannot read: {e.strerror or e}")
+            return None
+        try:
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISDIR(mode):
+                warn("is a directory, expected a file")
+                return None
+            if not stat.S_ISREG(mode):
+                warn("is not a regular file; skipped")
+                return None
+            data = os.read(fd, MAX_FILE_BYTES + 1)
+        except OSError as e:
+            warn(f"cannot read: {e.strerror or e}")
+            return None
+        finally:
+            os.close(fd)
+        if len(data) > MAX_FILE_BYTES:
+            warn(f"is larger than {MAX_FILE_BYTES} bytes; skipped")
             return None
         return data.replace(b"\x00", b"").decode("utf-8", errors="replace")
 
@@ -137,10 +161,14 @@ class _Root:
 
 
 def _parse_cpumask(text: str) -> list[int]:
-    """A kernel CPU mask ("00000000,0000ffff") as sorted CPU ids."""
-    digits = text.strip().replace(",", "")
+    """A kernel CPU mask ("00000000,0000ffff") as sorted CPU ids; CPUs beyond the
+    kernel's limit (:data:`MAX_CPU_ID`) are a ValueError, so the work stays linear."""
+    digits = text.strip().replace(",", "").lstrip("0")
     if not digits:
         return []
+    if len(digits) > (MAX_CPU_ID + 1) // 4:
+        raise ValueError(f"a mask of {len(digits) * 4} bits is beyond the kernel's limit "
+                         f"of {MAX_CPU_ID + 1} CPUs")
     return mask_ids(int(digits, 16))  # ValueError on garbage
 
 

@@ -29,6 +29,7 @@ from .record import (
     base_name,
     build_replacement,
     controller_ref,
+    is_replacement_of,
     iso,
     replacement_name,
     workload_key,
@@ -36,6 +37,12 @@ from .record import (
 from .store import load_state, owner_replicas, save_state
 
 log = logging.getLogger(__name__)
+
+
+# Recreating bare pods needs `create` on pods, a separate role (config/recreate-bare-pods):
+# off unless the operator runs with --recreate-bare-pods.
+RECREATE_BARE_PODS = False
+NAME_TAKEN = "name-taken"
 
 
 def _no_checkpoint(point: str) -> None:
@@ -65,7 +72,9 @@ def _delete_pod(namespace: str, name: str, uid: str) -> None:
 
 
 def _finish(pod: Mapping[str, Any], decision: Mapping[str, Any]) -> str:
-    """Carry out a recorded decision; idempotent."""
+    """Carry out a recorded decision; idempotent. Returns the action done, or
+    NAME_TAKEN when the replacement's name belongs to an unrelated pod (the original is
+    then kept: deleting it would lose the workload)."""
     meta = pod.get("metadata") or {}
     ns, name, uid = str(meta["namespace"]), str(meta["name"]), str(meta["uid"])
     if decision.get("action") == "recreate":
@@ -74,11 +83,45 @@ def _finish(pod: Mapping[str, Any], decision: Mapping[str, Any]) -> str:
         try:
             kube.core().create_namespaced_pod(ns, new)
         except ApiException as e:
-            if e.status != 409:  # AlreadyExists: created before a crash/retry
+            if e.status != 409:
                 raise
+            # AlreadyExists: created before a crash/retry, or someone else's pod.
+            try:
+                existing = kube.to_dict(kube.core().read_namespaced_pod(
+                    str(decision["replacement"]), ns))
+            except ApiException as e2:
+                if e2.status != 404:
+                    raise
+                raise e from None  # gone again: retried by the caller
+            if not is_replacement_of(existing, pod):
+                return NAME_TAKEN
         checkpoint("after-create")
     _delete_pod(ns, name, uid)
     return str(decision.get("action"))
+
+
+def give_up(pod: Mapping[str, Any], why: str, now: float) -> None:
+    """Stop redeploying ``pod`` for good (recorded, so that a restart does not retry a
+    decision that cannot be carried out) and say why in a Warning event."""
+    meta = pod.get("metadata") or {}
+    ns, name, uid = str(meta["namespace"]), str(meta["name"]), str(meta["uid"])
+    key = workload_key(pod)
+    data, rv = load_state(ns)
+    st = WorkloadState.parse(data.get(key))
+    st.handled = {k: v for k, v in (st.handled or {}).items() if k != uid}
+    st.gave_up = {**(st.gave_up or {}), uid: iso(now)}
+    data[key] = st.dump()
+    save_state(ns, data, rv)
+    metrics.REDEPLOYS.labels(outcome="gave_up").inc()
+    kube.event(pod, "Warning", reason="RedeployGaveUp",
+               message=f"not redeploying {name}: {why}")
+
+
+def _give_up_name_taken(pod: Mapping[str, Any], decision: Mapping[str, Any],
+                        now: float) -> None:
+    name = str((pod.get("metadata") or {}).get("name"))
+    give_up(pod, f"its replacement's name {decision.get('replacement')} is taken by a pod "
+                 f"that is not its replacement; {name} is kept", now)
 
 
 def step(pod: Mapping[str, Any], first_seen: float, now: float | None = None) -> float | None:
@@ -92,7 +135,8 @@ def step(pod: Mapping[str, Any], first_seen: float, now: float | None = None) ->
     st = WorkloadState.parse(data.get(key))
     decision = (st.handled or {}).get(uid)
     if decision is not None:
-        _finish(pod, decision)
+        if _finish(pod, decision) == NAME_TAKEN:
+            _give_up_name_taken(pod, decision, now)
         return None
     if uid in (st.gave_up or {}):
         return None
@@ -102,6 +146,15 @@ def step(pod: Mapping[str, Any], first_seen: float, now: float | None = None) ->
     st.policy = governing
     st.expire(now)
     if not settings.enabled:
+        return None
+    if controller_ref(pod) is None and not RECREATE_BARE_PODS:
+        st.gave_up = {**(st.gave_up or {}), uid: iso(now)}
+        data[key] = st.dump()
+        save_state(ns, data, rv)
+        metrics.REDEPLOYS.labels(outcome="gave_up").inc()
+        kube.event(pod, "Warning", reason="RedeployGaveUp",
+                   message=f"not redeploying {name}: it has no controller, and recreating "
+                           "bare pods is off (operator flag --recreate-bare-pods)")
         return None
     replicas, owner = owner_replicas(pod)
     budget = settings.max_attempts * replicas
@@ -152,6 +205,9 @@ def step(pod: Mapping[str, Any], first_seen: float, now: float | None = None) ->
     save_state(ns, data, rv)  # durable before acting (409 -> retried by the caller)
     checkpoint("after-record")
     action = _finish(pod, decision)
+    if action == NAME_TAKEN:
+        _give_up_name_taken(pod, decision, now)
+        return None
     metrics.REDEPLOYS.labels(outcome="recreated" if action == "recreate" else "deleted").inc()
     kube.event(pod, "Normal", reason="Redeploy",
               message=f"attempt {attempt}/{budget}: "

@@ -25,7 +25,7 @@ from .record import (
     controller_ref,
     workload_key,
 )
-from .store import read_owner, update_record, workload_state
+from .store import prune_records, read_owner, update_record, workload_state
 
 log = logging.getLogger(__name__)
 
@@ -218,10 +218,11 @@ def release_held(namespace: str | None = None, now: float | None = None) -> None
 
 
 def periodic_release(now: float | None = None) -> None:
-    """The periodic pass: release budgets, then held pods."""
+    """The periodic pass: release budgets, then held pods, then prune quiet records."""
     now = time.time() if now is None else now
     release_budgets(now)
     release_held(now=now)
+    prune_records(now)
 
 
 def ungate(pod: Mapping[str, Any]) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -14,7 +13,7 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 
 from .. import cache, kube, metrics
-from .decide import step
+from .decide import give_up, step
 from .gating import release_held, tell_once, warned, workload_of
 from .record import has_gate, is_topology_rejected
 
@@ -29,34 +28,26 @@ from .record import has_gate, is_topology_rejected
 
 _workers: dict[str, asyncio.Task[None]] = {}
 
+# API errors other than a conflict (quota, a terminating namespace, a webhook refusing
+# the replacement, an API server in trouble) are retried with a doubling delay, and the
+# redeploy gives up with an event after API_GIVE_UP_AFTER of them in a row.
+API_RETRY_FIRST = 1.0
+API_RETRY_MAX = 60.0
+API_GIVE_UP_AFTER = 8
+# The longest single sleep of a worker (a backoff wait is re-checked at least this often).
+MAX_SLEEP = 60.0
 
-def _run_worker(pod: Mapping[str, Any], stop: threading.Event,
-                log: logging.Logger | logging.LoggerAdapter[Any]) -> None:
-    first_seen = time.time()
-    meta = pod.get("metadata") or {}
-    while not stop.is_set():
-        wait: float | None
-        try:
-            fresh = kube.to_dict(kube.core().read_namespaced_pod(meta["name"], meta["namespace"]))
-            if fresh["metadata"].get("uid") != meta.get("uid") or not is_topology_rejected(fresh):
-                wait = None
-            else:
-                wait = step(fresh, first_seen)
-        except ApiException as e:
-            if e.status == 404:
-                wait = None
-            else:
-                log.info(f"redeploy of {meta.get('name')}: API error {e.status}, "
-                         f"retrying: {e.reason}")
-                wait = 1.0
-        except Exception as e:  # a malformed object must not end the retries silently
-            log.exception(f"redeploy of {meta.get('name')} failed, retrying: {e}")
-            wait = 5.0
-        if wait is None:
-            break
-        stop.wait(min(wait, 60.0))
-    else:
-        return
+
+def _one_pass(meta: Mapping[str, Any], first_seen: float) -> float | None:
+    """Read the pod and take one step (blocking API calls: run in a thread, briefly)."""
+    fresh = kube.to_dict(kube.core().read_namespaced_pod(meta["name"], meta["namespace"]))
+    if fresh["metadata"].get("uid") != meta.get("uid") or not is_topology_rejected(fresh):
+        return None
+    return step(fresh, first_seen)
+
+
+def _release_after(meta: Mapping[str, Any],
+                   log: logging.Logger | logging.LoggerAdapter[Any]) -> None:
     # Decided: the replacements its controller made meanwhile may go (or, the budget
     # spent, learn why they stay held). The periodic pass catches what this misses.
     try:
@@ -65,13 +56,49 @@ def _run_worker(pod: Mapping[str, Any], stop: threading.Event,
         log.info(f"releasing held pods after {meta.get('name')}: API error {e.status}")
 
 
-async def _worker(pod: dict[str, Any], uid: str, log: kopf.Logger) -> None:
-    stop = threading.Event()
+async def _worker(pod: dict[str, Any], uid: str,
+                  log: logging.Logger | logging.LoggerAdapter[Any]) -> None:
+    """One rejected pod until it is decided. Waits (backoff, retries) are asyncio sleeps:
+    a thread is held only for the API calls of one pass, so any number of pods waiting
+    out a backoff never starves the default executor (the periodic pass, handlers)."""
+    first_seen = time.time()
+    meta = pod.get("metadata") or {}
+    failures = 0
     try:
-        await asyncio.to_thread(_run_worker, pod, stop, log)
-    except asyncio.CancelledError:
-        stop.set()
-        raise
+        while True:
+            wait: float | None
+            try:
+                wait = await asyncio.to_thread(_one_pass, meta, first_seen)
+                failures = 0
+            except ApiException as e:
+                if e.status == 404:
+                    wait = None
+                elif e.status == 409:  # a stale record: read again and retry at once
+                    wait = 0.2
+                else:
+                    failures += 1
+                    if failures >= API_GIVE_UP_AFTER:
+                        log.warning(f"redeploy of {meta.get('name')}: giving up after "
+                                    f"{failures} API errors: {e.status} {e.reason}")
+                        try:
+                            await asyncio.to_thread(
+                                give_up, pod, f"{failures} API errors in a row, the last: "
+                                f"{e.status} {e.reason}", time.time())
+                        except Exception as e2:  # the record stays: the next start retries
+                            log.warning(f"redeploy of {meta.get('name')}: cannot record "
+                                        f"giving up: {e2}")
+                        wait = None
+                    else:
+                        wait = min(API_RETRY_MAX, API_RETRY_FIRST * 2 ** (failures - 1))
+                        log.info(f"redeploy of {meta.get('name')}: API error {e.status}, "
+                                 f"retrying in {wait:.0f}s: {e.reason}")
+            except Exception as e:  # a malformed object must not end the retries silently
+                log.exception(f"redeploy of {meta.get('name')} failed, retrying: {e}")
+                wait = 5.0
+            if wait is None:
+                break
+            await asyncio.sleep(min(wait, MAX_SLEEP))
+        await asyncio.to_thread(_release_after, meta, log)
     finally:
         _workers.pop(uid, None)
 

@@ -14,8 +14,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from numalign.api.wire import ANN_ALLOCATION, ANN_RESOLVED, REJECT_REASON
+from numalign.topology import jsontext
 
 ANN_REDEPLOY_OF = "numalign.io/redeploy-of"
+ANN_REDEPLOY_OF_UID = "numalign.io/redeploy-of-uid"
 ANN_BASE = "numalign.io/redeploy-base"
 ANN_WORKLOAD = "numalign.io/workload"
 ANN_RESET = "numalign.io/redeploy-reset"
@@ -24,6 +26,9 @@ REPLICATED_KINDS = ("ReplicaSet", "StatefulSet", "ReplicationController")
 RESET_AFTER_S = 3600.0
 AVOID_FOR_S = 1800.0
 MAX_HANDLED = 64
+# A ConfigMap holds at most 1 MiB: the records of a namespace are pruned below this.
+MAX_RECORD_BYTES = 1 << 20
+MAX_DATA_BYTES = 768 << 10
 MAX_NAME = 253
 
 # ---------------------------------------------------------------------------
@@ -106,7 +111,8 @@ class WorkloadState:
     @classmethod
     def parse(cls, text: str | None) -> WorkloadState:
         try:
-            doc = json.loads(text) if text else {}
+            doc = jsontext.loads(text, "redeploy record", max_bytes=MAX_RECORD_BYTES) \
+                if text else {}
         except ValueError:
             doc = {}
         if not isinstance(doc, dict):
@@ -176,12 +182,32 @@ class WorkloadState:
         return [n for _, n in sorted(recent, key=lambda tn: (-tn[0], tn[1]))]
 
 
+def _pinned(term: Mapping[str, Any]) -> set[str] | None:
+    """The node names a nodeSelectorTerm allows by ``metadata.name In`` (None: any)."""
+    pins: set[str] | None = None
+    for f in term.get("matchFields") or []:
+        if f.get("key") == "metadata.name" and f.get("operator") == "In":
+            values = {str(v) for v in f.get("values") or []}
+            pins = values if pins is None else pins & values
+    return pins
+
+
 def with_node_avoidance(spec: Mapping[str, Any], avoid: list[str]) -> dict[str, Any]:
     """A copy of a pod spec whose required node affinity excludes ``avoid`` nodes (by
     ``metadata.name`` field, one requirement per node; added to every nodeSelectorTerm,
-    since terms are ORed)."""
+    since terms are ORed) -- unless that would leave it no node at all: a pod bound to a
+    node already, or one whose every term names only avoided nodes (DaemonSet pods)."""
     out = copy.deepcopy(dict(spec))
-    if not avoid:
+    if not avoid or out.get("nodeName"):
+        return out
+    avoided = set(avoid)
+    existing = ((((out.get("affinity") or {}).get("nodeAffinity") or {})
+                 .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+                .get("nodeSelectorTerms") or [{}])
+    if all((p := _pinned(t)) is not None and not p - avoided for t in existing):
+        # Every term names its nodes (a DaemonSet pod's matchFields, a pod pinned by
+        # name) and all of them are avoided: the pod would fit no node, ever. It keeps
+        # its nodes; the kubelet's rejections count towards the budget as before.
         return out
     # The API server allows one value per metadata.name field requirement: one each.
     reqs = [{"key": "metadata.name", "operator": "NotIn", "values": [n]}
@@ -209,6 +235,15 @@ _DROP_ANNOTATIONS = (ANN_RESOLVED, ANN_ALLOCATION,
                      "kubectl.kubernetes.io/last-applied-configuration")
 
 
+def is_replacement_of(existing: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
+    """Whether ``existing`` (found under the replacement's name) is the replacement this
+    operator created for ``pod``: it names the original and its uid."""
+    ann = (existing.get("metadata") or {}).get("annotations") or {}
+    meta = pod.get("metadata") or {}
+    return (ann.get(ANN_REDEPLOY_OF) == meta.get("name")
+            and ann.get(ANN_REDEPLOY_OF_UID) == meta.get("uid"))
+
+
 def build_replacement(pod: Mapping[str, Any], name: str, avoid: list[str]) -> dict[str, Any]:
     """The bare-pod replacement: same labels, annotations (minus what the operator and
     the agent wrote) and spec, without nodeName, with node avoidance."""
@@ -216,6 +251,7 @@ def build_replacement(pod: Mapping[str, Any], name: str, avoid: list[str]) -> di
     ann = {k: v for k, v in (meta.get("annotations") or {}).items()
            if k not in _DROP_ANNOTATIONS and not k.startswith("kopf.zalando.org/")}
     ann[ANN_REDEPLOY_OF] = str(meta.get("name", ""))
+    ann[ANN_REDEPLOY_OF_UID] = str(meta.get("uid", ""))
     ann[ANN_BASE] = base_name(pod)
     spec = dict(pod.get("spec") or {})
     spec.pop("nodeName", None)
@@ -231,3 +267,40 @@ def build_replacement(pod: Mapping[str, Any], name: str, avoid: list[str]) -> di
 def has_gate(pod: Mapping[str, Any]) -> bool:
     return any(isinstance(g, Mapping) and g.get("name") == GATE
                for g in (pod.get("spec") or {}).get("schedulingGates") or [])
+
+
+def _uids(st: WorkloadState) -> set[str]:
+    return {*(st.handled or {}), *(st.gave_up or {}), *(st.released or {})}
+
+
+def prune(data: dict[str, str], now: float, live: set[str],
+          max_bytes: int = MAX_DATA_BYTES) -> list[str]:
+    """Remove from ``data`` the records that no longer matter and return their keys.
+
+    A record matters while its workload was rejected within :data:`RESET_AFTER_S` (its
+    budget and avoided nodes still apply; :meth:`WorkloadState.expire` resets it after
+    that anyway), while it is exhausted (its new pods are held), or while one of the pods
+    it decided on is still Failed (``live``: a record lost would redeploy a pod it gave
+    up on). A workload that is gone is quiet, so its record goes an hour later. Past
+    ``max_bytes`` the quiet-but-young records go too, oldest first, so that a namespace
+    with many workloads never outgrows its ConfigMap."""
+    removed: list[str] = []
+    candidates: list[tuple[float, str]] = []
+    for key, text in list(data.items()):
+        st = WorkloadState.parse(text)
+        if st.exhausted or _uids(st) & live:
+            continue
+        last = st.last_rejection()
+        if now - last > RESET_AFTER_S:
+            del data[key]
+            removed.append(key)
+        else:
+            candidates.append((last, key))
+    size = sum(len(k) + len(v) for k, v in data.items())
+    for _last, key in sorted(candidates):
+        if size <= max_bytes:
+            break
+        size -= len(key) + len(data[key])
+        del data[key]
+        removed.append(key)
+    return removed

@@ -12,7 +12,7 @@ from kubernetes.client.exceptions import ApiException
 
 from .. import cache, kube
 from ..cache import STATE_CONFIGMAP, STATE_LABEL
-from .record import REPLICATED_KINDS, WorkloadState, controller_ref
+from .record import MAX_DATA_BYTES, REPLICATED_KINDS, WorkloadState, controller_ref, prune
 
 
 def load_state(namespace: str) -> tuple[dict[str, str], str | None]:
@@ -21,9 +21,18 @@ def load_state(namespace: str) -> tuple[dict[str, str], str | None]:
     return cache.state(namespace)
 
 
+def live_uids(namespace: str) -> set[str]:
+    """Uids of the namespace's pods Failed with TopologyAffinityError now (cache)."""
+    return {str(p["metadata"].get("uid")) for p in cache.FAILED.values()
+            if p["metadata"].get("namespace") == namespace}
+
+
 def save_state(namespace: str, data: dict[str, str], resource_version: str | None) -> None:
     """Write the ConfigMap; raises ApiException 409 when someone else wrote it first
-    (the cached copy was stale: it is read again for the retry)."""
+    (the cached copy was stale: it is read again for the retry). Records that no longer
+    matter are pruned first when the data grows past :data:`MAX_DATA_BYTES`."""
+    if sum(len(k) + len(v) for k, v in data.items()) > MAX_DATA_BYTES:
+        prune(data, time.time(), live_uids(namespace))
     body: dict[str, Any] = {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": STATE_CONFIGMAP, "namespace": namespace,
                          "labels": {STATE_LABEL: "redeploy"}},
@@ -122,3 +131,28 @@ def owner_replicas(pod: Mapping[str, Any]) -> tuple[int, dict[str, Any] | None]:
         value = (owner.get("spec") or {}).get("replicas")
         replicas = value if isinstance(value, int) and value > 0 else 1
     return replicas, owner
+
+
+def prune_records(now: float | None = None) -> int:
+    """The periodic pass: drop the records of workloads quiet for an hour (gone ones
+    included) from every namespace's ConfigMap. Returns how many went."""
+    now = time.time() if now is None else now
+    total = 0
+    for cm in cache.all_states():
+        ns = str(cm["metadata"].get("namespace") or "")
+        for _ in range(5):
+            data, rv = load_state(ns)
+            if rv is None:
+                break
+            removed = prune(data, now, live_uids(ns))
+            if not removed:
+                break
+            try:
+                save_state(ns, data, rv)
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+                continue
+            total += len(removed)
+            break
+    return total

@@ -25,12 +25,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .. import jsontext
 from ..errors import TopologyError
 from ..machine import Machine
 from ..quantity import format_bytes, quantity_bytes
 from .groups import ANY_LEVEL, NUMA_LEVEL, group_of, level_order
 
 ANNOTATION = "numalign.io/gpus"
+MAX_GPUS_BYTES = 16 * 1024
 _KEYS = ("count", "minMemory", "sameGroup", "withResource", "name", "resource")
 _WITH_KEYS = ("resource", "count", "sameGroup")
 _NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
@@ -150,9 +152,9 @@ def parse_gpu_requests(text: str, machine: Machine | None = None) -> list[GpuReq
     than half-allocated.
     """
     try:
-        doc = json.loads(text)
-    except (json.JSONDecodeError, TypeError) as e:
-        raise TopologyError(ANNOTATION, f"is not valid JSON: {e}") from None
+        doc = jsontext.loads(text, "the value", max_bytes=MAX_GPUS_BYTES)
+    except ValueError as e:
+        raise TopologyError(ANNOTATION, str(e).removeprefix("the value ")) from None
     if not isinstance(doc, list):
         raise TopologyError(ANNOTATION, "must be a JSON list of requests like "
                             '[{"count": 2, "sameGroup": "nvlink"}]')
