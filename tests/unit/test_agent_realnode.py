@@ -74,13 +74,20 @@ class FakeKube:
 
     def __init__(self) -> None:
         self.status: dict[str, Any] = {}
+        self.rv = 1
+
+    async def get(self, path: str) -> Any:
+        return {"metadata": {"resourceVersion": str(self.rv)}, "status": copy.deepcopy(self.status)}
 
     async def patch(self, path: str, body: Any, kind: str = "", *, decode: bool = True) -> Any:
         if kind == JSON_PATCH:
             self.status = copy.deepcopy(body[0]["value"])
         else:
+            want = (body.get("metadata") or {}).get("resourceVersion")
+            assert want in (None, str(self.rv)), "a write against a stale resourceVersion"
             self.status = merge(self.status, copy.deepcopy(body["status"]))
-        return {}
+        self.rv += 1
+        return {"metadata": {"resourceVersion": str(self.rv)}}
 
     async def create(self, path: str, body: Any) -> Any:
         return body
