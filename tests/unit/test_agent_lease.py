@@ -123,3 +123,16 @@ def test_an_agent_that_cannot_renew_in_time_stops() -> None:
             await asyncio.wait_for(lease.keep(), 5)
 
     asyncio.run(scenario())
+
+
+async def test_a_released_lease_is_taken_at_once_and_only_the_holder_releases() -> None:
+    api, clock = LeaseApi(), Clock()
+    first, second = _lease(api, clock, "agent-1"), _lease(api, clock, "agent-2")
+    assert await first.try_acquire()
+    assert not await second.try_acquire()
+    await second.release()  # not its Lease: nothing changes
+    assert not await second.try_acquire()
+    await first.release()  # a clean stop: no waiting for the 40 s to run out
+    assert await second.try_acquire()
+    with pytest.raises(LeaseLost):
+        await first.renew()

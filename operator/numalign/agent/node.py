@@ -217,14 +217,18 @@ class RealNode:
         await self.lease.acquire()
         keeper = asyncio.create_task(self.lease.keep(), name="lease")
         main = asyncio.create_task(self._run(), name="publish")
+        lost = False
         try:
             done, _ = await asyncio.wait([keeper, main], return_when=asyncio.FIRST_COMPLETED)
             for t in done:
+                lost = lost or t is keeper
                 t.result()  # LeaseLost: stop publishing (the pod restarts and stands by)
         finally:
             for t in (keeper, main):
                 t.cancel()
             await asyncio.gather(keeper, main, return_exceptions=True)
+            if not lost:  # a clean stop: the node's next agent need not wait
+                await asyncio.shield(self.lease.release())
 
     async def _run(self) -> None:
         name = self.state.name
