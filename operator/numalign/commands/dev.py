@@ -1,6 +1,6 @@
 """``numalign dev``: the local control plane for the demo and the tests.
 
-    numalign dev build                       # build (or find cached) the binaries
+    numalign dev build [--real-node]         # build (or find cached) the binaries
     numalign dev up [--machine FILE[=COUNT]]... [--state-dir DIR]
     numalign dev up --demo [--state-dir DIR]  # + emulated nodes and the sample workloads
     numalign dev kubeconfig                  # print the kubeconfig path
@@ -23,6 +23,7 @@ from ..devcluster.build import BuildError, ensure_built
 from ..devcluster.cluster import DevCluster, DevClusterError, default_state_dir
 from ..devcluster.crds import CrdError
 from ..devcluster.demo import SAMPLES, Demo, DemoResult, Kubectl, pods_of, story
+from ..devcluster.nodebuild import ensure_node_built
 
 DESCRIPTION = """\
 A real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager,
@@ -76,7 +77,10 @@ def _parser() -> argparse.ArgumentParser:
     with_state(sub.add_parser("kubeconfig", help="print the kubeconfig path "
                                                  "(export KUBECONFIG=$(numalign dev kubeconfig))"))
     with_state(sub.add_parser("status", help="say whether the control plane runs"))
-    sub.add_parser("build", help="build the binaries (cached: instant when built)")
+    build = sub.add_parser("build", help="build the binaries (cached: instant when built)")
+    build.add_argument("--real-node", action="store_true",
+                       help="also build the real node's kubelet, containerd, runc and CNI "
+                            "plugins (what 'dev up --real-node' runs)")
     return parser
 
 
@@ -106,6 +110,11 @@ def _run(args: argparse.Namespace) -> int:
         path = ensure_built(log=_log)
         _log(f"binaries in {path} ({time.monotonic() - t0:.1f}s)")
         print(path)
+        if args.real_node:
+            t0 = time.monotonic()
+            node = ensure_node_built(log=_log)
+            _log(f"real node binaries in {node} ({time.monotonic() - t0:.1f}s)")
+            print(node)
         return 0
     cluster = _cluster(args)
     if args.action == "up" and args.demo:
