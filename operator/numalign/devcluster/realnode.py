@@ -32,11 +32,13 @@ from typing import Any
 
 import yaml
 
+from numalign.topology.machine import Machine, load_machine
+
 from . import certs
 from .cluster import DevCluster, DevClusterError, write_kubeconfig
 from .nodebuild import cni_bin_dir, ensure_node_built, node_bin_dir
 from .processes import Process, free_ports
-from .sysfsview import SysfsViewError, write_sysfs_view
+from .sysfsview import SysfsViewError, map_onto, usable_cpus, write_sysfs_view
 
 Log = Callable[[str], None]
 
@@ -49,6 +51,9 @@ PAUSE_IMAGE = "numalign.local/pause:dev"
 WORKLOAD_IMAGE = "numalign.local/workload:dev"
 PROCESSES = ("containerd", "kubelet", "device-plugin", "agent")
 CONTAINER_LOGS = Path("/var/log/containers")  # where the kubelet links container logs
+# Pods land on the real node only when they tolerate this (and select it): the cluster's
+# other pods (tests, samples) use images it does not have.
+TAINT = {"key": "numalign.io/real-node", "value": "true", "effect": "NoSchedule"}
 
 
 class RealNodeError(DevClusterError):
@@ -140,6 +145,11 @@ class RealNode:
         except (OSError, ValueError):
             return {}
 
+    def machine(self) -> Machine:
+        """The machine the kubelet sees: the machine file mapped onto this machine's CPUs."""
+        path = self.machine_file or Path(self.state().get("machine") or "")
+        return map_onto(load_machine(path), usable_cpus())
+
     def process(self, name: str) -> Process:
         if name not in self._procs:
             self._procs[name] = Process(name, self.dir / "run", self.dir / "logs",
@@ -168,8 +178,6 @@ class RealNode:
             raise RealNodeError("the control plane is not running: 'numalign dev up' first")
         if self.machine_file is None:
             raise RealNodeError("a real node needs a machine file (--machine FILE)")
-        from numalign.topology.machine import load_machine
-
         machine = load_machine(self.machine_file)
         t0 = time.monotonic()
         root = ensure_node_built(log=say)
@@ -344,6 +352,7 @@ state = {q(str(d / 'state'))}
             "clusterDomain": "cluster.local",
             "resolvConf": "",
             "registerNode": True,
+            "registerWithTaints": [TAINT],
             "staticPodPath": "",
             "nodeStatusReportFrequency": "10s",
             "shutdownGracePeriod": "0s",
