@@ -7,6 +7,7 @@
     numalign dev kubeconfig                  # print the kubeconfig path
     numalign dev status
     numalign dev down
+    numalign dev device-plugin --machine FILE --kubelet-dir DIR   # the real node's devices
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import argparse
 import contextlib
 import shlex
 import shutil
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -96,6 +99,17 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--real-node", action="store_true",
                        help="also build the real node's kubelet, containerd, runc and CNI "
                             "plugins (what 'dev up --real-node' runs)")
+    plugin = sub.add_parser(
+        "device-plugin", help="serve a machine file's devices to a kubelet (device plugin API)",
+        description="A sample device plugin (v1beta1): advertises the machine file's devices "
+                    "(or one numalign.io/sample-device per NUMA node when it lists none) with "
+                    "their NUMA node, registers with the kubelet and re-registers when the "
+                    "kubelet restarts. Runs until SIGTERM or SIGINT.")
+    plugin.add_argument("--machine", type=Path, required=True, metavar="FILE",
+                        help="machine file whose devices to advertise")
+    plugin.add_argument("--kubelet-dir", type=Path, required=True, metavar="DIR",
+                        help="the kubelet's --root-dir (its registry socket is "
+                             "DIR/device-plugins/kubelet.sock)")
     return parser
 
 
@@ -131,6 +145,8 @@ def _run(args: argparse.Namespace) -> int:
             _log(f"real node binaries in {node} ({time.monotonic() - t0:.1f}s)")
             print(node)
         return 0
+    if args.action == "device-plugin":
+        return _device_plugin(args)
     cluster = _cluster(args)
     if args.action == "up" and args.demo:
         return _demo(args, cluster)
@@ -164,6 +180,23 @@ def _run(args: argparse.Namespace) -> int:
                   f"  log {cluster.log_file(name)}")
         return 0 if running else 1
     raise AssertionError(args.action)
+
+
+def _device_plugin(args: argparse.Namespace) -> int:
+    from ..devcluster.deviceplugin import DevicePluginError, run_device_plugin
+    from ..topology.errors import MachineError
+    from ..topology.machine import load_machine
+
+    try:
+        machine = load_machine(args.machine)
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda _s, _f: stop.set())
+        run_device_plugin(machine, args.kubelet_dir, stop, log=_log)
+    except (MachineError, DevicePluginError, OSError) as e:
+        _log(f"device-plugin: error: {e}")
+        return 1
+    return 0
 
 
 def _cluster_flags(args: argparse.Namespace) -> str:

@@ -1,0 +1,3 @@
+module numalign.local/images
+
+go 1.26
