@@ -3,6 +3,7 @@ fit checks, node-default patches, policy status."""
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal
 from typing import Any
 
@@ -250,3 +251,21 @@ def test_policy_status() -> None:
     st = policies.compute_status(bad, [], {}, [], [])
     valid = next(c for c in st["conditions"] if c["type"] == "Valid")
     assert valid["status"] == "False" and "spec.policy" in valid["message"]
+
+
+def test_unfit_on_a_real_node_judged_by_its_kubelets_policy(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real node's kubelet admits with its own policy (NodeTopology status.kubelet),
+    whatever numalign resolved for the pod: two zones of 1 free CPU each cannot fit a
+    2-CPU pod under its single-numa-node, though the pod resolved to best-effort."""
+    zones = [{"id": 0, "available": {"cpu": 1}}, {"id": 1, "available": {"cpu": 1}}]
+    nts = [{"metadata": {"name": "real"}, "spec": {"policy": "best-effort"},
+            "status": {"zones": zones, "kubelet": {"topologyManagerPolicy":
+                                                   "single-numa-node"}}},
+           {"metadata": {"name": "emulated"}, "spec": {"policy": "best-effort"},
+            "status": {"zones": zones}}]
+    monkeypatch.setattr(fit.cache, "node_topologies", lambda: nts)
+    pod = {"metadata": {"name": "p", "annotations": {"numalign.io/resolved": json.dumps(
+        {"policy": "best-effort", "scope": "container", "source": "namespace-default"})}},
+        "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "2"}}}]}}
+    assert fit.unfit_nodes(pod) == ["real"]

@@ -1,20 +1,30 @@
 """The agent on a real node: discover the machine, publish its NodeTopology status and
 acknowledge the node default policy the operator pushes. A real kubelet admits the pods
-there, so this agent holds no allocations of its own.
+there, so this agent holds no allocations of its own: given the kubelet's pod-resources
+socket (and its configuration file), it reports the kubelet's, as the PodResources API
+says them (agent/realnode.py), refreshed on every event of a pod bound to the node and
+every ``refresh`` seconds; when the socket cannot be read it says so (status condition
+Ready False, ``status.kubelet.podResources``, a log line) and retries with backoff.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 from collections.abc import Mapping
 from typing import Any
 
+from numalign.topology.errors import TopologyError
 from numalign.topology.machine import Machine
 
 from .kube import NT_BASE, ApiError, Kube, q
-from .kubelet_status import MACHINE_LABEL
+from .kubelet_config import KubeletConfig, load_kubelet_config
+from .kubelet_status import MACHINE_LABEL, TOPOLOGY_REASON
+from .podresources import PodResourcesClient, PodResourcesError
 from .publish import Publisher
+from .realnode import apply_snapshot, kubelet_settings
 from .state import NodeState
 
 log = logging.getLogger(__name__)
@@ -32,8 +42,12 @@ def discover_machine(name: str, root: str = "/") -> Machine:
 
 class RealNode:
     def __init__(self, kube: Kube, name: str, machine: Machine, *,
-                 resync: float = 300.0, publish_nrt: bool = False) -> None:
+                 resync: float = 300.0, publish_nrt: bool = False,
+                 pod_resources: str | None = None, kubelet_config: str | None = None,
+                 refresh: float = 10.0, debounce: float = 0.3,
+                 max_backoff: float = 60.0) -> None:
         self.kube = kube
+        self.base_machine = machine
         self.state = NodeState(name, machine, admits=False)
         self.states = {name: self.state}
         self.node_uid: str | None = None
@@ -41,6 +55,148 @@ class RealNode:
                                    labels=lambda st: {MACHINE_LABEL: st.machine.name},
                                    nrt=publish_nrt, node_uid=lambda _: self.node_uid)
         self.resync = resync
+        self.client = PodResourcesClient(pod_resources) if pod_resources else None
+        self.kubelet_config_path = kubelet_config
+        self.config: KubeletConfig | None = None
+        self._config_mtime: float | None = None
+        self._config_problem: str | None = None
+        self.refresh_interval = refresh
+        self.debounce = debounce
+        self.max_backoff = max_backoff
+        self.uids: dict[tuple[str, str], str] = {}
+        self.rejected: set[str] = set()  # pods the kubelet failed with TopologyAffinityError
+        self._rejected_before = 0
+        self._wake = asyncio.Event()
+        self._problem: str | None = None
+        self.refreshes = 0
+
+    # -- the kubelet's view (PodResources, configuration) ---------------------------
+
+    def _read_config(self) -> None:
+        path = self.kubelet_config_path
+        if path is None:
+            return
+        try:
+            mtime: float | None = os.stat(path).st_mtime
+        except OSError:
+            mtime = None
+        if mtime is not None and mtime == self._config_mtime:
+            return
+        try:
+            config = load_kubelet_config(path)
+        except TopologyError as e:
+            problem = f"kubelet configuration: {e}"
+            if problem != self._config_problem:
+                log.warning("node %s: %s; keeping the last one read", self.state.name, problem)
+            self._config_problem = problem
+            return
+        if config != self.config:
+            log.info("node %s: kubelet topologyManagerPolicy %s, scope %s, cpuManagerPolicy %s",
+                     self.state.name, config.topology_manager_policy,
+                     config.topology_manager_scope, config.cpu_manager_policy)
+        self.config = config
+        self._config_mtime = mtime
+        self._config_problem = None
+
+    async def refresh(self) -> bool:
+        """Read the kubelet's configuration and allocations once and mark the status for
+        writing when they changed; False when the PodResources API could not be read."""
+        if self.client is None:
+            return True
+        self._read_config()
+        st = self.state
+        problem: str | None = None
+        changed = False
+        try:
+            snap = await self.client.snapshot()
+            changed = apply_snapshot(st, self.base_machine, snap, self.config, self.uids)
+        except PodResourcesError as e:
+            problem = str(e)
+        except Exception as e:  # a bad answer must not stop the agent
+            problem = f"{self.client.socket}: cannot use the answer: {type(e).__name__}: {e}"
+        self.refreshes += 1
+        if problem != self._problem:
+            if problem is not None:
+                log.warning("node %s: PodResources: %s; retrying with backoff", st.name, problem)
+            elif self._problem is not None:
+                log.info("node %s: PodResources readable again", st.name)
+            self._problem = problem
+        settings = kubelet_settings(self.config, problem)
+        ready = problem is None
+        if problem is not None:
+            message = f"the agent cannot read the kubelet's allocations: {problem}"
+        else:
+            message = ("the agent publishes this node's topology and the kubelet's "
+                       "allocations (PodResources)")
+        if self._config_problem:
+            message += f"; {self._config_problem}"
+        rejected = max(self._rejected_before, len(self.rejected))
+        if (settings, ready, message, rejected) != (st.kubelet, st.ready, st.ready_message,
+                                                    st.rejected_total):
+            st.kubelet, st.ready, st.ready_message = settings, ready, message
+            st.rejected_total = rejected
+            st.version += 1
+            changed = True
+        if changed:
+            self.publisher.mark(st.name)
+        return ready
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def _refresh_loop(self) -> None:
+        backoff = 1.0
+        delay = self.refresh_interval
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=delay)
+            self._wake.clear()
+            await asyncio.sleep(self.debounce)  # one reading for a burst of pod events
+            self._wake.clear()
+            if await self.refresh():
+                backoff, delay = 1.0, self.refresh_interval
+            else:
+                delay = backoff
+                backoff = min(self.max_backoff, backoff * 2)
+
+    def on_pod(self, typ: str, pod: Mapping[str, Any]) -> None:
+        meta = pod.get("metadata") or {}
+        key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        uid = str(meta.get("uid") or "")
+        if typ == "DELETED":
+            if self.uids.get(key) == uid:
+                del self.uids[key]
+        else:
+            self.uids[key] = uid
+            status = pod.get("status") or {}
+            if status.get("phase") == "Failed" and status.get("reason") == TOPOLOGY_REASON:
+                self.rejected.add(uid)
+        self.wake()
+
+    async def _watch_pods(self) -> None:
+        path = "/api/v1/pods"
+        selector = {"fieldSelector": f"spec.nodeName={self.state.name}"}
+        backoff = 1.0
+        while True:
+            try:
+                items, rv = await self.kube.list_all(path, selector)
+                self.uids.clear()
+                for pod in items:
+                    self.on_pod("ADDED", pod)
+                async for ev in self.kube.watch(path, {**selector, "resourceVersion": rv}):
+                    obj = ev.get("object") or {}
+                    if ev.get("type") == "ERROR":
+                        raise RuntimeError(str(obj.get("message")))
+                    if ev.get("type") != "BOOKMARK":
+                        self.on_pod(str(ev.get("type")), obj)
+                backoff = 1.0
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # list again
+                log.warning("watch pods on %s: %s; listing again in %.0fs",
+                            self.state.name, e, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(self.max_backoff, backoff * 2)
 
     def on_nodetopology(self, typ: str, obj: Mapping[str, Any]) -> None:
         if typ == "DELETED":
@@ -64,10 +220,16 @@ class RealNode:
         await self.publisher.ensure(name, existing)
         if existing is not None:
             self.state.restore(existing, [])
+            self._rejected_before = self.state.rejected_total
+        tasks = [asyncio.create_task(self._tick())]
+        if self.client is not None:
+            tasks.append(asyncio.create_task(self._watch_pods()))
+            await self.refresh()
         self.publisher.mark(name)
         await self.publisher.flush()
-        writer = asyncio.create_task(self.publisher.run())
-        ticker = asyncio.create_task(self._tick())
+        tasks.append(asyncio.create_task(self.publisher.run()))
+        if self.client is not None:
+            tasks.append(asyncio.create_task(self._refresh_loop()))
         try:
             while True:
                 try:
@@ -85,8 +247,10 @@ class RealNode:
                     for o in items:
                         self.on_nodetopology("MODIFIED", o)
         finally:
-            writer.cancel()
-            ticker.cancel()
+            for t in tasks:
+                t.cancel()
+            if self.client is not None:
+                await self.client.close()
 
     async def _tick(self) -> None:
         while True:

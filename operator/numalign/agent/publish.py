@@ -180,8 +180,13 @@ def _static_parts(m: Machine) -> _Static:
 
 
 def build_status(state: NodeState, previous: Mapping[str, Any] | None = None,
-                 ready: bool = True, message: str = "") -> JSON:
-    """The NodeTopology status of ``state`` (``previous`` keeps condition transition times)."""
+                 ready: bool | None = None, message: str | None = None) -> JSON:
+    """The NodeTopology status of ``state`` (``previous`` keeps condition transition times;
+    ``ready`` and ``message`` default to the state's)."""
+    if ready is None:
+        ready = state.ready
+    if message is None:
+        message = state.ready_message
     m = state.machine
     static = _static_parts(m)
     cap = static.capacity
@@ -190,12 +195,13 @@ def build_status(state: NodeState, previous: Mapping[str, Any] | None = None,
     free_cpus = total_cpus = 0
     for n in m.numa_nodes:
         c = cap[n.id]
-        avail = {k: max(0, v - used[n.id].get(k, 0)) for k, v in c.items()}
-        total_cpus += c["cpu"]
-        free_cpus += avail["cpu"]
+        a = c if state.zone_allocatable is None else state.zone_allocatable.get(n.id, c)
+        avail = {k: max(0, v - used[n.id].get(k, 0)) for k, v in a.items()}
+        total_cpus += a.get("cpu", 0)
+        free_cpus += avail.get("cpu", 0)
         zone: JSON = {"id": n.id, "cpus": format_cpulist(list(n.cpus)),
                       "memory": format_bytes(n.memory),
-                      "capacity": _resources(c), "allocatable": _resources(c),
+                      "capacity": _resources(c), "allocatable": _resources(a),
                       "available": _resources(avail)}
         if n.hugepages:
             zone["hugepages"] = {k: format_bytes(v) for k, v in sorted(n.hugepages.items())}
@@ -244,6 +250,8 @@ def build_status(state: NodeState, previous: Mapping[str, Any] | None = None,
         status["distances"] = distances
     if state.observed_generation is not None:
         status["observedPolicyGeneration"] = state.observed_generation
+    if state.kubelet is not None:
+        status["kubelet"] = dict(state.kubelet)
     return status
 
 

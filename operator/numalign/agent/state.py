@@ -92,6 +92,12 @@ class NodeState:
         self.observed_generation: int | None = None
         self.version = 0  # bumped on every change worth publishing
         self.pod_seq = 0
+        # Real nodes (agent/realnode.py): the kubelet's allocatable per zone (else the
+        # machine's capacity), its configuration, and whether the agent can read it.
+        self.zone_allocatable: dict[int, dict[str, int]] | None = None
+        self.kubelet: dict[str, Any] | None = None
+        self.ready = True
+        self.ready_message = ""
 
     # -- policy pushed by the operator ------------------------------------------------
 

@@ -179,6 +179,27 @@ class NodeTopologySummary(Model):
     """Admitted pods."""
 
 
+class KubeletSettings(Model):
+    """On a real node: the kubelet's own alignment settings, from its configuration file
+    (the kubelet, not the operator's node default, admits the pods there)."""
+
+    topology_manager_policy: Policy
+    """The kubelet's topologyManagerPolicy."""
+    topology_manager_scope: Scope
+    """The kubelet's topologyManagerScope."""
+    topology_manager_policy_options: dict[str, str] | None = None
+    """The kubelet's topologyManagerPolicyOptions."""
+    cpu_manager_policy: Literal["none", "static"]
+    """The kubelet's cpuManagerPolicy."""
+    memory_manager_policy: Literal["None", "Static", "BestEffort"]
+    """The kubelet's memoryManagerPolicy."""
+    reserved_system_cpus: Annotated[CpuList | None, Field(alias="reservedSystemCPUs")] = None
+    """The kubelet's reservedSystemCPUs."""
+    pod_resources: str | None = None
+    """Why the kubelet's allocations could not be read (PodResources API), when they
+    could not; unset when the last reading succeeded."""
+
+
 class NodeTopologyStatus(Model):
     """The node's topology and allocations, published by its agent."""
 
@@ -206,6 +227,9 @@ class NodeTopologyStatus(Model):
     """Ready, PolicyApplied."""
     summary: NodeTopologySummary | None = None
     """Totals shown by kubectl get nt (written by the agent with the rest of the status)."""
+    kubelet: KubeletSettings | None = None
+    """Real nodes only: the kubelet's alignment settings; the admitted pods and the zones'
+    allocatable are then what the kubelet reports (PodResources API)."""
 
 
 def _cpu_count(resources: ResourceList | None) -> int | None:

@@ -2,8 +2,10 @@
 
 - ``numalign agent --emulate MACHINE.yaml[=COUNT]...``: many emulated nodes in one process,
   named ``<machine name>-<i>``, admitting the pods bound to them as a kubelet would.
-- ``numalign agent --node NAME [--root /]``: a real node; discovery and NodeTopology
-  publishing only (the node's kubelet admits its pods).
+- ``numalign agent --node NAME [--root /] [--pod-resources SOCKET] [--kubelet-config FILE]``:
+  a real node; discovery and NodeTopology publishing (the node's kubelet admits its pods).
+  With the kubelet's pod-resources socket, the status shows the kubelet's allocations
+  (PodResources API) and, with its configuration file, its Topology Manager policy.
 """
 
 from __future__ import annotations
@@ -34,6 +36,17 @@ def _parser() -> argparse.ArgumentParser:
     mode.add_argument("--node", metavar="NAME",
                       help="run on the real node NAME (default: $NODE_NAME)")
     p.add_argument("--root", default="/", help="sysfs root for discovery (--node); default /")
+    p.add_argument("--pod-resources", metavar="SOCKET",
+                   help="--node: the kubelet's pod-resources socket (e.g. "
+                        "/var/lib/kubelet/pod-resources/kubelet.sock): report the kubelet's "
+                        "allocations in NodeTopology status")
+    p.add_argument("--kubelet-config", metavar="FILE",
+                   help="--node: the kubelet's configuration file (KubeletConfiguration): "
+                        "its Topology Manager policy, scope and options, CPU and memory "
+                        "manager policies, reserved CPUs (default: the kubelet's defaults)")
+    p.add_argument("--refresh-interval", type=float, default=10.0,
+                   help="--node with --pod-resources: seconds between readings besides "
+                        "those on pod events (default 10)")
     p.add_argument("--kubeconfig", help="kubeconfig (default: $KUBECONFIG, ~/.kube/config, "
                                         "else in-cluster)")
     p.add_argument("--context", help="kubeconfig context")
@@ -101,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from numalign.agent.kube import Kube, load_config
 
+    if args.emulate and (args.pod_resources or args.kubelet_config):
+        print(f"{PROG}: error: --pod-resources and --kubelet-config are for --node (a real "
+              "node's kubelet); emulated nodes hold their own allocations", file=sys.stderr)
+        return 2
     try:
         if args.emulate:
             machines = parse_emulate(args.emulate)
@@ -112,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
             from numalign.agent.node import discover_machine
 
             machine = discover_machine(name, args.root)
+            if args.kubelet_config:
+                from numalign.agent.kubelet_config import load_kubelet_config
+
+                load_kubelet_config(args.kubelet_config)  # a bad file: one line, exit 1
     except TopologyError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 1
@@ -145,7 +166,10 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 from numalign.agent.node import RealNode
 
-                await RealNode(kube, name, machine, publish_nrt=args.publish_nrt).run()
+                await RealNode(kube, name, machine, publish_nrt=args.publish_nrt,
+                               pod_resources=args.pod_resources,
+                               kubelet_config=args.kubelet_config,
+                               refresh=args.refresh_interval).run()
         finally:
             await kube.close()
 

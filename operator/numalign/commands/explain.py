@@ -34,6 +34,7 @@ from typing import Any, NoReturn
 
 import yaml
 
+from numalign.commands import explain_realnode as realnode
 from numalign.topology.errors import TopologyError
 from numalign.topology.explain import (
     Explanation,
@@ -235,12 +236,20 @@ def _live(args: argparse.Namespace) -> Explanation:
              "NodeTopology status.admitted), which may differ from those at admission"]
     entries = [x for x in status.get("admitted") or [] if isinstance(x, Mapping)]
     mine = next((x for x in entries if uid and x.get("uid") == uid), None)
+    settings = realnode.kubelet_settings(status)
+    if settings is not None and mine is None:  # the kubelet's pods, named as it lists them
+        mine = next((x for x in entries if not x.get("uid") and x.get("pod") == name
+                     and x.get("namespace") == ns), None)
     held = []
     for i, entry in enumerate(entries):
         try:
             held.append(held_from_admitted(entry, f"NodeTopology {node} status.admitted[{i}]"))
         except TopologyError as e:
             notes.append(f"ignored: {e}")
+    if settings is not None:
+        reserved = realnode.reserved_cpus(settings)
+        if reserved is not None:
+            held.insert(0, reserved)
     ledger, more = ledger_from_held(machine, held, (uid, ns, name))
     notes += more
 
@@ -250,7 +259,14 @@ def _live(args: argparse.Namespace) -> Explanation:
     options: dict[str, str] = {}
     source = "none"
     ann = annotations.get(RESOLVED_ANNOTATION)
-    if ann is not None:
+    if settings is not None:
+        # A real node: its kubelet admits the pod with its own configuration.
+        policy, scope, options = realnode.kubelet_policy(settings)
+        source = realnode.SOURCE
+        if ann is not None:
+            notes.append(f"node {node} is a real node: its kubelet applies its own policy "
+                         f"({policy}, scope {scope}), not the pod's {RESOLVED_ANNOTATION}")
+    elif ann is not None:
         try:
             r = parse_resolved(str(ann))
             policy, scope, options, source = r.policy, r.scope, dict(r.options), r.source
@@ -299,6 +315,13 @@ def _live(args: argparse.Namespace) -> Explanation:
     reason = (pod.get("status") or {}).get("reason")
     if phase == "Failed" and reason:
         notes.append(f"the pod is Failed with reason {reason}")
+    if settings is not None:
+        ex.kubelet = realnode.kubelet_decision(pod, mine)
+        if ex.source == realnode.SOURCE:
+            notes += realnode.compare(ex, ex.kubelet, machine, settings)
+        else:
+            notes.append("what if: the replay uses a policy other than the kubelet's, so it "
+                         "is not compared with the kubelet's decision")
     ex.notes[:0] = notes
     return ex
 

@@ -4,7 +4,8 @@ A coarse, fast check (no provider hints): the pod's effective request (the engin
 pod-scope rule) against what each NUMA zone reports ``available``. Under
 ``single-numa-node`` one zone must hold every requested resource that the zones
 report; otherwise the zones' sum must. Resources that no zone reports (or nodes
-without zones) are not judged: the node is not avoided.
+without zones) are not judged: the node is not avoided. On a real node (NodeTopology
+``status.kubelet``) the policy is its kubelet's, whatever numalign resolved for the pod.
 """
 
 from __future__ import annotations
@@ -72,9 +73,15 @@ def unfit_nodes(pod: Mapping[str, Any], skip: list[str] | None = None) -> list[s
             name = str((nt.get("metadata") or {}).get("name", ""))
             if not name or name in (skip or []):
                 continue
-            policy = res.policy if res is not None and res.policy else (
-                (nt.get("spec") or {}).get("policy"))
-            zones = (nt.get("status") or {}).get("zones") or []
+            status = nt.get("status") or {}
+            kubelet = status.get("kubelet")
+            if isinstance(kubelet, Mapping) and kubelet.get("topologyManagerPolicy"):
+                # A real node: its kubelet admits with its own policy.
+                policy = kubelet.get("topologyManagerPolicy")
+            else:
+                policy = res.policy if res is not None and res.policy else (
+                    (nt.get("spec") or {}).get("policy"))
+            zones = status.get("zones") or []
             if node_fits(requests, list(zones), policy == "single-numa-node") is False:
                 out.append(name)
         return sorted(out)

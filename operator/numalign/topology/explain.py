@@ -135,6 +135,8 @@ class Explanation:
     node: str | None = None
     notes: list[str] = field(default_factory=list)
     recorded: JSON | None = None  # live mode: the pod's numalign.io/allocation
+    # live mode on a real node: the kubelet's own decision (commands/explain_realnode.py)
+    kubelet: JSON | None = None
 
     def to_json(self) -> JSON:
         out: JSON = {
@@ -148,6 +150,8 @@ class Explanation:
         }
         if self.recorded is not None:
             out["recorded"] = self.recorded
+        if self.kubelet is not None:
+            out["kubelet"] = self.kubelet
         return out
 
 
@@ -472,6 +476,9 @@ def render_text(e: Explanation) -> str:
         lines += _table(rows, "  ")
         for req, ids in (e.allocation.get("gpus") or {}).items():
             lines.append(f"  GPU request {req}: {', '.join(ids)}")
+    if e.kubelet is not None:
+        lines.append("")
+        lines += _kubelet_text(e.kubelet)
     if e.recorded is not None:
         lines.append("")
         lines.append("Recorded by the agent (numalign.io/allocation): "
@@ -479,6 +486,21 @@ def render_text(e: Explanation) -> str:
     for n in e.notes:
         lines.append(f"Note: {n}")
     return "\n".join(lines)
+
+
+def _kubelet_text(k: Mapping[str, Any]) -> list[str]:
+    """A real node's kubelet decision beside the replay above."""
+    if k.get("admit") is None:
+        return ["Kubelet's decision: not reported yet"]
+    if not k["admit"]:
+        return [f"Kubelet's decision: REJECTED ({k.get('reason')}): {k.get('message') or ''}"]
+    lines = [f"Kubelet's decision: ADMITTED, NUMA nodes {k.get('numaNodes')}"]
+    rows = [["CONTAINER", "NUMA", "CPUS", "DEVICES"]]
+    for name, c in (k.get("containers") or {}).items():
+        devs = "; ".join(f"{r}: {','.join(ids)}" for r, ids in c["devices"].items())
+        rows.append([name, nodes_text(mask_of(c["numaNodes"])) if c.get("numaNodes") else "-",
+                     format_cpulist(c.get("cpus") or []) or "-", devs or "-"])
+    return lines + _table(rows, "  ")
 
 
 # ---------------------------------------------------------------- from NodeTopology data
