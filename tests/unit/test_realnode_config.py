@@ -13,7 +13,8 @@ from cryptography.x509.oid import NameOID
 
 from numalign.devcluster import certs
 from numalign.devcluster.cluster import DevCluster
-from numalign.devcluster.realnode import PAUSE_IMAGE, TAINT, RealNode
+from numalign.devcluster.images import PAUSE_IMAGE
+from numalign.devcluster.realnode import TAINT, RealNode
 
 
 def _node(tmp_path: Path) -> RealNode:

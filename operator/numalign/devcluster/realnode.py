@@ -36,6 +36,7 @@ from numalign.topology.machine import Machine, load_machine
 
 from . import certs
 from .cluster import DevCluster, DevClusterError, write_kubeconfig
+from .images import PAUSE_IMAGE, build_images
 from .nodebuild import cni_bin_dir, ensure_node_built, node_bin_dir
 from .processes import Process, free_ports
 from .sysfsview import SysfsViewError, map_onto, usable_cpus, write_sysfs_view
@@ -47,8 +48,6 @@ DEFAULT_POLICY = "single-numa-node"
 DEFAULT_SCOPE = "container"
 POD_SUBNET = "10.244.0.0/24"
 K8S_NAMESPACE = "k8s.io"  # containerd's namespace for the CRI
-PAUSE_IMAGE = "numalign.local/pause:dev"
-WORKLOAD_IMAGE = "numalign.local/workload:dev"
 PROCESSES = ("containerd", "kubelet", "device-plugin", "agent")
 CONTAINER_LOGS = Path("/var/log/containers")  # where the kubelet links container logs
 # Pods land on the real node only when they tolerate this (and select it): the cluster's
@@ -373,13 +372,7 @@ state = {q(str(d / 'state'))}
         self._wait("containerd", ready, deadline, ("containerd",))
 
     def _import_images(self, say: Log) -> None:
-        try:
-            from numalign.devcluster.images import build_images  # type: ignore[import-not-found,unused-ignore]
-        except ImportError:
-            say("numalign.devcluster.images is not available: no pause or workload image "
-                "(pods on the real node cannot start)")
-            return
-        archives = build_images(self.dir / "images")
+        archives = build_images(self.dir / "images", log=say)
         for archive in archives:
             proc = self.ctr("images", "import", "--no-unpack=false", str(archive), timeout=300)
             if proc.returncode != 0:
