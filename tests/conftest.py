@@ -37,7 +37,8 @@ def dev_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster
     """The session's control plane (etcd, kube-apiserver, controller manager, scheduler)
     with the CRDs installed and Established."""
     ensure_built(log=_log)
-    cluster = DevCluster(tmp_path_factory.mktemp("devcluster"), name="pytest", ephemeral=True)
+    # A short folder name: the real node's unix sockets live under it (108 bytes at most).
+    cluster = DevCluster(tmp_path_factory.mktemp("dc"), name="pytest", ephemeral=True)
     try:
         cluster.up(log=_log)
         yield cluster

@@ -50,6 +50,11 @@ POD_SUBNET = "10.244.0.0/24"
 K8S_NAMESPACE = "k8s.io"  # containerd's namespace for the CRI
 PROCESSES = ("containerd", "kubelet", "device-plugin", "agent")
 CONTAINER_LOGS = Path("/var/log/containers")  # where the kubelet links container logs
+# The kubelet's device plugin registry is there whatever its --root-dir: its mount
+# namespace gets <root dir>/device-plugins there instead.
+DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")
+# Folders the kubelet creates on the host; removed at down() when empty.
+HOST_DIRS = (DEVICE_PLUGINS, DEVICE_PLUGINS.parent, CONTAINER_LOGS, Path("/var/log/pods"))
 # Pods land on the real node only when they tolerate this (and select it): the cluster's
 # other pods (tests, samples) use images it does not have.
 TAINT = {"key": "numalign.io/real-node", "value": "true", "effect": "NoSchedule"}
@@ -212,7 +217,7 @@ class RealNode:
             t = time.monotonic()
             self._start_kubelet(deadline)
             say(f"kubelet registered node {self.name}, Ready ({time.monotonic() - t:.1f}s)")
-            self._start_helpers(say)
+            self._start_helpers(say, deadline)
         except BaseException:
             self.down()
             raise
@@ -385,6 +390,8 @@ state = {q(str(d / 'state'))}
         kdir = self.kubelet_dir
         subprocess.run(["mount", "--bind", str(kdir), str(kdir)], check=True)
         subprocess.run(["mount", "--make-shared", str(kdir)], check=True)
+        (kdir / "device-plugins").mkdir(exist_ok=True)
+        DEVICE_PLUGINS.mkdir(parents=True, exist_ok=True)  # a mount point, empty on the host
         view = self.dir / "sys/devices/system"
         kubelet = [
             str(node_bin_dir() / "kubelet"),
@@ -395,10 +402,14 @@ state = {q(str(d / 'state'))}
             f"--hostname-override={self.name}",
             "--v=2",
         ]
-        script = ("set -e; mount --make-rprivate /sys; "
-                  f"mount --bind '{view}/node' /sys/devices/system/node; "
-                  f"mount --bind '{view}/cpu' /sys/devices/system/cpu; "
-                  'exec "$@"')
+        binds = [(f"{view}/node", "/sys/devices/system/node"),
+                 (f"{view}/cpu", "/sys/devices/system/cpu"),
+                 (str(kdir / "device-plugins"), str(DEVICE_PLUGINS))]
+        # Each target's mount is made private first (only in this namespace), so that the
+        # binds never propagate back to the host, whatever its propagation settings.
+        script = "set -e; " + "".join(
+            f"mount --make-private \"$(stat -c %m '{dst}')\"; mount --bind '{src}' '{dst}'; "
+            for src, dst in binds) + 'exec "$@"'
         self.process("kubelet").start(
             ["unshare", "--mount", "--propagation", "unchanged", "--", "sh", "-c", script,
              "kubelet", *kubelet], program="kubelet")
@@ -428,7 +439,17 @@ state = {q(str(d / 'state'))}
                               text=True, timeout=120, check=False)
         return proc.returncode == 0 and needle in proc.stdout
 
-    def _start_helpers(self, say: Log) -> None:
+    def _advertised(self, resources: list[str]) -> bool:
+        """Whether the Node's allocatable lists every one of ``resources``."""
+        try:
+            code, body = self.cluster.rest().get(f"/api/v1/nodes/{self.name}")
+        except OSError:
+            return False
+        alloc = ((body.get("status") or {}).get("allocatable") or {}) \
+            if code == 200 and isinstance(body, dict) else {}
+        return all(alloc.get(r) not in (None, "0") for r in resources)
+
+    def _start_helpers(self, say: Log, deadline: float) -> None:
         """The sample device plugin and the real-node agent, where this numalign has them."""
         env = dict(os.environ, KUBECONFIG=str(self.cluster.kubeconfig))
         assert self.machine_file is not None
@@ -436,7 +457,12 @@ state = {q(str(d / 'state'))}
             self.process("device-plugin").start(
                 [*self._numalign(), "dev", "device-plugin", "--machine", str(self.machine_file),
                  "--kubelet-dir", str(self.kubelet_dir)], env=env, program="numalign")
-            say("started the sample device plugin")
+            resources = sorted({d.resource for d in load_machine(self.machine_file).devices}
+                               or {"numalign.io/sample-device"})
+            self._wait(f"the device plugin to advertise {', '.join(resources)}",
+                       lambda: self._advertised(resources), deadline,
+                       ("kubelet", "device-plugin"))
+            say(f"the sample device plugin advertises {', '.join(resources)}")
         else:
             say("this numalign has no 'dev device-plugin': the real node has no devices")
         if self._supports("agent", needle="--pod-resources"):
@@ -491,6 +517,9 @@ state = {q(str(d / 'state'))}
             subprocess.run(["ip", "link", "delete", bridge], capture_output=True, check=False)
         self._remove_log_links()
         shutil.rmtree(self.dir, ignore_errors=True)
+        for d in HOST_DIRS:
+            with contextlib.suppress(OSError):
+                d.rmdir()  # only when empty: another kubelet's files stay
         say(f"real node stopped and removed ({time.monotonic() - t0:.1f}s)")
         return True
 
