@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
 from kubernetes import client
 
 from e2e_helpers import wait_for
@@ -31,6 +33,24 @@ def _pod(name: str, cpu: str = "1", memory: str = "64Mi",
                             "resources": {"limits": limits, "requests": limits}}],
         },
     }
+
+
+@pytest.fixture
+def namespace(namespace: str, real_node: Any, core: client.CoreV1Api) -> Iterator[str]:
+    """The test's namespace; its pods deleted after it, and gone from the kubelet (so
+    that the next test finds the node's CPUs and devices free)."""
+    yield namespace
+    _delete_and_forget(core, real_node, namespace)
+
+
+def _burstable(name: str, extra: dict[str, str] | None = None) -> dict[str, Any]:
+    """A burstable pod with no CPU request: it fits beside a guaranteed 1-CPU pod on the
+    node's one allocatable CPU, and runs in the shared pool."""
+    pod = _pod(name, extra=extra)
+    pod["spec"]["containers"][0]["resources"] = {
+        "limits": {"memory": "64Mi", **(extra or {})},
+        "requests": {"memory": "32Mi", **(extra or {})}}
+    return pod
 
 
 def _wait_running(core: client.CoreV1Api, ns: str, name: str, timeout: float = 180) -> Any:
@@ -87,9 +107,7 @@ def test_a_guaranteed_pod_runs_pinned_by_the_static_cpu_manager(
 
 def test_a_burstable_pod_shares_the_pool_with_the_reserved_cpu(
         real_node: Any, core: client.CoreV1Api, namespace: str, kubectl: Any) -> None:
-    pod = _pod("shared", cpu="100m")
-    pod["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "50m", "memory": "32Mi"}
-    core.create_namespaced_pod(namespace, pod)
+    core.create_namespaced_pod(namespace, _burstable("shared"))
     got = _wait_running(core, namespace, "shared")
     assert got.metadata.uid not in _cpu_manager_state(real_node).get("entries", {})
 
@@ -158,38 +176,32 @@ def _delete_and_forget(core: client.CoreV1Api, node: Any, namespace: str) -> Non
 def test_pods_with_devices_nodetopology_shows_what_podresources_reports(
         real_node: Any, core: client.CoreV1Api, namespace: str, kubectl: Any,
         k8s_client: Any) -> None:
-    try:
-        core.create_namespaced_pod(namespace, _pod("pinned-dev", extra={DEVICE: "1"}))
-        shared = _pod("shared-dev", cpu="100m", extra={DEVICE: "1"})
-        shared["spec"]["containers"][0]["resources"]["requests"] = {
-            "cpu": "50m", "memory": "32Mi", DEVICE: "1"}
-        core.create_namespaced_pod(namespace, shared)
-        pinned = _wait_running(core, namespace, "pinned-dev")
-        _wait_running(core, namespace, "shared-dev")
+    core.create_namespaced_pod(namespace, _pod("pinned-dev", extra={DEVICE: "1"}))
+    core.create_namespaced_pod(namespace, _burstable("shared-dev", extra={DEVICE: "1"}))
+    pinned = _wait_running(core, namespace, "pinned-dev")
+    _wait_running(core, namespace, "shared-dev")
 
-        kubelet = wait_for(lambda: (lambda pr: pr if len(pr) == 2 else None)(
-            _podresources(real_node, namespace)), 60, "PodResources to list both pods")
-        cpus, devices = kubelet["pinned-dev"]["work"]
-        assert cpus != "" and cpus != real_node.state()["reservedCPUs"]
-        assert len(devices[DEVICE]) == 1
-        assert kubelet["shared-dev"]["work"][0] == ""  # no exclusive CPUs
-        both = devices[DEVICE] + kubelet["shared-dev"]["work"][1][DEVICE]
-        assert sorted(both) == ["dev0", "dev1"]
-        # single-numa-node: the pinned pod's device is on its CPU's NUMA node.
-        numa = {str(c): n.id for n in real_node.machine().numa_nodes for c in n.cpus}
-        device_numa = {d.id: d.numa_node for d in real_node.machine().devices}
-        assert device_numa[devices[DEVICE][0]] == numa[cpus]
+    kubelet = wait_for(lambda: (lambda pr: pr if len(pr) == 2 else None)(
+        _podresources(real_node, namespace)), 60, "PodResources to list both pods")
+    cpus, devices = kubelet["pinned-dev"]["work"]
+    assert cpus != "" and cpus != real_node.state()["reservedCPUs"]
+    assert len(devices[DEVICE]) == 1
+    assert kubelet["shared-dev"]["work"][0] == ""  # no exclusive CPUs
+    both = devices[DEVICE] + kubelet["shared-dev"]["work"][1][DEVICE]
+    assert sorted(both) == ["dev0", "dev1"]
+    # single-numa-node: the pinned pod's device is on its CPU's NUMA node.
+    numa = {str(c): n.id for n in real_node.machine().numa_nodes for c in n.cpus}
+    device_numa = {d.id: d.numa_node for d in real_node.machine().devices}
+    assert device_numa[devices[DEVICE][0]] == numa[cpus]
 
-        wait_for(lambda: _nodetopology(k8s_client, namespace) == kubelet, 60,
-                 f"NodeTopology localhost to show what PodResources lists: {kubelet}")
+    wait_for(lambda: _nodetopology(k8s_client, namespace) == kubelet, 60,
+             f"NodeTopology localhost to show what PodResources lists: {kubelet}")
 
-        logs = wait_for(lambda: (lambda o: o if "Cpus_allowed_list" in o else None)(
-            kubectl("logs", "-n", namespace, "pinned-dev", check=False).stdout), 60,
-            "the workload's output")
-        assert _status_line(logs, "Cpus_allowed_list") == cpus
-        assert pinned.spec.node_name == "localhost"
-    finally:
-        _delete_and_forget(core, real_node, namespace)
+    logs = wait_for(lambda: (lambda o: o if "Cpus_allowed_list" in o else None)(
+        kubectl("logs", "-n", namespace, "pinned-dev", check=False).stdout), 60,
+        "the workload's output")
+    assert _status_line(logs, "Cpus_allowed_list") == cpus
+    assert pinned.spec.node_name == "localhost"
 
 
 def test_the_kubelet_rejects_what_single_numa_node_cannot_align(
