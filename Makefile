@@ -18,9 +18,10 @@ demo: $(BIN)/.installed
 down: $(BIN)/.installed
 	$(BIN)/numalign dev down
 
-# Everything CI runs: lint, types, unit tests, tests against the real API server.
+# Everything CI runs: lint, types, unit tests, tests against the real API server and the
+# real node (its kubelet, containerd, runc and CNI plugins are built here too).
 test: $(BIN)/.installed
-	$(BIN)/numalign dev build
+	$(BIN)/numalign dev build --real-node
 	$(BIN)/ruff check operator tests bench
 	$(BIN)/mypy
 	$(BIN)/pytest -q -p no:cacheprovider

@@ -5,14 +5,19 @@ reserved CPU) and the ``single-numa-node`` Topology Manager policy."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 
 from e2e_helpers import wait_for
+from numalign.agent.podresources import PodResourcesError
 from numalign.devcluster.images import WORKLOAD_IMAGE
 from numalign.devcluster.realnode import TAINT
 
@@ -165,6 +170,23 @@ def _nodetopology(k8s_client: Any, namespace: str) -> Allocations:
     return out
 
 
+def _explain(kubeconfig: Path, namespace: str, name: str) -> dict[str, Any]:
+    """``numalign explain POD -o json`` on the real node: the kubelet's decision beside the
+    engine's replay. Prints one row of the engine-vs-kubelet table."""
+    proc = subprocess.run([sys.executable, "-m", "numalign.cli", "explain", name, "-n",
+                           namespace, "-o", "json"], capture_output=True, text=True,
+                          env=dict(os.environ, KUBECONFIG=str(kubeconfig)), timeout=120,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    doc: dict[str, Any] = json.loads(proc.stdout)
+    kubelet = doc["kubelet"]
+    print(f"[engine-vs-kubelet] {name}: kubelet admit={kubelet.get('admit')} "
+          f"containers={kubelet.get('containers')}; engine admit={doc.get('admit')} "
+          f"allocation={(doc.get('allocation') or {}).get('containers')}; "
+          f"agree={kubelet.get('agree')}", flush=True)
+    return doc
+
+
 def _delete_and_forget(core: client.CoreV1Api, node: Any, namespace: str) -> None:
     """Delete the namespace's pods and wait until the kubelet released what they held."""
     for pod in core.list_namespaced_pod(namespace).items:
@@ -175,7 +197,7 @@ def _delete_and_forget(core: client.CoreV1Api, node: Any, namespace: str) -> Non
 
 def test_pods_with_devices_nodetopology_shows_what_podresources_reports(
         real_node: Any, core: client.CoreV1Api, namespace: str, kubectl: Any,
-        k8s_client: Any) -> None:
+        k8s_client: Any, kubeconfig: Path) -> None:
     core.create_namespaced_pod(namespace, _pod("pinned-dev", extra={DEVICE: "1"}))
     core.create_namespaced_pod(namespace, _burstable("shared-dev", extra={DEVICE: "1"}))
     pinned = _wait_running(core, namespace, "pinned-dev")
@@ -203,9 +225,13 @@ def test_pods_with_devices_nodetopology_shows_what_podresources_reports(
     assert _status_line(logs, "Cpus_allowed_list") == cpus
     assert pinned.spec.node_name == "localhost"
 
+    for name in ("pinned-dev", "shared-dev"):
+        doc = _explain(kubeconfig, namespace, name)
+        assert doc["kubelet"]["admit"] is True and doc["kubelet"]["agree"] is True, doc
+
 
 def test_the_kubelet_rejects_what_single_numa_node_cannot_align(
-        real_node: Any, core: client.CoreV1Api, namespace: str) -> None:
+        real_node: Any, core: client.CoreV1Api, namespace: str, kubeconfig: Path) -> None:
     # One CPU is free (on NUMA node 1: CPU 0 is reserved) but two devices span both
     # NUMA nodes: no single NUMA node has both, and the Topology Manager says so.
     core.create_namespaced_pod(namespace, _pod("misfit", extra={DEVICE: "2"}))
@@ -221,3 +247,54 @@ def test_the_kubelet_rejects_what_single_numa_node_cannot_align(
     assert pod.status.reason == "TopologyAffinityError"
     assert "Topology" in (pod.status.message or "")
     assert not _podresources(real_node, namespace)
+    doc = _explain(kubeconfig, namespace, "misfit")
+    assert doc["kubelet"]["admit"] is False and doc["admit"] is False, doc
+    assert doc["kubelet"]["agree"] is True, doc
+
+
+def test_restarts_keep_the_pods_and_the_reported_state(
+        real_node: Any, core: client.CoreV1Api, namespace: str, kubectl: Any,
+        k8s_client: Any) -> None:
+    core.create_namespaced_pod(namespace, _pod("steady", extra={DEVICE: "1"}))
+    before = _wait_running(core, namespace, "steady")
+    kubelet = wait_for(lambda: _podresources(real_node, namespace) or None, 60,
+                       "PodResources to list the pod")
+    wait_for(lambda: _nodetopology(k8s_client, namespace) == kubelet, 60,
+             "NodeTopology localhost to show the pod")
+    nts = client.CustomObjectsApi(k8s_client)
+
+    # The agent restarted with its NodeTopology gone: it reports the same state again.
+    real_node.restart("agent", between=lambda: nts.delete_cluster_custom_object(
+        "numalign.io", "v1alpha1", "nodetopologies", "localhost"))
+
+    def republished() -> Any:
+        try:
+            return _nodetopology(k8s_client, namespace) == kubelet
+        except client.exceptions.ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+
+    wait_for(republished, 90, f"the restarted agent to report {kubelet} again")
+
+    # The kubelet restarted: the pod keeps running in the same container on the same CPU
+    # (the kubelet's checkpoints), and PodResources lists the same allocation.
+    cpus_before = _cpu_manager_state(real_node)["entries"][before.metadata.uid]["work"]
+    real_node.restart("kubelet")
+    after = core.read_namespaced_pod("steady", namespace)
+    assert after.status.phase == "Running"
+    assert after.status.container_statuses[0].container_id == \
+        before.status.container_statuses[0].container_id
+    assert after.status.container_statuses[0].restart_count == 0
+    assert _cpu_manager_state(real_node)["entries"][before.metadata.uid]["work"] == cpus_before
+    def relisted() -> bool:
+        try:
+            return _podresources(real_node, namespace) == kubelet
+        except PodResourcesError:  # its socket is not there yet
+            return False
+
+    wait_for(relisted, 60, "the restarted kubelet's PodResources to list the same allocation")
+    wait_for(lambda: _nodetopology(k8s_client, namespace) == kubelet, 60,
+             "NodeTopology localhost to show the same allocation")
+    out = kubectl("exec", "-n", namespace, "steady", "--", "/workload", "status")
+    assert _status_line(out.stdout, "Cpus_allowed_list") == cpus_before

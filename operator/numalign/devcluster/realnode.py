@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -366,7 +367,7 @@ state = {q(str(d / 'state'))}
     def _start_containerd(self, deadline: float) -> None:
         bins = node_bin_dir()
         env = dict(os.environ, PATH=f"{bins}:{os.environ.get('PATH', '/usr/bin:/bin')}")
-        self.process("containerd").start(
+        self._start("containerd",
             [str(bins / "containerd"), "--config", str(self.containerd_dir / "config.toml"),
              "--log-level", "info"], env=env)
 
@@ -410,22 +411,10 @@ state = {q(str(d / 'state'))}
         script = "set -e; " + "".join(
             f"mount --make-private \"$(stat -c %m '{dst}')\"; mount --bind '{src}' '{dst}'; "
             for src, dst in binds) + 'exec "$@"'
-        self.process("kubelet").start(
+        self._start("kubelet",
             ["unshare", "--mount", "--propagation", "unchanged", "--", "sh", "-c", script,
              "kubelet", *kubelet], program="kubelet")
-        rest = self.cluster.rest()
-
-        def ready() -> bool:
-            try:
-                code, body = rest.get(f"/api/v1/nodes/{self.name}")
-            except OSError:
-                return False
-            if code != 200 or not isinstance(body, dict):
-                return False
-            return any(c.get("type") == "Ready" and c.get("status") == "True"
-                       for c in (body.get("status") or {}).get("conditions") or [])
-
-        self._wait(f"node {self.name} to be Ready", ready, deadline, ("containerd", "kubelet"))
+        self._wait_ready(deadline)
 
     def _numalign(self) -> list[str]:
         script = Path(sys.executable).with_name("numalign")
@@ -454,7 +443,7 @@ state = {q(str(d / 'state'))}
         env = dict(os.environ, KUBECONFIG=str(self.cluster.kubeconfig))
         assert self.machine_file is not None
         if self._supports("dev", "device-plugin", needle="--kubelet-dir"):
-            self.process("device-plugin").start(
+            self._start("device-plugin",
                 [*self._numalign(), "dev", "device-plugin", "--machine", str(self.machine_file),
                  "--kubelet-dir", str(self.kubelet_dir)], env=env, program="numalign")
             resources = sorted({d.resource for d in load_machine(self.machine_file).devices}
@@ -466,13 +455,65 @@ state = {q(str(d / 'state'))}
         else:
             say("this numalign has no 'dev device-plugin': the real node has no devices")
         if self._supports("agent", needle="--pod-resources"):
-            self.process("agent").start(
+            self._start("agent",
                 [*self._numalign(), "agent", "--node", self.name, "--root", str(self.dir),
                  "--pod-resources", str(self.pod_resources_socket),
                  "--kubelet-config", str(self.kubelet_config)], env=env, program="numalign")
             say("started the real-node agent")
         else:
             say("this numalign's agent has no real-node mode (--pod-resources): not started")
+
+    def _start(self, name: str, argv: list[str], env: dict[str, str] | None = None,
+               program: str | None = None) -> None:
+        """Start component ``name``; what restart() needs is kept in the state file."""
+        self.process(name).start(argv, env=env, program=program)
+        st = self.state()
+        st.setdefault("commands", {})[name] = {"argv": argv, "env": env, "program": program}
+        self._save_state(st)
+
+    def restart(self, name: str, log: Log | None = None, timeout: float = 120.0,
+                between: Callable[[], None] | None = None) -> None:
+        """Stop component ``name`` (kubelet, containerd, device-plugin or agent) and start
+        it again as before; the kubelet: wait until the Node is Ready again. Its pods keep
+        running meanwhile (containerd holds them; the kubelet recovers its checkpoints)."""
+        say = log or _quiet
+        cmd = (self.state().get("commands") or {}).get(name)
+        if cmd is None:
+            raise RealNodeError(f"the real node has no {name} to restart "
+                                f"(one of {', '.join(PROCESSES)})")
+        t = time.monotonic()
+        self.process(name).stop(timeout=10)
+        if between is not None:
+            between()
+        self.process(name).start(cmd["argv"], env=cmd["env"], program=cmd["program"])
+        if name == "kubelet":
+            deadline = time.monotonic() + timeout
+            self._wait("the restarted kubelet's /healthz", self._kubelet_healthy, deadline,
+                       ("kubelet",))
+            self._wait_ready(deadline)
+        say(f"{name} restarted ({time.monotonic() - t:.1f}s)")
+
+    def _kubelet_healthy(self) -> bool:
+        port = (self.state().get("ports") or {}).get("healthz")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    def _node_ready(self) -> bool:
+        try:
+            code, body = self.cluster.rest().get(f"/api/v1/nodes/{self.name}")
+        except OSError:
+            return False
+        if code != 200 or not isinstance(body, dict):
+            return False
+        return any(c.get("type") == "Ready" and c.get("status") == "True"
+                   for c in (body.get("status") or {}).get("conditions") or [])
+
+    def _wait_ready(self, deadline: float) -> None:
+        self._wait(f"node {self.name} to be Ready", self._node_ready, deadline,
+                   ("containerd", "kubelet"))
 
     def _wait(self, what: str, ready: Callable[[], bool], deadline: float,
               components: tuple[str, ...]) -> None:
