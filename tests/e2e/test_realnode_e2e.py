@@ -129,6 +129,8 @@ def test_a_burstable_pod_shares_the_pool_with_the_reserved_cpu(
     assert real_node.state()["reservedCPUs"] in pool
 
 
+pytestmark = pytest.mark.cluster
+
 DEVICE = "numalign.io/sample-device"
 Allocations = dict[str, dict[str, tuple[str, dict[str, list[str]]]]]
 

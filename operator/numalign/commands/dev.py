@@ -28,7 +28,7 @@ from ..devcluster.cluster import DevCluster, DevClusterError, default_state_dir
 from ..devcluster.crds import CrdError
 from ..devcluster.demo import REPO, SAMPLES, Demo, DemoResult, Kubectl, pods_of, story
 from ..devcluster.nodebuild import ensure_node_built
-from ..devcluster.realnode import RealNode
+from ..devcluster.realnode import PROCESSES, RealNode
 from ..topology.errors import MachineError
 
 REAL_NODE_MACHINE = REPO / "tests" / "fixtures" / "machines" / "realnode-2numa.yaml"
@@ -178,6 +178,12 @@ def _run(args: argparse.Namespace) -> int:
         for name, alive in cluster.processes().items():
             print(f"  {name:<24} {'running' if alive else 'stopped'}"
                   f"  log {cluster.log_file(name)}")
+        node = RealNode(cluster)
+        for name in PROCESSES:
+            if node.process(name).pid is not None:
+                alive = node.process(name).is_running()
+                print(f"  {'real node ' + name:<24} {'running' if alive else 'stopped'}"
+                      f"  log {node.log_file(name)}")
         return 0 if running else 1
     raise AssertionError(args.action)
 
