@@ -14,7 +14,6 @@ places them only here, never on nodes other tests create.
 from __future__ import annotations
 
 import contextlib
-import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +23,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from e2e_helpers import MACHINES, POOL_LABEL, ROLE_LABEL, AgentProcess, node_topology, wait_for
+from e2e_helpers import POOL_LABEL, ROLE_LABEL, AgentProcess, node_topology, wait_for
 
 MACHINE_MIX = [("fragmented-8numa", 2), ("dual-16core", 2), ("seed-figure1", 1)]
 
@@ -76,25 +75,3 @@ def core(k8s_client: Any) -> client.CoreV1Api:
 @pytest.fixture
 def apps(k8s_client: Any) -> client.AppsV1Api:
     return client.AppsV1Api(k8s_client)
-
-
-@pytest.fixture(scope="session")
-def real_node(dev_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A real kubelet and containerd (``numalign dev up --real-node``) in the session's
-    cluster, seeing ``realnode-2numa`` (this machine's first two CPUs as two NUMA nodes)
-    with the ``single-numa-node`` policy. Skipped only where containers cannot run."""
-    from numalign.devcluster.realnode import RealNode, cannot_run_containers
-
-    reason = cannot_run_containers()
-    if reason is not None:
-        pytest.skip(f"this machine cannot run containers: {reason}")
-    node = RealNode(dev_cluster, MACHINES / "realnode-2numa.yaml", policy="single-numa-node")
-    logs = tmp_path_factory.mktemp("realnode-logs")
-    try:
-        node.up(log=lambda m: print(f"[realnode] {m}", flush=True), timeout=300)
-        yield node
-    finally:
-        if (node.dir / "logs").is_dir():
-            shutil.copytree(node.dir / "logs", logs, dirs_exist_ok=True)
-            print(f"[realnode] its logs are kept in {logs}", flush=True)
-        node.down(log=lambda m: print(f"[realnode] {m}", flush=True))

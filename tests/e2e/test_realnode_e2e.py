@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,10 +17,39 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from e2e_helpers import wait_for
+from e2e_helpers import MACHINES, wait_for
 from numalign.agent.podresources import PodResourcesError
 from numalign.devcluster.images import WORKLOAD_IMAGE
 from numalign.devcluster.realnode import TAINT
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def real_node(dev_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real kubelet and containerd (``numalign dev up --real-node``) in the session's
+    cluster for this module's tests (removed after them, its Node and NodeTopology too),
+    seeing ``realnode-2numa`` (this machine's first two CPUs as two NUMA nodes) with the
+    ``single-numa-node`` policy. Skipped only where containers cannot run."""
+    from numalign.devcluster.realnode import RealNode, cannot_run_containers
+
+    reason = cannot_run_containers()
+    if reason is not None:
+        pytest.skip(f"this machine cannot run containers: {reason}")
+    node = RealNode(dev_cluster, MACHINES / "realnode-2numa.yaml", policy="single-numa-node")
+    logs = tmp_path_factory.mktemp("realnode-logs")
+    try:
+        node.up(log=lambda m: print(f"[realnode] {m}", flush=True), timeout=300)
+        yield node
+    finally:
+        if (node.dir / "logs").is_dir():
+            shutil.copytree(node.dir / "logs", logs, dirs_exist_ok=True)
+            print(f"[realnode] its logs are kept in {logs}", flush=True)
+        node.down(log=lambda m: print(f"[realnode] {m}", flush=True))
+
+
+DEVICE = "numalign.io/sample-device"
+Allocations = dict[str, dict[str, tuple[str, dict[str, list[str]]]]]
 
 
 def _pod(name: str, cpu: str = "1", memory: str = "64Mi",
@@ -129,10 +159,6 @@ def test_a_burstable_pod_shares_the_pool_with_the_reserved_cpu(
     assert real_node.state()["reservedCPUs"] in pool
 
 
-pytestmark = pytest.mark.cluster
-
-DEVICE = "numalign.io/sample-device"
-Allocations = dict[str, dict[str, tuple[str, dict[str, list[str]]]]]
 
 
 def _podresources(node: Any, namespace: str) -> Allocations:

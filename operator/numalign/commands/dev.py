@@ -178,12 +178,12 @@ def _run(args: argparse.Namespace) -> int:
         for name, alive in cluster.processes().items():
             print(f"  {name:<24} {'running' if alive else 'stopped'}"
                   f"  log {cluster.log_file(name)}")
-        node = RealNode(cluster)
+        real = RealNode(cluster)
         for name in PROCESSES:
-            if node.process(name).pid is not None:
-                alive = node.process(name).is_running()
+            if real.process(name).pid is not None:
+                alive = real.process(name).is_running()
                 print(f"  {'real node ' + name:<24} {'running' if alive else 'stopped'}"
-                      f"  log {node.log_file(name)}")
+                      f"  log {real.log_file(name)}")
         return 0 if running else 1
     raise AssertionError(args.action)
 

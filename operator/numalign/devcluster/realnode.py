@@ -561,8 +561,19 @@ state = {q(str(d / 'state'))}
         for d in HOST_DIRS:
             with contextlib.suppress(OSError):
                 d.rmdir()  # only when empty: another kubelet's files stay
+        self._deregister()
         say(f"real node stopped and removed ({time.monotonic() - t0:.1f}s)")
         return True
+
+    def _deregister(self) -> None:
+        """Remove the Node and its NodeTopology from a control plane that still runs."""
+        if not self.cluster.is_running():
+            return
+        rest = self.cluster.rest()
+        for path in (f"/api/v1/nodes/{self.name}",
+                     f"/apis/numalign.io/v1alpha1/nodetopologies/{self.name}"):
+            with contextlib.suppress(OSError, ValueError):
+                rest.request("DELETE", path)
 
     def _remove_containers(self) -> None:
         """Kill and delete every task and container containerd holds for the CRI (the
