@@ -7,6 +7,7 @@ import json
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 from cryptography import x509
 from cryptography.x509.oid import NameOID
@@ -14,7 +15,7 @@ from cryptography.x509.oid import NameOID
 from numalign.devcluster import certs
 from numalign.devcluster.cluster import DevCluster
 from numalign.devcluster.images import PAUSE_IMAGE
-from numalign.devcluster.realnode import TAINT, RealNode
+from numalign.devcluster.realnode import TAINT, RealNode, RealNodeError
 
 
 def _node(tmp_path: Path) -> RealNode:
@@ -91,3 +92,24 @@ def test_down_without_a_node_does_nothing(tmp_path: Path) -> None:
     node = RealNode(DevCluster(tmp_path / "none"), None)
     assert node.down() is False
     assert not (tmp_path / "none").exists()
+
+
+@pytest.mark.parametrize(("policy", "scope", "field"), [
+    ("single-numa", "container", "topology policy 'single-numa'"),
+    ("restricted", "node", "topology scope 'node'"),
+])
+def test_a_bad_topology_policy_is_refused_by_name(tmp_path: Path, policy: str, scope: str,
+                                                  field: str) -> None:
+    node = RealNode(DevCluster(tmp_path / "s"), None, policy=policy, scope=scope)
+    with pytest.raises(RealNodeError, match=f"{field}: expected one of"):
+        node._policy(lambda _m: None)
+
+
+def test_a_failed_start_keeps_only_the_logs(tmp_path: Path) -> None:
+    node = _node(tmp_path)
+    node._write_containerd_config()
+    (node.dir / "logs").mkdir()
+    (node.dir / "logs" / "kubelet.log").write_text("why it failed\n")
+    assert node.down(keep_logs=True) is True
+    assert sorted(p.name for p in node.dir.iterdir()) == ["logs"]
+    assert (node.dir / "logs" / "kubelet.log").read_text() == "why it failed\n"

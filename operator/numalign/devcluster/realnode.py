@@ -34,6 +34,7 @@ from typing import Any
 import yaml
 
 from numalign.topology.machine import Machine, load_machine
+from numalign.topology.policy import POLICIES, SCOPES
 
 from . import certs
 from .cluster import DevCluster, DevClusterError, write_kubeconfig
@@ -220,7 +221,7 @@ class RealNode:
             say(f"kubelet registered node {self.name}, Ready ({time.monotonic() - t:.1f}s)")
             self._start_helpers(say, deadline)
         except BaseException:
-            self.down()
+            self.down(keep_logs=True)
             raise
         say(f"real node {self.name} up in {time.monotonic() - t0:.1f}s "
             f"(logs in {self.dir / 'logs'})")
@@ -239,7 +240,14 @@ class RealNode:
                 say(f"Topology Manager policy {policy} from NodeTopology {self.name}")
             if spec.get("scope") and scope is None:
                 scope = str(spec["scope"])
-        return policy or DEFAULT_POLICY, scope or DEFAULT_SCOPE
+        policy, scope = policy or DEFAULT_POLICY, scope or DEFAULT_SCOPE
+        if policy not in POLICIES:
+            raise RealNodeError(f"topology policy {policy!r}: expected one of "
+                                f"{', '.join(POLICIES)}")
+        if scope not in SCOPES:
+            raise RealNodeError(f"topology scope {scope!r}: expected one of "
+                                f"{', '.join(SCOPES)}")
+        return policy, scope
 
     def _make_cgroups(self) -> None:
         """The kubelet's cgroup root in every hierarchy (it must exist before it starts)."""
@@ -536,9 +544,10 @@ state = {q(str(d / 'state'))}
     def is_running(self) -> bool:
         return all(self.process(n).is_running() for n in ("containerd", "kubelet"))
 
-    def down(self, log: Log | None = None) -> bool:
-        """Stop everything and remove the containers, mounts, cgroups, network and state;
-        False when there was no real node. Works from what is on disk alone."""
+    def down(self, log: Log | None = None, keep_logs: bool = False) -> bool:
+        """Stop everything and remove the containers, mounts, cgroups, network and state
+        (``keep_logs``: all but ``logs/``, e.g. after a failed start); False when there was
+        no real node. Works from what is on disk alone."""
         say = log or _quiet
         if not self.dir.exists():
             return False
@@ -557,7 +566,16 @@ state = {q(str(d / 'state'))}
         if Path(f"/sys/class/net/{bridge}").exists():
             subprocess.run(["ip", "link", "delete", bridge], capture_output=True, check=False)
         self._remove_log_links()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if keep_logs:
+            for child in self.dir.iterdir():
+                if child.name == "logs":
+                    continue
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child, ignore_errors=True)
+                else:
+                    child.unlink(missing_ok=True)
+        else:
+            shutil.rmtree(self.dir, ignore_errors=True)
         for d in HOST_DIRS:
             with contextlib.suppress(OSError):
                 d.rmdir()  # only when empty: another kubelet's files stay
