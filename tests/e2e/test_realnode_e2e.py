@@ -216,7 +216,13 @@ def _explain(kubeconfig: Path, namespace: str, name: str) -> dict[str, Any]:
 
 
 def _delete_and_forget(core: client.CoreV1Api, node: Any, namespace: str) -> None:
-    """Delete the namespace's pods and wait until the kubelet released what they held."""
+    """Delete the namespace's pods (and what would recreate them) and wait until the
+    kubelet released what they held."""
+    apps = client.AppsV1Api(core.api_client)
+    for d in apps.list_namespaced_deployment(namespace).items:
+        apps.delete_namespaced_deployment(d.metadata.name, namespace)
+    for rs in apps.list_namespaced_replica_set(namespace).items:
+        apps.delete_namespaced_replica_set(rs.metadata.name, namespace)
     for pod in core.list_namespaced_pod(namespace).items:
         core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
     wait_for(lambda: not core.list_namespaced_pod(namespace).items
@@ -326,3 +332,4 @@ def test_restarts_keep_the_pods_and_the_reported_state(
              "NodeTopology localhost to show the same allocation")
     out = kubectl("exec", "-n", namespace, "steady", "--", "/workload", "status")
     assert _status_line(out.stdout, "Cpus_allowed_list") == cpus_before
+
