@@ -28,8 +28,11 @@ def free_port() -> int:
 
 class OperatorProcess:
     def __init__(self, kubeconfig: Path, log: Path, *args: str,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, fault: str | None = None) -> None:
         self.log = log
+        # With a fault, the operator crashes at that redeploy checkpoint (fault_operator.py).
+        self.entry = (["-m", "numalign.cli"] if fault is None
+                      else [str(Path(__file__).with_name("fault_operator.py")), fault])
         self.args = args
         self.kubeconfig = kubeconfig
         # Unbuffered: tests read the log while the operator runs.
@@ -39,7 +42,7 @@ class OperatorProcess:
     def start(self) -> OperatorProcess:
         self._f = open(self.log, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "numalign.cli", "operator", "--kubeconfig",
+            [sys.executable, *self.entry, "operator", "--kubeconfig",
              str(self.kubeconfig), "--metrics-port", "0", *self.args],
             stdout=self._f, stderr=subprocess.STDOUT, env=self.env, cwd=REPO)
         return self
@@ -108,14 +111,15 @@ def delete_webhooks(api: client.ApiClient) -> None:
 
 @contextmanager
 def operator(kubeconfig: Path, api: client.ApiClient, log: Path, *args: str,
-             webhooks: bool = True, env: dict[str, str] | None = None) -> Iterator[OperatorProcess]:
+             webhooks: bool = True, env: dict[str, str] | None = None,
+             fault: str | None = None) -> Iterator[OperatorProcess]:
     extra = list(args)
     port = free_port()
     if webhooks:
         extra += ["--webhook-port", str(port), "--cert-dir", str(log.parent / f"certs-{port}")]
     else:
         extra.append("--no-webhooks")
-    op = OperatorProcess(kubeconfig, log, *extra, env=env).start()
+    op = OperatorProcess(kubeconfig, log, *extra, env=env, fault=fault).start()
     try:
         if webhooks:
             wait_for(lambda: webhooks_ready(api, port) or not op.alive(), 60,

@@ -130,10 +130,10 @@ def test_crash_mid_redeploy_no_duplicate_no_loss(kubeconfig: Path, k8s_client: A
                                                  fault: str) -> None:
     core.create_namespaced_pod(namespace, bare_pod("job", node="node-a"))
     with operator(kubeconfig, k8s_client, tmp_path / "op1.log",
-                  env={"NUMALIGN_FAULT": fault}) as op:
+                  fault=fault) as op:
         reject(core, namespace, "job")
         wait_for(lambda: not op.alive(), 30, "the injected crash")
-    assert f"NUMALIGN_FAULT={fault}" in op.text()
+    assert f"injected fault at {fault}: exiting" in op.text()
     pods = pods_named(core, namespace)
     assert "job" in pods  # the failed pod is only deleted after its replacement exists
     assert set(pods) <= {"job", "job-r1"}

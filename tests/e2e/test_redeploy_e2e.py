@@ -229,10 +229,10 @@ def test_operator_killed_mid_redeploy(kubeconfig: Path, k8s_client: Any,
     state is the one without a crash: no pod lost, none duplicated."""
     ns = rd_namespace
     with operator(kubeconfig, k8s_client, tmp_path / "op1.log",
-                  env={"NUMALIGN_FAULT": fault}) as op:
+                  fault=fault) as op:
         _start_workloads(core, apps, ns, e2e_agent)
         wait_for(lambda: not op.alive(), 90, "the injected crash")
-    assert f"NUMALIGN_FAULT={fault}" in op.text()
+    assert f"injected fault at {fault}: exiting" in op.text()
     names = {p.metadata.name for p in pods(core, ns)}
     assert "solo-r2" not in names
     with operator(kubeconfig, k8s_client, tmp_path / "op2.log") as op2:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -40,3 +41,23 @@ def test_missing_machine_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 def test_zero_count_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--emulate", f"{MACHINES / 'seed-figure1.yaml'}=0"]) == 1
     assert "COUNT" in capsys.readouterr().err
+
+
+def test_kubelet_flags_are_for_real_nodes(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                          ) -> None:
+    assert main(["--emulate", str(MACHINES / "seed-figure1.yaml"), "--pod-resources",
+                 str(tmp_path / "kubelet.sock")]) == 2
+    assert "--pod-resources and --kubelet-config are for --node" in capsys.readouterr().err
+
+
+def test_bad_kubelet_config_is_one_line_naming_the_field(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with tarfile.open(testdata.SYSFS / "16amd64-8n2c.tar.bz2") as tar:
+        tar.extractall(tmp_path / "root", filter="data")
+    root = next(p.parent.parent for p in (tmp_path / "root").rglob("sys/devices"))
+    config = tmp_path / "kubelet.yaml"
+    config.write_text("kind: KubeletConfiguration\ntopologyManagerScope: node\n")
+    assert main(["--node", "n1", "--root", str(root), "--kubelet-config", str(config),
+                 "--kubeconfig", str(tmp_path / "none")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"{config}: topologyManagerScope" in err

@@ -7,10 +7,10 @@ import json
 from typing import Any
 
 import testdata
-from numalign.agent.annotations import Resolved
 from numalign.agent.engine import INVALID_GPU_REASON
 from numalign.agent.publish import build_status
 from numalign.agent.state import NodeState
+from numalign.api.wire import Resolved
 from numalign.topology.machine import load_machine
 
 MACHINES = testdata.MACHINES

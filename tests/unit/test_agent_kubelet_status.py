@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import testdata
 from numalign.agent.kubelet_status import (
-    TOPOLOGY_MESSAGE,
-    TOPOLOGY_REASON,
     lease_object,
     machine_resources,
     node_object,
@@ -14,6 +12,7 @@ from numalign.agent.kubelet_status import (
     rejected_status,
     running_status,
 )
+from numalign.api.wire import REJECT_REASON, TOPOLOGY_MESSAGE
 from numalign.topology.machine import load_machine
 
 MACHINES = testdata.MACHINES
@@ -95,12 +94,12 @@ def test_running_status() -> None:
 
 
 def test_rejected_status_and_event() -> None:
-    st = rejected_status(_pod(), TOPOLOGY_REASON, TOPOLOGY_MESSAGE)
+    st = rejected_status(_pod(), REJECT_REASON, TOPOLOGY_MESSAGE)
     assert st["phase"] == "Failed"
     assert st["reason"] == "TopologyAffinityError"
     assert st["message"] == "Pod was rejected: Resources cannot be allocated with Topology locality"
-    ev = pod_event(_pod(), "seed-figure1-0", "Warning", TOPOLOGY_REASON, TOPOLOGY_MESSAGE)
-    assert ev["type"] == "Warning" and ev["reason"] == TOPOLOGY_REASON
+    ev = pod_event(_pod(), "seed-figure1-0", "Warning", REJECT_REASON, TOPOLOGY_MESSAGE)
+    assert ev["type"] == "Warning" and ev["reason"] == REJECT_REASON
     assert ev["involvedObject"]["uid"] == "u1"
     assert ev["source"] == {"component": "kubelet", "host": "seed-figure1-0"}
 

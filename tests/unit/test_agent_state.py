@@ -6,10 +6,10 @@ import json
 from typing import Any
 
 import testdata
-from numalign.agent.annotations import ALLOCATION, Resolved
 from numalign.agent.publish import build_status
 from numalign.agent.state import NodeState
 from numalign.api.nodetopology import NodeTopologyStatus, summarize
+from numalign.api.wire import ANN_ALLOCATION, Resolved
 from numalign.topology.machine import load_machine
 
 MACHINES = testdata.MACHINES
@@ -30,7 +30,7 @@ def _alloc(cpus: list[int], zone: int, gpu: str, nic: str) -> dict[str, Any]:
 
 def _pod(name: str, phase: str, alloc: dict[str, Any] | None = None,
          reason: str | None = None) -> dict[str, Any]:
-    ann = {ALLOCATION: json.dumps(alloc)} if alloc is not None else {}
+    ann = {ANN_ALLOCATION: json.dumps(alloc)} if alloc is not None else {}
     status: dict[str, Any] = {"phase": phase}
     if reason:
         status["reason"] = reason

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 
 import testdata
-from numalign.agent.annotations import Resolved
 from numalign.agent.publish import build_status
 from numalign.agent.state import NodeState
 from numalign.api import NodeTopologyStatus
+from numalign.api.nodestatus import held_from_admitted, ledger_from_held, machine_from_status
+from numalign.api.wire import Resolved
 from numalign.topology.cputopo import cpu_topology_json, cpus_from_topology
-from numalign.topology.explain import held_from_admitted, ledger_from_held, machine_from_status
 from numalign.topology.machine import CPU, Machine, load_machine
 
 MACHINES = testdata.MACHINES

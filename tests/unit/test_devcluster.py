@@ -77,7 +77,7 @@ def test_addon_hooks(tmp_path: Path) -> None:
                        operator=False)
     by_name = {a.name: a for a in ADDONS}
     argv = by_name["agent"].argv(info)
-    assert argv is not None and argv[:2] == ["-m", "numalign.agent.emulate"]
+    assert argv is not None and argv[:3] == ["-m", "numalign.cli", "agent"]
     assert argv[-2:] == ["--machine", f"{machine}=2"]
     assert by_name["operator"].argv(info) is None
     no_machines = ClusterInfo(**{**info.__dict__, "machines": ()})

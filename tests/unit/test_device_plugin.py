@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
@@ -230,9 +231,12 @@ def test_one_registration_per_resource_and_devices_without_numa(kubelet_dir: Pat
 
 def test_waits_for_the_kubelet_and_registers_again_after_its_restart(
         kubelet_dir: Path, running: Any) -> None:
+    kubelet_dir.rmdir()  # not even the kubelet's folder exists yet
     plugin_dir = kubelet_dir / "device-plugins"
     machine = load_machine(FIXTURES / "group4-gpu.yaml")
     r = running(devices_by_resource(machine))
+    time.sleep(0.5)
+    assert r.thread.is_alive() and not r.errors
     kubelet = FakeKubelet(plugin_dir)  # the kubelet comes up after the plugin
     kubelet.start()
     try:
@@ -261,8 +265,9 @@ def test_socket_path_too_long_names_the_option(tmp_path: Path) -> None:
     with pytest.raises(DevicePluginError, match="--kubelet-dir"):
         DevicePlugin({"example.com/x": [PluginDevice("x0", 0)]}, deep)
     machine = load_machine(FIXTURES / "group4-gpu.yaml")
+    (tmp_path / "file").write_text("")
     with pytest.raises(DevicePluginError, match="--kubelet-dir"):
-        run_device_plugin(machine, tmp_path / "missing", threading.Event())
+        run_device_plugin(machine, tmp_path / "file", threading.Event())
 
 
 def test_env_var_names() -> None:

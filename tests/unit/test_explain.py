@@ -10,15 +10,11 @@ import pytest
 import yaml
 
 import testdata
+from numalign.api.nodestatus import held_from_document, ledger_from_held, machine_from_status
 from numalign.commands import explain as cmd
+from numalign.commands.explain_text import render_text
 from numalign.topology.errors import TopologyError
-from numalign.topology.explain import (
-    explain_pod,
-    held_from_document,
-    ledger_from_held,
-    machine_from_status,
-    render_text,
-)
+from numalign.topology.explain import explain_pod
 from numalign.topology.hints import mask_of
 from numalign.topology.ledger import Ledger
 from numalign.topology.machine import load_machine

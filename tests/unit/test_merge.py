@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from numalign.testing.reference_merge import reference_merge
-from numalign.topology import merge as merge_mod
+from numalign.topology import reachable as reachable_mod
 from numalign.topology.errors import TopologyError
 from numalign.topology.hints import ProviderHints, TopologyHint, mask_of
 from numalign.topology.merge import (
@@ -374,22 +374,22 @@ def test_fast_merge_equals_reference(args: Any) -> None:
 
 @contextmanager
 def forced_method(method: str) -> Iterator[None]:
-    saved = merge_mod._use_zeta
-    saved_pairs = merge_mod._Layer.NAIVE_PAIRS
+    saved = reachable_mod._use_zeta
+    saved_pairs = reachable_mod._Layer.NAIVE_PAIRS
 
     def use_zeta(n: int, resources: int, product: int) -> bool:
         if method == "auto":
             return saved(n, resources, product)
         return method == "zeta" and n <= 16
 
-    merge_mod._use_zeta = use_zeta
+    reachable_mod._use_zeta = use_zeta
     if method == "layered-index":
-        merge_mod._Layer.NAIVE_PAIRS = 0
+        reachable_mod._Layer.NAIVE_PAIRS = 0
     try:
         yield
     finally:
-        merge_mod._use_zeta = saved
-        merge_mod._Layer.NAIVE_PAIRS = saved_pairs
+        reachable_mod._use_zeta = saved
+        reachable_mod._Layer.NAIVE_PAIRS = saved_pairs
 
 
 @pytest.mark.parametrize("method", ["zeta", "layered", "layered-index"])

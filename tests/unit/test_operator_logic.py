@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from numalign.api.resolution import PolicyRef, RedeploySettings
+from numalign.api.resolution import PolicyRef
+from numalign.api.topologypolicy import RedeployPolicy
 from numalign.controller import fit, policies
 from numalign.controller.fit import node_fits, pod_requests
 from numalign.controller.nodedefaults import desired_spec, spec_patch
@@ -35,10 +36,10 @@ def test_backoff_doubles_and_caps() -> None:
 
 
 def _workload(failed: dict[str, str], st: WorkloadState,
-              settings: RedeploySettings | None = None) -> Workload:
+              settings: RedeployPolicy | None = None) -> Workload:
     pod = {"metadata": {"name": "x", "ownerReferences": [
         {"kind": "ReplicaSet", "uid": "rs", "controller": True}]}}
-    return Workload(st, failed, pod, settings or RedeploySettings())
+    return Workload(st, failed, pod, settings or RedeployPolicy())
 
 
 def test_replacements_held_while_a_rejected_pod_waits_and_once_exhausted() -> None:
@@ -58,7 +59,7 @@ def test_replacements_held_while_a_rejected_pod_waits_and_once_exhausted() -> No
     assert _workload({"f1": "n1", "f2": "n2"}, st).hold(t0 + 60) == "exhausted"
     assert _workload({}, st).hold(t0 + 60) == "exhausted"
     assert _workload({}, st).hold(t0 + 3601) is None  # expired: released by itself
-    off = RedeploySettings(enabled=False)
+    off = RedeployPolicy(enabled=False)
     assert _workload({"f3": "n3"}, WorkloadState(), off).hold(t0) is None
     assert _workload({"f3": "n3"}, WorkloadState(), off).avoid(t0) == []
 
@@ -77,7 +78,7 @@ def test_replacements_avoid_rejecting_nodes_newest_first(
     monkeypatch.setattr(fit, "selectable_nodes", lambda p: {"new", "now", "old"})
     assert _workload({"f": "now"}, st).avoid(t0 + 700) == ["new", "now"]
     assert _workload({}, WorkloadState()).avoid(t0) == []
-    keep_off = RedeploySettings(avoid_rejecting_nodes=False)
+    keep_off = RedeployPolicy(avoid_rejecting_nodes=False)
     assert _workload({"f": "now"}, st, keep_off).avoid(t0 + 700) == []
 
 

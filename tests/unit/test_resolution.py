@@ -21,14 +21,13 @@ from numalign.api.resolution import (
     matched_namespaces,
     node_default_for,
     node_spec_from,
-    parse_resolved,
     policy_problems,
     redeploy_settings,
     resolve,
-    selector_matches,
-    selectors_disjoint,
     specificity,
 )
+from numalign.api.selectors import selector_matches, selectors_disjoint
+from numalign.api.wire import resolved_or_none
 
 
 def tp(name: str, **spec: Any) -> PolicyRef:
@@ -69,7 +68,7 @@ def test_no_match_falls_to_node_default_then_none() -> None:
     nd = {"policy": "restricted", "scope": "pod", "options": {"preferClosestNumaNodes": True}}
     r = resolve(over("other"), {}, [ML, BATCH], nd)
     assert (r.policy, r.scope, r.source) == ("restricted", "pod", "node-default")
-    assert r.options == {"preferClosestNumaNodes": True}
+    assert r.options.to_json() == {"preferClosestNumaNodes": True}
     r = resolve(over("other"), {}, [ML], {"policy": None})
     assert r.source == "none"
     r = resolve(over("other"), {}, [], {"policy": "bogus"})
@@ -81,7 +80,7 @@ def test_unbound_pod_defers_to_node() -> None:
     assert r.deferred and r.source == "node-default"
     assert json.loads(r.annotation()) == {"policy": None, "scope": None, "options": {},
                                           "source": "node-default"}
-    done = complete_for_node(parse_resolved(r.annotation()), {"policy": "restricted"})
+    done = complete_for_node(resolved_or_none(r.annotation()), {"policy": "restricted"})
     assert (done.policy, done.scope, done.source) == ("restricted", "container", "node-default")
     assert complete_for_node(r, None).source == "none"
     assert complete_for_node(None, None).policy == "none"
@@ -135,8 +134,8 @@ def test_specificity_breaks_priority_ties() -> None:
     assert resolve(over("ml"), {"x": "1"}, [broad, ns_sel, ns_list]).source == \
         "TopologyPolicy/c-list"
     assert resolve(over("zz"), {"x": "1"}, [broad, ns_sel]).source == "TopologyPolicy/b-sel"
-    assert specificity(pod_sel.spec) > specificity(ns_list.spec) > specificity(ns_sel.spec) \
-        > specificity(broad.spec)
+    assert specificity(pod_sel.model) > specificity(ns_list.model) > specificity(ns_sel.model) \
+        > specificity(broad.model)
     two = tp("e-two", priority=1, podSelector={"matchLabels": {"p": "1", "q": "2"}})
     assert resolve(over("ml", {"p": "1", "q": "2"}), {}, [pod_sel, two]).source == \
         "TopologyPolicy/e-two"
@@ -182,7 +181,7 @@ def test_override_takes_options_of_the_governing_policy() -> None:
     p = tp("p", policy="best-effort", options={"maxAllowableNumaNodes": 16},
            podOverrides={"allowed": True})
     r = resolve(over("x", policy="single-numa-node"), {}, [p])
-    assert r.options == {"maxAllowableNumaNodes": 16} and r.source == "pod"
+    assert r.options.to_json() == {"maxAllowableNumaNodes": 16} and r.source == "pod"
 
 
 def test_override_policies_unset_allows_all() -> None:
@@ -345,8 +344,8 @@ def test_conflicts_need_a_shared_namespace() -> None:
     assert conflicts([e, f], nss) == {"e": [], "f": []}  # disjoint pods
     g = tp("g", namespaces=["ml"], priority=3)
     assert conflicts([a, g], nss) == {"a": [], "g": []}
-    assert matched_namespaces(b.spec, nss) == ["ml"]
-    assert matched_namespaces(tp("all").spec, nss) == ["ml", "web"]
+    assert matched_namespaces(b, nss) == ["ml"]
+    assert matched_namespaces(tp("all"), nss) == ["ml", "web"]
 
 
 # ----------------------------------------------------------------------------- node defaults
@@ -387,7 +386,7 @@ def test_annotation_round_trip() -> None:
     assert json.loads(text) == {"policy": "restricted", "scope": "container",
                                 "options": {"preferClosestNumaNodes": True},
                                 "source": "TopologyPolicy/ml"}
-    back = parse_resolved(text)
+    back = resolved_or_none(text)
     assert back is not None and back.to_json() == r.to_json()
 
 
@@ -400,7 +399,7 @@ def test_annotation_round_trip() -> None:
     '{"policy": "none", "scope": "pod", "source": "pod", "options": 3}',
 ])
 def test_parse_resolved_rejects_malformed(text: str | None) -> None:
-    assert parse_resolved(text) is None
+    assert resolved_or_none(text) is None
 
 
 def test_resolved_is_plain_data() -> None:
@@ -413,9 +412,10 @@ def test_redeploy_settings_defaults() -> None:
     d = redeploy_settings(None)
     assert (d.enabled, d.max_attempts, d.backoff_seconds, d.avoid_rejecting_nodes) == \
         (True, 3, 10, True)
-    s = redeploy_settings({"redeploy": {"enabled": False, "maxAttempts": 7, "backoffSeconds": 1,
-                                        "avoidRejectingNodes": False}})
+    s = redeploy_settings(tp("s", redeploy={"enabled": False, "maxAttempts": 7,
+                                            "backoffSeconds": 1, "avoidRejectingNodes": False}))
     assert (s.enabled, s.max_attempts, s.backoff_seconds, s.avoid_rejecting_nodes) == \
         (False, 7, 1, False)
-    assert redeploy_settings({"redeploy": {"maxAttempts": "x"}}).max_attempts == 3
+    # An invalid policy governs nothing; its settings are the defaults.
+    assert redeploy_settings(tp("x", redeploy={"maxAttempts": "x"})).max_attempts == 3
 

@@ -1,17 +1,12 @@
-"""Emulated nodes: many kubelets in one asyncio process.
+"""Emulated nodes: many kubelets in one asyncio process, one pod watch for all.
 
-Each emulated node registers its Node (capacity from a machine file), keeps it Ready
-(Lease renewals, periodic status), and plays the kubelet's part for the pods bound to
-it: admission with the pod's resolved policy, then Running (conditions, container
-statuses, IPs, ``numalign.io/allocation``) or Failed with ``TopologyAffinityError`` and a
-Warning event; deletion releases the allocation. One pod watch serves every node.
-NodeTopology status is published per node, coalesced.
-
-Pod decisions come first: their status writes have the client's connection pool to
-themselves; NodeTopology, Lease, Node status and Event writes go through a small pool
-of their own (``background_connections``), and NodeTopology writes are spaced out while
-decisions are being made. The agent watches NodeTopologies as metadata only (its own
-status writes would otherwise come back to it whole) and reads one when its spec changed.
+Each node registers its Node (capacity from a machine file) and keeps it Ready, admits
+the pods bound to it (Running with ``numalign.io/allocation``, or Failed with the
+kubelet's reason and a Warning event), releases them on deletion and publishes its
+NodeTopology status, coalesced. Pod status writes have the client's connection pool to
+themselves; the other writes share a small pool (``background_connections``) and
+NodeTopology writes are spaced out while decisions are made. NodeTopologies are watched
+as metadata only; one is read when its spec changed.
 """
 
 from __future__ import annotations
@@ -23,14 +18,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from numalign.api.wire import (
+    ANN_ALLOCATION,
+    LABEL_MACHINE,
+    REJECT_REASON,
+    REJECTED_PREFIX,
+    TOPOLOGY_MESSAGE,
+)
 from numalign.topology.machine import Machine
 
-from .annotations import ALLOCATION, resolve_pod
+from .annotations import resolve_pod
 from .kube import MERGE_PATCH, NT_BASE, ApiError, Kube, nt_path, pod_path, q
 from .kubelet_status import (
-    MACHINE_LABEL,
-    TOPOLOGY_MESSAGE,
-    TOPOLOGY_REASON,
     lease_object,
     node_addresses,
     node_object,
@@ -97,7 +96,7 @@ class Emulator:
         self.status_interval = status_interval
         self.publisher = Publisher(self.bg, self.states, delay=publish_delay,
                                    min_interval=publish_interval,
-                                   labels=lambda st: {MACHINE_LABEL: st.machine.name},
+                                   labels=lambda st: {LABEL_MACHINE: st.machine.name},
                                    nrt=publish_nrt, node_uid=self._node_uids.get,
                                    busy=self.deciding, busy_interval=busy_publish_interval,
                                    busy_concurrency=max(1, background_connections // 2))
@@ -481,7 +480,7 @@ class Emulator:
             self._spawn(self._write_running(st, pod, decision.allocation, problem))
         else:
             self.stats.rejected += 1
-            self._spawn(self._write_rejected(st, pod, decision.reason or TOPOLOGY_REASON,
+            self._spawn(self._write_rejected(st, pod, decision.reason or REJECT_REASON,
                                              decision.message or TOPOLOGY_MESSAGE, problem))
 
     def _spawn(self, coro: Any) -> None:
@@ -526,7 +525,7 @@ class Emulator:
         status = running_status(pod, host_ip, self._pod_ip(st), scheduled_at(pod))
         self._keep_ip(st.name, {"metadata": {"uid": uid}, "spec": pod.get("spec"),
                                 "status": status})
-        body = {"metadata": {"uid": uid, "annotations": {ALLOCATION: alloc.to_annotation()}},
+        body = {"metadata": {"uid": uid, "annotations": {ANN_ALLOCATION: alloc.to_annotation()}},
                 "status": status}
         await self._write_pod(st, pod, body)
         if problem:
@@ -560,7 +559,7 @@ class Emulator:
             self._spawn(self._event(st, pod, INVALID_POLICY_REASON,
                                     f"{problem}; using the node default policy "
                                     f"{st.default.policy} (scope {st.default.scope})"))
-        self._spawn(self._event(st, pod, reason, message.removeprefix("Pod was rejected: ")))
+        self._spawn(self._event(st, pod, reason, message.removeprefix(REJECTED_PREFIX)))
 
     async def _patch_pod(self, st: NodeState, pod: Mapping[str, Any], body: JSON) -> None:
         meta = pod.get("metadata") or {}
@@ -597,10 +596,3 @@ class Emulator:
     def nodetopology_path(self, name: str) -> str:
         return nt_path(name)
 
-
-if __name__ == "__main__":
-    import sys
-
-    from numalign.commands.agent import main
-
-    sys.exit(main(["--emulate" if a == "--machine" else a for a in sys.argv[1:]]))

@@ -7,17 +7,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from numalign.api.nodestatus import ledger_container
+from numalign.api.wire import (
+    REJECT_REASON,
+    REJECTED_PREFIX,
+    TOPOLOGY_MESSAGE,
+    Allocation,
+    Resolved,
+)
+from numalign.api.wire import ContainerAllocation as AnnotatedContainer
 from numalign.topology.admit import AdmitResult, DeviceOverride, admit_pod, default_overrides
 from numalign.topology.errors import TopologyError
-from numalign.topology.hints import mask_ids, mask_of
+from numalign.topology.hints import mask_ids
 from numalign.topology.ledger import MEMORY, ContainerAllocation, Ledger, LedgerError
 from numalign.topology.machine import Machine
 from numalign.topology.pod import HUGEPAGES_PREFIX, Pod, pod_from_dict
-from numalign.topology.policy import parse_policy_options
-
-from .annotations import Allocation, Resolved
-from .annotations import ContainerAllocation as AnnotatedContainer
-from .kubelet_status import TOPOLOGY_MESSAGE, TOPOLOGY_REASON
 
 # A pod whose numalign.io/gpus cannot be read (or asks what the machine cannot name) is
 # refused with this reason: Failed, with a Warning event, no allocation.
@@ -56,38 +60,22 @@ def _annotated(held: ContainerAllocation, numa: list[int] | None) -> AnnotatedCo
         numa_nodes=numa, hugepages=hugepages)
 
 
-def _ledger_container(a: AnnotatedContainer, reusable: bool) -> ContainerAllocation:
-    memory: dict[str, dict[int, int]] = {}
-    if a.memory:
-        memory[MEMORY] = {int(z): b for z, b in a.memory.items()}
-    for size, per_zone in a.hugepages.items():
-        memory[HUGEPAGES_PREFIX + size] = {int(z): b for z, b in per_zone.items()}
-    mask = None
-    if memory:
-        nodes = a.numa_nodes if a.numa_nodes is not None else sorted(
-            {n for per in memory.values() for n in per})
-        mask = mask_of(nodes)
-    return ContainerAllocation(cpus=tuple(a.cpus), memory=memory, memory_mask=mask,
-                               devices={r: tuple(ids) for r, ids in a.devices.items()},
-                               reusable=reusable)
-
-
 def admit(machine: Machine, ledger: Ledger, pod: Mapping[str, Any], resolved: Resolved,
           uid: str) -> EngineResult:
     """Admit ``pod`` with ``resolved``; on success the ledger holds its allocation."""
     model = pod_from_dict(pod)
-    options = parse_policy_options(dict(resolved.options))
     try:
         overrides = _overrides(machine, model)
     except TopologyError as e:
         # The user's mistake: refuse the pod (as the kubelet refuses one it cannot admit)
         # rather than run it without the GPU placement it asked for.
         return EngineResult(False, reason=INVALID_GPU_REASON,
-                            message=f"Pod was rejected: {e}")
-    result = admit_pod(machine, ledger, model, resolved.policy, resolved.scope, options,
+                            message=f"{REJECTED_PREFIX}{e}")
+    result = admit_pod(machine, ledger, model, resolved.policy or "none",
+                       resolved.scope or "container", resolved.options.engine,
                        overrides=overrides)
     if not result.admit:
-        return EngineResult(False, reason=result.reason or TOPOLOGY_REASON,
+        return EngineResult(False, reason=result.reason or REJECT_REASON,
                             message=result.message or TOPOLOGY_MESSAGE)
     return EngineResult(True, allocation=_allocation_of(ledger, uid, result))
 
@@ -122,7 +110,7 @@ def commit(machine: Machine, ledger: Ledger, uid: str, pod: Mapping[str, Any],
     plain_init = {str(c.get("name")) for c in spec.get("initContainers") or []
                   if c.get("restartPolicy") != "Always"}
     meta = pod.get("metadata") or {}
-    items = [(name, _ledger_container(a, name in plain_init))
+    items = [(name, ledger_container(a, name in plain_init))
              for name, a in alloc.containers.items()]
     try:
         ledger.allocate_many(uid, items, pod_name=str(meta.get("name") or uid),

@@ -13,18 +13,13 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from numalign.api.wire import LABEL_EMULATED, LABEL_MACHINE, REJECTED_PREFIX
 from numalign.topology.machine import Machine
 
 JSON = dict[str, Any]
 
-MACHINE_LABEL = "numalign.io/machine"
-EMULATED_LABEL = "numalign.io/emulated"
 KUBELET_VERSION = "v1.37.2"
 DEFAULT_MAX_PODS = 110
-
-TOPOLOGY_REASON = "TopologyAffinityError"
-TOPOLOGY_MESSAGE = "Resources cannot be allocated with Topology locality"
-REJECTED_PREFIX = "Pod was rejected: "
 
 
 def now_iso() -> str:
@@ -113,8 +108,8 @@ def node_object(name: str, machine: Machine, index: int, *,
         "kubernetes.io/arch": "amd64",
         "beta.kubernetes.io/os": "linux",
         "beta.kubernetes.io/arch": "amd64",
-        MACHINE_LABEL: machine.name,
-        EMULATED_LABEL: "true",
+        LABEL_MACHINE: machine.name,
+        LABEL_EMULATED: "true",
     }
     all_labels.update(labels or {})
     _, prefix = node_addresses(index)

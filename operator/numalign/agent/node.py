@@ -16,12 +16,12 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from numalign.api.wire import LABEL_MACHINE, REJECT_REASON
 from numalign.topology.errors import TopologyError
 from numalign.topology.machine import Machine
 
 from .kube import NT_BASE, ApiError, Kube, q
 from .kubelet_config import KubeletConfig, load_kubelet_config
-from .kubelet_status import MACHINE_LABEL, TOPOLOGY_REASON
 from .podresources import PodResourcesClient, PodResourcesError
 from .publish import Publisher
 from .realnode import apply_snapshot, kubelet_settings
@@ -52,7 +52,7 @@ class RealNode:
         self.states = {name: self.state}
         self.node_uid: str | None = None
         self.publisher = Publisher(kube, self.states,
-                                   labels=lambda st: {MACHINE_LABEL: st.machine.name},
+                                   labels=lambda st: {LABEL_MACHINE: st.machine.name},
                                    nrt=publish_nrt, node_uid=lambda _: self.node_uid)
         self.resync = resync
         self.client = PodResourcesClient(pod_resources) if pod_resources else None
@@ -169,7 +169,7 @@ class RealNode:
         else:
             self.uids[key] = uid
             status = pod.get("status") or {}
-            if status.get("phase") == "Failed" and status.get("reason") == TOPOLOGY_REASON:
+            if status.get("phase") == "Failed" and status.get("reason") == REJECT_REASON:
                 self.rejected.add(uid)
         self.wake()
 

@@ -6,7 +6,6 @@ interval however many pods changed, retried on conflicts and transient errors).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -15,10 +14,9 @@ from typing import Any
 
 from numalign.api.common import API_VERSION
 from numalign.api.nodetopology import KIND, POLICY_APPLIED, READY
-from numalign.api.resolution import KUBELET_OPTION_NAMES
+from numalign.api.wire import Admitted
 from numalign.topology.cputopo import cpu_topology_json
 from numalign.topology.machine import Machine
-from numalign.topology.policy import OPTION_PREFER_CLOSEST_NUMA_NODES, parse_go_bool
 from numalign.topology.quantity import format_bytes, format_cpulist
 
 from . import nrt
@@ -29,10 +27,6 @@ from .state import NodeState
 log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
-
-
-def _zone_key(z: str) -> int:
-    return int(z) if z.lstrip("-").isdigit() else 1 << 30
 
 
 def zone_capacity(machine: Machine) -> dict[int, dict[str, int]]:
@@ -86,62 +80,10 @@ def _resources(res: Mapping[str, int]) -> dict[str, int | str]:
             for k, v in res.items()}
 
 
-def options_json(options: Mapping[str, str]) -> JSON:
-    """Resolved policy options (the kubelet's spelling, string values) as a TopologyPolicy
-    writes them: ``{"preferClosestNumaNodes": true, "maxAllowableNumaNodes": 16}``."""
-    out: JSON = {}
-    for name, kubelet_name in KUBELET_OPTION_NAMES.items():
-        value = options.get(kubelet_name)
-        if value is None:
-            continue
-        if kubelet_name == OPTION_PREFER_CLOSEST_NUMA_NODES:
-            with contextlib.suppress(ValueError):  # the engine refuses it anyway
-                out[name] = parse_go_bool(str(value))
-        elif str(value).isdigit():
-            out[name] = int(value)
-    return out
-
-
 def admitted_entries(state: NodeState) -> list[JSON]:
-    out: list[JSON] = []
-    for held in sorted(state.admitted.values(), key=lambda h: (h.namespace, h.name, h.uid)):
-        a = held.allocation
-        entry: JSON = {
-            "pod": held.name, "namespace": held.namespace, "uid": held.uid,
-            "policy": held.resolved.policy, "scope": held.resolved.scope,
-            "source": held.resolved.source, "numaNodes": list(a.numa_nodes),
-        }
-        options = options_json(held.resolved.options)
-        if options:
-            entry["options"] = options
-        cpus = a.cpus
-        if cpus:
-            entry["cpus"] = format_cpulist(cpus)
-        if a.memory:
-            entry["memory"] = dict(a.memory)
-        if a.devices:
-            entry["devices"] = a.devices
-        if a.gpus:
-            entry["gpus"] = {k: list(v) for k, v in a.gpus.items()}
-        containers = []
-        for name, ca in a.containers.items():
-            c: JSON = {"name": name}
-            if ca.numa_nodes is not None:
-                c["numaNodes"] = list(ca.numa_nodes)
-            if ca.cpus:
-                c["cpus"] = format_cpulist(ca.cpus)
-            if ca.memory:
-                c["memory"] = dict(sorted(ca.memory.items(), key=lambda kv: _zone_key(kv[0])))
-            if ca.hugepages:
-                c["hugepages"] = {size: dict(sorted(per.items(), key=lambda kv: _zone_key(kv[0])))
-                                  for size, per in sorted(ca.hugepages.items()) if per}
-            if ca.devices:
-                c["devices"] = {k: list(v) for k, v in ca.devices.items()}
-            containers.append(c)
-        if containers:
-            entry["containers"] = containers
-        out.append(entry)
-    return out
+    """``status.admitted``: one entry per admitted pod (:class:`~numalign.api.wire.Admitted`)."""
+    return [Admitted(held.name, held.namespace, held.uid, held.resolved, held.allocation).to_json()
+            for held in sorted(state.admitted.values(), key=lambda h: (h.namespace, h.name, h.uid))]
 
 
 @dataclass(frozen=True)

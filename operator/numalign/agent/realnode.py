@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
+from numalign.api.wire import Allocation, ContainerAllocation, Resolved, parse_options
 from numalign.topology.machine import Device, Machine
 
-from .annotations import Allocation, ContainerAllocation, Resolved
 from .kubelet_config import KubeletConfig
 from .podresources import MEMORY, Allocatable, DeviceSet, KubeletContainer, KubeletPod, Snapshot
 from .publish import zone_capacity
@@ -94,7 +94,9 @@ def resolved_of(config: KubeletConfig | None) -> Resolved:
         return Resolved(source=SOURCE)
     return Resolved(policy=config.topology_manager_policy,
                     scope=config.topology_manager_scope,
-                    options=dict(config.topology_manager_policy_options), source=SOURCE)
+                    options=parse_options(dict(config.topology_manager_policy_options),
+                                          "kubelet topologyManagerPolicyOptions"),
+                    source=SOURCE)
 
 
 def zone_allocatable(machine: Machine, alloc: Allocatable,

@@ -13,22 +13,20 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from numalign.api.wire import (
+    ANN_ALLOCATION,
+    NONE,
+    REJECT_REASON,
+    Allocation,
+    Resolved,
+    WireError,
+    node_default,
+    parse_admitted,
+    parse_allocation,
+)
 from numalign.topology.machine import Machine
-from numalign.topology.quantity import parse_cpulist, quantity_bytes
 
 from . import engine
-from .annotations import (
-    ALLOCATION,
-    NONE,
-    Allocation,
-    AnnotationError,
-    Resolved,
-    allocation_from_json,
-    normalize_options,
-    parse_allocation,
-    resolved_from_spec,
-)
-from .kubelet_status import TOPOLOGY_REASON
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +102,7 @@ class NodeState:
     def set_spec(self, spec: Mapping[str, Any] | None) -> bool:
         """Take the node default from ``NodeTopology.spec``; True when anything changed."""
         spec = spec or {}
-        default = resolved_from_spec(spec)
+        default = node_default(spec)
         gen = spec.get("policyGeneration")
         gen_i = gen if isinstance(gen, int) and not isinstance(gen, bool) else None
         changed = default != self.default or gen_i != self.observed_generation
@@ -133,8 +131,8 @@ class NodeState:
             ns, name = pod_key(pod)
             self.admitted[uid] = AdmittedPod(ns, name, uid, resolved, alloc)
             return Decision(True, allocation=alloc, resolved=resolved)
-        reason = result.reason or TOPOLOGY_REASON
-        if reason == TOPOLOGY_REASON:  # status.rejected counts TopologyAffinityErrors
+        reason = result.reason or REJECT_REASON
+        if reason == REJECT_REASON:  # status.rejected counts TopologyAffinityErrors
             self.rejected_total += 1
         return Decision(False, reason=reason, message=result.message, resolved=resolved)
 
@@ -179,10 +177,10 @@ class NodeState:
             meta = pod.get("metadata") or {}
             st = pod.get("status") or {}
             phase = st.get("phase")
-            ann = (meta.get("annotations") or {}).get(ALLOCATION)
+            ann = (meta.get("annotations") or {}).get(ANN_ALLOCATION)
             if phase == "Failed" or phase == "Succeeded":
                 self.decided[uid] = False
-                if phase == "Failed" and st.get("reason") == TOPOLOGY_REASON:
+                if phase == "Failed" and st.get("reason") == REJECT_REASON:
                     report.rejected.append(uid)
                 continue
             if meta.get("deletionTimestamp") and phase != "Running":
@@ -219,53 +217,24 @@ class NodeState:
 
     def _allocation_of(self, pod: Mapping[str, Any], ann: Any,
                        entry: Mapping[str, Any] | None) -> tuple[Allocation | None, Resolved]:
+        """From the pod's allocation annotation, else its published entry; the policy
+        from the published entry."""
         resolved = NONE
+        published: Allocation | None = None
         if entry is not None:
             try:
-                options = normalize_options(entry.get("options"), "status.admitted options")
-            except AnnotationError as e:
-                log.warning("%s: %s", self.name, e)
-                options = {}
-            resolved = Resolved(policy=str(entry.get("policy") or "none"),
-                                scope=str(entry.get("scope") or "container"),
-                                options=options, source=str(entry.get("source") or "none"))
+                got = parse_admitted(entry, f"NodeTopology {self.name} status.admitted entry")
+                resolved, published = got.resolved, got.allocation
+                for problem in resolved.problems:
+                    log.warning("%s: %s", self.name, problem)
+            except WireError as e:
+                log.warning("%s: NodeTopology entry of %s: %s", self.name, entry.get("pod"), e)
         if ann is not None:
             try:
                 return parse_allocation(str(ann)), resolved
-            except AnnotationError as e:
+            except WireError as e:
                 log.warning("%s: %s", self.name, e)
-        if entry is not None:
-            try:
-                return allocation_from_entry(entry), resolved
-            except (AnnotationError, ValueError) as e:
-                log.warning("%s: NodeTopology entry of %s: %s", self.name, entry.get("pod"), e)
-        return None, resolved
-
-
-def allocation_from_entry(entry: Mapping[str, Any]) -> Allocation:
-    """An allocation from a published ``status.admitted`` entry (per-container detail when
-    present, else the whole pod as one container)."""
-    containers: dict[str, Any] = {}
-    for c in entry.get("containers") or []:
-        if not isinstance(c, Mapping) or not c.get("name"):
-            continue
-        containers[str(c["name"])] = {
-            "cpus": parse_cpulist(str(c.get("cpus") or "")),
-            "memory": {str(z): quantity_bytes(b) for z, b in (c.get("memory") or {}).items()},
-            "hugepages": {str(size): {str(z): quantity_bytes(b) for z, b in per.items()}
-                          for size, per in (c.get("hugepages") or {}).items()},
-            "devices": c.get("devices") or {},
-            "numaNodes": c.get("numaNodes"),
-        }
-    if not containers:
-        containers[""] = {
-            "cpus": parse_cpulist(str(entry.get("cpus") or "")),
-            "memory": {str(z): quantity_bytes(b) for z, b in (entry.get("memory") or {}).items()},
-            "devices": entry.get("devices") or {},
-        }
-    return allocation_from_json({"numaNodes": entry.get("numaNodes") or [],
-                                 "containers": containers, "gpus": entry.get("gpus") or {}},
-                                "NodeTopology status.admitted entry")
+        return published, resolved
 
 
 def _bind_order(pod: Mapping[str, Any]) -> tuple[str, str]:

@@ -15,8 +15,19 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, Self, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
+
+from numalign.topology.machine import MAX_NUMA_NODES as ENGINE_MAX_NUMA_NODES
+
+from .wire import MIN_MAX_ALLOWABLE_NUMA_NODES
 
 GROUP = "numalign.io"
 VERSION = "v1alpha1"
@@ -29,8 +40,10 @@ POLICIES: tuple[str, ...] = get_args(Policy)
 SCOPES: tuple[str, ...] = get_args(Scope)
 
 MAX_NUMA_ID = 255
-MAX_NUMA_NODES = 64  # the alignment engine's limit per machine
-KUBELET_MAX_NUMA_NODES = 8  # the kubelet's default max-allowable-numa-nodes
+# The alignment engine's limit per machine, and the kubelet's default (and least)
+# max-allowable-numa-nodes.
+MAX_NUMA_NODES = ENGINE_MAX_NUMA_NODES
+KUBELET_MAX_NUMA_NODES = MIN_MAX_ALLOWABLE_NUMA_NODES
 
 QUANTITY_PATTERN = (
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]"
@@ -172,15 +185,15 @@ class TopologyOptions(Model):
     """max-allowable-numa-nodes: the largest number of NUMA nodes a machine may have for
     the policy to apply (8 to 64; unset: up to 64, numalign's limit)."""
 
-    @model_validator(mode="after")
-    def _max_allowable(self) -> Self:
-        n = self.max_allowable_numa_nodes
+    @field_validator("max_allowable_numa_nodes")
+    @classmethod
+    def _max_allowable(cls, n: int | None) -> int | None:
         if n is not None and n < KUBELET_MAX_NUMA_NODES:
             raise ValueError(
                 f"maxAllowableNumaNodes must be at least {KUBELET_MAX_NUMA_NODES} (the kubelet's "
                 f"default) and at most {MAX_NUMA_NODES}, got {n}"
             )
-        return self
+        return n
 
 
 # ---------------------------------------------------------------------------- conditions

@@ -34,17 +34,26 @@ from typing import Any, NoReturn
 
 import yaml
 
-from numalign.commands import explain_realnode as realnode
-from numalign.topology.errors import TopologyError
-from numalign.topology.explain import (
-    Explanation,
-    explain_pod,
+from numalign.api.nodestatus import (
     held_from_admitted,
     held_from_document,
     ledger_from_held,
     machine_from_status,
-    render_text,
 )
+from numalign.api.wire import (
+    ANN_ALLOCATION,
+    ANN_POLICY,
+    ANN_RESOLVED,
+    ANN_SCOPE,
+    WireError,
+    node_default,
+    parse_admitted,
+    parse_resolved,
+)
+from numalign.commands import explain_realnode as realnode
+from numalign.commands.explain_text import render_text
+from numalign.topology.errors import TopologyError
+from numalign.topology.explain import Explanation, explain_pod
 from numalign.topology.ledger import Ledger
 from numalign.topology.machine import load_machine
 from numalign.topology.pod import pod_from_dict
@@ -56,10 +65,6 @@ from numalign.topology.policy import (
 )
 
 PROG = "numalign explain"
-POLICY_ANNOTATION = "numalign.io/policy"
-SCOPE_ANNOTATION = "numalign.io/scope"
-RESOLVED_ANNOTATION = "numalign.io/resolved"
-ALLOCATION_ANNOTATION = "numalign.io/allocation"
 
 
 class ExplainError(Exception):
@@ -166,15 +171,15 @@ def _offline(args: argparse.Namespace) -> Explanation:
         pod = pod_from_dict(docs[0], source=args.pod)
     except TopologyError as e:
         raise ExplainError(f"{args.pod}: {e}") from None
-    policy = args.policy or pod.annotations.get(POLICY_ANNOTATION)
+    policy = args.policy or pod.annotations.get(ANN_POLICY)
     if policy is None:
         raise ExplainError("no policy: give --policy (none, best-effort, restricted, "
                            "single-numa-node) or annotate the pod with numalign.io/policy")
-    scope = args.scope or pod.annotations.get(SCOPE_ANNOTATION) or SCOPE_CONTAINER
-    source = "--policy" if args.policy else f"pod annotation {POLICY_ANNOTATION}"
+    scope = args.scope or pod.annotations.get(ANN_SCOPE) or SCOPE_CONTAINER
+    source = "--policy" if args.policy else f"pod annotation {ANN_POLICY}"
     try:
-        check_policy(policy, "--policy" if args.policy else POLICY_ANNOTATION)
-        check_scope(scope, "--scope" if args.scope else SCOPE_ANNOTATION)
+        check_policy(policy, "--policy" if args.policy else ANN_POLICY)
+        check_scope(scope, "--scope" if args.scope else ANN_SCOPE)
         options = parse_policy_options(_options(args.option), "--option")
     except TopologyError as e:
         raise ExplainError(str(e)) from None
@@ -201,13 +206,6 @@ def _live(args: argparse.Namespace) -> Explanation:
     if args.machine or args.pod or args.allocated:
         raise ExplainError("give either a pod name (live mode) or --machine and --pod "
                            "(offline mode), not both")
-    from numalign.agent.annotations import (
-        AnnotationError,
-        normalize_options,
-        parse_resolved,
-        resolved_from_spec,
-    )
-
     client = _Client(args.kubeconfig, args.context)
     ns = args.namespace or client.namespace
     name = str(args.name)
@@ -253,45 +251,52 @@ def _live(args: argparse.Namespace) -> Explanation:
     ledger, more = ledger_from_held(machine, held, (uid, ns, name))
     notes += more
 
-    # The policy: the operator's resolution, else what the agent admitted it with,
-    # else the node default; --policy/--scope/--option replace it.
+    # The policy: on a real node its kubelet's; else the operator's resolution, else
+    # what the agent admitted it with, else the node default; --policy/--scope/--option
+    # replace it.
     policy = scope = None
     options: dict[str, str] = {}
     source = "none"
-    ann = annotations.get(RESOLVED_ANNOTATION)
+    deferred = False
+    ann = annotations.get(ANN_RESOLVED)
     if settings is not None:
         # A real node: its kubelet admits the pod with its own configuration.
         policy, scope, options = realnode.kubelet_policy(settings)
         source = realnode.SOURCE
         if ann is not None:
             notes.append(f"node {node} is a real node: its kubelet applies its own policy "
-                         f"({policy}, scope {scope}), not the pod's {RESOLVED_ANNOTATION}")
+                         f"({policy}, scope {scope}), not the pod's {ANN_RESOLVED}")
     elif ann is not None:
         try:
             r = parse_resolved(str(ann))
-            policy, scope, options, source = r.policy, r.scope, dict(r.options), r.source
-        except AnnotationError as e:
+            policy, scope, options, source = r.policy, r.scope, dict(r.options.given), r.source
+            deferred = r.deferred
+        except WireError as e:
             notes.append(f"{e}; using the node default")
     if policy is None and mine is not None:
-        policy = str(mine.get("policy") or "none")
-        scope = str(mine.get("scope") or SCOPE_CONTAINER)
-        source = str(mine.get("source") or "NodeTopology status.admitted")
         try:
-            options = normalize_options(mine.get("options"), "status.admitted options")
-        except AnnotationError as e:
-            notes.append(f"NodeTopology {node}: {e}; replayed without options")
+            got = parse_admitted(mine, f"NodeTopology {node} status.admitted entry").resolved
+            policy, scope, options = got.policy, got.scope, dict(got.options.given)
+            source = str(mine.get("source") or "NodeTopology status.admitted")
+            notes += [f"{p}; replayed with the default" for p in got.problems]
+        except WireError as e:
+            notes.append(f"{e}; using the node default")
     if policy is None:
-        r = resolved_from_spec(nt.get("spec"))
-        policy, scope, options, source = r.policy, r.scope, dict(r.options), r.source
-        notes.append(f"the pod has no {RESOLVED_ANNOTATION} annotation (is the operator "
-                     "running?): using the node default")
+        r = node_default(nt.get("spec"))
+        policy, scope, options, source = r.policy, r.scope, dict(r.options.given), r.source
+        if deferred:
+            notes.append(f"{ANN_RESOLVED} defers to the node's default (the pod was not "
+                         "bound when the operator resolved it): using the node default")
+        else:
+            notes.append(f"the pod has no usable {ANN_RESOLVED} annotation (is the operator "
+                         "running?): using the node default")
     if args.policy or args.scope or args.option:
         policy = args.policy or policy
         scope = args.scope or scope
         options.update(_options(args.option))
         source = "command line (what if)"
     try:
-        check_policy(policy, "--policy")
+        policy = check_policy(policy or "none", "--policy")
         check_scope(scope or SCOPE_CONTAINER, "--scope")
         opts = parse_policy_options(options, "--option")
         model = pod_from_dict(pod, source=f"pod {ns}/{name}")
@@ -300,12 +305,12 @@ def _live(args: argparse.Namespace) -> Explanation:
     except TopologyError as err:
         raise ExplainError(str(err)) from None
     ex.node = str(node)
-    recorded = annotations.get(ALLOCATION_ANNOTATION)
+    recorded = annotations.get(ANN_ALLOCATION)
     if recorded is not None:
         try:
             ex.recorded = json.loads(recorded)
         except ValueError:
-            notes.append(f"the pod's {ALLOCATION_ANNOTATION} annotation is not valid JSON")
+            notes.append(f"the pod's {ANN_ALLOCATION} annotation is not valid JSON")
     if isinstance(ex.recorded, Mapping):
         rec_numa = sorted(int(n) for n in ex.recorded.get("numaNodes") or [])
         if ex.admit and rec_numa and rec_numa != ex.allocation.get("numaNodes"):

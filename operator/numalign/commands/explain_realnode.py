@@ -15,12 +15,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from numalign.topology.explain import Explanation, HeldPod
+from numalign.api.nodestatus import HeldPod
+from numalign.api.wire import REJECT_REASON
+from numalign.topology.explain import Explanation
 from numalign.topology.ledger import ContainerAllocation
 from numalign.topology.machine import Machine
 from numalign.topology.quantity import parse_cpulist
 
-TOPOLOGY_REASON = "TopologyAffinityError"
 JSON = dict[str, Any]
 SOURCE = "the kubelet's configuration (NodeTopology status.kubelet)"
 
@@ -69,8 +70,8 @@ def kubelet_decision(pod: Mapping[str, Any], entry: Mapping[str, Any] | None) ->
                 }
         return {"admit": True, "numaNodes": list(entry.get("numaNodes") or []),
                 "containers": containers}
-    if st.get("phase") == "Failed" and st.get("reason") == TOPOLOGY_REASON:
-        return {"admit": False, "reason": TOPOLOGY_REASON, "message": st.get("message")}
+    if st.get("phase") == "Failed" and st.get("reason") == REJECT_REASON:
+        return {"admit": False, "reason": REJECT_REASON, "message": st.get("message")}
     return {"admit": None}
 
 

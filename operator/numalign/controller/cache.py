@@ -28,9 +28,11 @@ from typing import Any
 import kopf
 from kubernetes.client.exceptions import ApiException
 
+from numalign.api.wire import REJECT_REASON
+
 from . import kube
 
-REASON = "TopologyAffinityError"
+# The redeploy records: one ConfigMap per namespace (controller.redeploy.store).
 STATE_CONFIGMAP = "numalign-redeploy"
 STATE_LABEL = "numalign.io/state"
 
@@ -203,7 +205,7 @@ def slim_failed(obj: Mapping[str, Any]) -> dict[str, Any]:
 
 def is_rejected(obj: Mapping[str, Any]) -> bool:
     status = obj.get("status") or {}
-    return bool(status.get("phase") == "Failed" and status.get("reason") == REASON)
+    return bool(status.get("phase") == "Failed" and status.get("reason") == REJECT_REASON)
 
 
 def _list_failed() -> tuple[list[dict[str, Any]], int | None]:

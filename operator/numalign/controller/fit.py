@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
-from numalign.api.resolution import ANN_RESOLVED, parse_resolved
+from numalign.api.wire import ANN_RESOLVED, resolved_or_none
 from numalign.topology.errors import TopologyError
 from numalign.topology.pod import pod_from_dict
 from numalign.topology.quantity import parse_quantity
@@ -67,7 +67,7 @@ def unfit_nodes(pod: Mapping[str, Any], skip: list[str] | None = None) -> list[s
         if not requests:
             return []
         ann = ((pod.get("metadata") or {}).get("annotations") or {})
-        res = parse_resolved(ann.get(ANN_RESOLVED))
+        res = resolved_or_none(ann.get(ANN_RESOLVED))
         out: list[str] = []
         for nt in cache.node_topologies():
             name = str((nt.get("metadata") or {}).get("name", ""))

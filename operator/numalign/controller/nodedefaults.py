@@ -18,11 +18,11 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 
 from numalign.api.resolution import (
-    SOURCE_POLICY_PREFIX,
     node_default_for,
     node_spec_from,
     policy_refs,
 )
+from numalign.api.wire import SOURCE_POLICY_PREFIX
 
 from . import cache, kube
 

@@ -1,24 +1,9 @@
-"""Pod policy resolution: mutating + validating webhooks at creation, a backstop handler.
-
-- ``resolve`` (mutating, CREATE): writes ``numalign.io/resolved``; for a replacement of a
-  workload that was rejected recently, adds a required node affinity keeping it off the
-  rejecting nodes and nodes that cannot fit it (see :mod:`.redeploy`).
-- ``overrides`` (validating, CREATE): refuses a pod whose ``numalign.io/policy`` /
-  ``numalign.io/scope`` override is invalid, with a message listing the allowed values.
-- backstop (``@kopf.on.event``, no state written to pods): resolves pods the webhook
-  missed (operator down, webhook not installed) while they are not bound, rewrites a
-  deferred node-default resolution with the node's concrete default once bound, and
-  emits a Warning event for an invalid override.
-
-Failure policy: both pod webhooks are ``Ignore``. Pods must never be blocked by the
-operator being down or unreachable (it runs as an ordinary Deployment that itself needs
-pods to start, and the webhook would intercept every pod of the cluster, kube-system
-included). What is lost while it is down: resolution at creation (the backstop handler
-does it before the pod is bound, or after binding for node defaults; the agent resolves
-with the same function when it admits a pod without the annotation), avoidance
-affinity for replacements (the redeploy budget bounds the cost), and refusal of
-invalid overrides (they get a Warning event and the rule 2/3 policy).
-"""
+"""Pod policy resolution: the mutating webhook writes ``numalign.io/resolved`` (and, for
+a replacement of a rejected workload, the avoiding node affinity and the redeploy gate),
+the validating webhook refuses invalid overrides, and a backstop handler resolves the
+pods the webhooks missed and completes deferred node defaults once bound. The webhooks
+fail open; what is lost while the operator is down is in the README ("When the operator
+is down")."""
 
 from __future__ import annotations
 
@@ -31,17 +16,13 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 
 from numalign.api.resolution import (
-    ANN_POLICY,
-    ANN_RESOLVED,
-    ANN_SCOPE,
     NODE_UNKNOWN,
     PodMeta,
-    Resolved,
     complete_for_node,
-    parse_resolved,
     policy_refs,
     resolve,
 )
+from numalign.api.wire import ANN_POLICY, ANN_RESOLVED, ANN_SCOPE, Resolved, resolved_or_none
 
 from . import cache, kube, redeploy
 
@@ -113,7 +94,7 @@ def _needs_backstop(body: kopf.Body, **_: Any) -> bool:
     if phase in ("Succeeded", "Failed"):
         return False
     ann = meta.get("annotations") or {}
-    current = parse_resolved(ann.get(ANN_RESOLVED))
+    current = resolved_or_none(ann.get(ANN_RESOLVED))
     bound = bool((body.get("spec") or {}).get("nodeName"))
     if current is None:
         # Missing or malformed: fix it while the agent has not admitted the pod.
@@ -127,7 +108,7 @@ def backstop(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
     ann = meta.get("annotations") or {}
     try:
         res = resolve_pod(body)
-        current = parse_resolved(ann.get(ANN_RESOLVED))
+        current = resolved_or_none(ann.get(ANN_RESOLVED))
         if current is not None and current.deferred:
             nt = cache.node_topology(str(body["spec"]["nodeName"]))
             res = complete_for_node(current, (nt or {}).get("spec") or None)

@@ -24,13 +24,13 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 
 from numalign.api.resolution import (
-    SOURCE_POLICY_PREFIX,
     PolicyRef,
     conflicts,
     matched_namespaces,
     policy_problems,
     policy_refs,
 )
+from numalign.api.wire import SOURCE_POLICY_PREFIX
 
 from . import cache, kube, redeploy
 
@@ -66,7 +66,8 @@ def compute_status(obj: Mapping[str, Any], policies: list[PolicyRef],
     gen = meta.get("generation")
     old_conds = list(((obj.get("status") or {}).get("conditions")) or [])
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    problems = policy_problems(spec)
+    ref = PolicyRef(name, spec)
+    problems = list(ref.problems)
     rivals = conflicts(policies, namespaces).get(name, [])
     source = SOURCE_POLICY_PREFIX + name
     admitted = 0
@@ -96,7 +97,7 @@ def compute_status(obj: Mapping[str, Any], policies: list[PolicyRef],
                    if gave_up else "", gen, now),
     ]
     every = not spec.get("namespaces") and spec.get("namespaceSelector") is None
-    names = matched_namespaces(spec, namespaces) if not problems else []
+    names = matched_namespaces(ref, namespaces)
     status: dict[str, Any] = {
         "conditions": conds,
         "matchedNamespaces": names,

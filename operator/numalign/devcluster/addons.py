@@ -8,7 +8,7 @@ plane. The built-in hooks:
 
 * ``agent`` -- emulated nodes, when machines were asked for (``numalign dev up
   --machine FILE[=COUNT]``) and ``numalign.agent.emulate`` exists; run as
-  ``python -m numalign.agent.emulate --kubeconfig KC --machine FILE=COUNT ...``.
+  ``python -m numalign.cli agent --kubeconfig KC --machine FILE=COUNT ...``.
   Without it, no Node objects exist and pods stay Pending: nodes need the agent.
 * ``operator`` -- when asked for (``DevCluster.up(operator=True)``, the default of
   ``numalign dev up``) and ``numalign.commands.operator`` exists; run as
@@ -89,7 +89,7 @@ class Addon:
 def _agent_argv(info: ClusterInfo) -> list[str] | None:
     if not info.machines:
         return None
-    argv = ["-m", "numalign.agent.emulate", "--kubeconfig", str(info.kubeconfig)]
+    argv = ["-m", "numalign.cli", "agent", "--kubeconfig", str(info.kubeconfig)]
     for m in info.machines:
         argv += ["--machine", str(m)]
     return argv

@@ -24,6 +24,8 @@ from urllib.parse import quote
 
 import yaml
 
+from numalign.api.wire import REJECT_REASON
+
 from .addons import MachineSpec
 from .cluster import DevCluster, DevClusterError
 from .rest import Rest
@@ -46,7 +48,7 @@ MACHINES: tuple[tuple[str, int], ...] = (
 # want pool=gpu, which the group4-gpu nodes (NVLink pairs) form.
 NODE_LABELS: dict[str, dict[str, str]] = {"group4-gpu": {"pool": "gpu"}}
 SETTLE_TIMEOUT = 120.0
-STORY_REASONS = ("TopologyAffinityError", "Redeploy", "RedeployGaveUp",
+STORY_REASONS = (REJECT_REASON, "Redeploy", "RedeployGaveUp",
                  "InvalidTopologyOverride")
 
 
@@ -304,7 +306,7 @@ def story(rest: Rest, namespaces: Sequence[str]) -> list[str]:
             obj = ev.get("involvedObject") or {}
             when = str(ev.get("lastTimestamp") or ev.get("eventTime") or "")
             src = (ev.get("source") or {}).get("host") or ev.get("reportingInstance") or ""
-            where = f" on {src}" if src and ev.get("reason") == "TopologyAffinityError" else ""
+            where = f" on {src}" if src and ev.get("reason") == REJECT_REASON else ""
             events.append((when, f"{ns}/{obj.get('name')}: {ev.get('reason')}{where}: "
                                  f"{str(ev.get('message') or '').strip()}"))
     return [text for _when, text in sorted(events)]

@@ -287,8 +287,9 @@ class DevicePlugin:
 
 def run_device_plugin(machine: Machine, kubelet_dir: Path, stop: threading.Event,
                       log: Log | None = None) -> None:
-    """``numalign dev device-plugin``: serve ``machine``'s devices until ``stop`` is set."""
-    if not kubelet_dir.is_dir():
+    """``numalign dev device-plugin``: serve ``machine``'s devices until ``stop`` is set.
+    The kubelet may start later (its folder may not exist yet): the plugin waits for it."""
+    if kubelet_dir.exists() and not kubelet_dir.is_dir():
         raise DevicePluginError(f"--kubelet-dir: {kubelet_dir} is not a folder")
     DevicePlugin(devices_by_resource(machine), kubelet_dir, log=log).run(stop)
 

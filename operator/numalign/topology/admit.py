@@ -1,29 +1,13 @@
 """Pod admission as the kubelet's Topology Manager does it, against a ``Ledger``.
 
-Scopes:
-
-* ``container``: init containers in order, then app containers; one decision each (hints
-  from every provider, merge, admit or not, then allocation inside the merged affinity).
-  The pod is rejected if any decision fails.
-* ``pod``: one decision for the whole pod with its effective request (max(largest init
-  container, app containers + sidecars)), then every container is allocated inside the
-  pod's affinity.
-
-Like the kubelet, CPUs and devices held by the pod's finished (non-restartable) init
-containers are reusable by its later containers (``cpusToReuse``/``devicesToReuse``: a
-reusable CPU must lie in every CPU hint's mask), and memory blocks of init containers are
-reusable by later containers with the same NUMA affinity.
-
-All work happens on a copy of the ledger; the copy replaces the ledger only when the
-whole pod is admitted, so a rejected pod leaves nothing allocated.
-
-Rejections: ``TopologyAffinityError`` (the merge does not admit), or
-``UnexpectedAdmissionError`` when a manager cannot allocate inside what was admitted
-(best-effort with too few free CPUs, for instance), with the kubelet's messages.
-A pod asking for more than the machine has at all raises ``TopologyError``.
-
-Per-resource device provider overrides (``DeviceOverride``) replace the device
-manager for a resource: GPU group allocation from ``numalign.io/gpus`` plugs in here.
+Scope ``container``: init containers in order, then app containers, one decision each
+(hints, merge, admit, allocation inside the merged affinity); scope ``pod``: one decision
+for the pod's effective request, every container allocated inside it. Resources held by
+finished init containers are reusable as the kubelet reuses them. Work happens on a copy
+of the ledger that replaces it only when the whole pod is admitted. Rejections carry the
+kubelet's reasons and messages (``TopologyAffinityError``, ``UnexpectedAdmissionError``);
+a pod asking for more than the machine has raises ``TopologyError``. A
+``DeviceOverride`` replaces the device manager for a resource (GPU groups plug in here).
 """
 
 from __future__ import annotations

@@ -38,8 +38,7 @@ from .hints import NumaMask, TopologyHint, mask_of
 from .ledger import MEMORY, Ledger
 from .machine import Machine
 from .pod import QOS_GUARANTEED, Container, Pod, is_hugepages
-
-Vector = tuple[int, ...]
+from .subsets import Vector, best_subset
 
 
 @dataclass
@@ -110,8 +109,6 @@ class Demand:
         """The kubelet's minAffinitySize: narrowest width whose capacity holds the request
         (the number of nodes when none does)."""
         if self._min_width is None:
-            from .hintgen import best_subset  # local: hintgen imports this module
-
             found = len(self.domain)
             for k in range(1, len(self.domain) + 1):
                 m = best_subset(list(self.domain), k, self.fits_capacity,

@@ -1,0 +1,205 @@
+"""Reading a NodeTopology status as the engine's objects: the machine it describes
+(:func:`machine_from_status`), the pods it holds (:func:`held_from_admitted`,
+:func:`held_from_document`) and a ledger of them (:func:`ledger_from_held`). Plain
+mappings in, no API objects."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from numalign.topology.cputopo import cpus_from_topology
+from numalign.topology.errors import MachineError, TopologyError
+from numalign.topology.hints import NumaMask, mask_of
+from numalign.topology.ledger import MEMORY, ContainerAllocation, Ledger, LedgerError
+from numalign.topology.machine import Machine, machine_from_dict
+from numalign.topology.pod import HUGEPAGES_PREFIX
+
+from . import wire
+
+JSON = dict[str, Any]
+
+
+def _mapping(v: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(v, Mapping):
+        raise TopologyError(where, "must be a mapping")
+    return v
+
+
+def machine_from_status(status: Mapping[str, Any], name: str = "node") -> Machine:
+    """The machine a NodeTopology status describes (zones, CPU topology, distances,
+    devices).
+
+    ``status.cpuTopology`` gives the core and socket of every CPU exactly (see
+    :mod:`.cputopo`); a status without it (an older agent) gets one thread per core and
+    one socket per NUMA node, which can change which CPU ids are picked but not the NUMA
+    hints. Raises MachineError naming the status field."""
+    zones = status.get("zones")
+    if not isinstance(zones, list) or not zones:
+        raise MachineError("status.zones", "has no zones (the agent has not published yet)")
+    nodes: list[JSON] = []
+    ids: list[int] = []
+    for i, z in enumerate(zones):
+        z = _mapping(z, f"status.zones[{i}]")
+        zid = z.get("id")
+        if not isinstance(zid, int) or isinstance(zid, bool):
+            raise MachineError(f"status.zones[{i}].id", "must be an integer")
+        ids.append(zid)
+        node: JSON = {"id": zid, "cpus": str(z.get("cpus") or ""),
+                      "memory": z.get("memory") if z.get("memory") is not None else 0}
+        if z.get("hugepages"):
+            node["hugepages"] = dict(_mapping(z["hugepages"], f"status.zones[{i}].hugepages"))
+        nodes.append(node)
+    doc: JSON = {"name": name, "numaNodes": nodes}
+    raw_d = status.get("distances")
+    if raw_d:
+        d = _mapping(raw_d, "status.distances")
+        rows: list[list[int]] = []
+        for a in ids:
+            row = d.get(str(a))
+            if not isinstance(row, Mapping):
+                raise MachineError(f"status.distances.{a}", "is missing")
+            vals: list[int] = []
+            for b in ids:
+                v = row.get(str(b))
+                if not isinstance(v, int) or isinstance(v, bool):
+                    raise MachineError(f"status.distances.{a}.{b}", "must be an integer")
+                vals.append(v)
+            rows.append(vals)
+        doc["distances"] = rows
+    devices: list[JSON] = []
+    for i, dv in enumerate(status.get("devices") or []):
+        dv = _mapping(dv, f"status.devices[{i}]")
+        dev: JSON = {"resource": dv.get("resource"), "id": dv.get("id"),
+                     "numaNode": dv.get("numaNode")}
+        if dv.get("memory") is not None:
+            dev["memory"] = dv["memory"]
+        groups = dv.get("groups") or []
+        if isinstance(groups, list):
+            dev["groups"] = {str(g.get("level")): str(g.get("id")) for g in groups
+                             if isinstance(g, Mapping)}
+        devices.append(dev)
+    doc["devices"] = devices
+    machine = machine_from_dict(doc, source="NodeTopology status")
+    topo = status.get("cpuTopology")
+    if topo is None:
+        return machine
+    numa_of = {c: n.id for n in machine.numa_nodes for c in n.cpus}
+    try:
+        cpus = cpus_from_topology(numa_of, _mapping(topo, "status.cpuTopology"),
+                                  "status.cpuTopology")
+    except MachineError as e:
+        raise MachineError(f"NodeTopology status: {e.field}", e.problem) from None
+    return replace(machine, cpus=cpus)
+
+
+def ledger_container(a: wire.ContainerAllocation, reusable: bool = False) -> ContainerAllocation:
+    """What a container holds (as the allocation annotation and ``status.admitted`` say
+    it) as the ledger's allocation; ``reusable``: a plain init container's, which the
+    app containers may reuse."""
+    memory: dict[str, dict[int, int]] = {}
+    if a.memory:
+        memory[MEMORY] = {int(z): b for z, b in a.memory.items()}
+    for size, per_zone in a.hugepages.items():
+        if per_zone:
+            memory[HUGEPAGES_PREFIX + size] = {int(z): b for z, b in per_zone.items()}
+    mask: NumaMask | None = None
+    if memory:
+        nodes = a.numa_nodes if a.numa_nodes else sorted(
+            {n for per in memory.values() for n in per})
+        mask = mask_of(nodes)
+    return ContainerAllocation(cpus=tuple(a.cpus), memory=memory, memory_mask=mask,
+                               devices={r: tuple(ids) for r, ids in a.devices.items() if ids},
+                               reusable=reusable)
+
+
+@dataclass(frozen=True)
+class HeldPod:
+    uid: str
+    name: str
+    namespace: str
+    containers: tuple[tuple[str, ContainerAllocation], ...]
+
+
+def held_from_admitted(entry: Mapping[str, Any], where: str) -> HeldPod:
+    """One ``status.admitted`` entry of a NodeTopology (:func:`numalign.api.wire.parse_admitted`),
+    or a ``numalign admit`` output line (containers by name)."""
+    entry = _mapping(entry, where)
+    raw = entry.get("containers")
+    try:
+        if isinstance(raw, Mapping) and raw:
+            uid = str(entry.get("uid") or "")
+            name = str(entry.get("pod") or uid)
+            ns = str(entry.get("namespace") or "default")
+            alloc = wire.allocation_from_json({"containers": raw}, where)
+            uid = uid or f"{ns}/{name}"
+        else:
+            got = wire.parse_admitted(entry, where)
+            uid, name, ns, alloc = got.uid, got.pod, got.namespace, got.allocation
+    except wire.WireError as e:
+        raise LedgerError("", str(e)) from None
+    return HeldPod(uid, name, ns, tuple((n, ledger_container(c))
+                                        for n, c in alloc.containers.items()))
+
+
+def ledger_from_held(machine: Machine, pods: Iterable[HeldPod],
+                     exclude: tuple[str, str, str] | None = None) -> tuple[Ledger, list[str]]:
+    """A ledger holding ``pods`` except the one matching ``exclude`` (uid, namespace,
+    name); also one note per pod that could not be put back (it would double-allocate)."""
+    ledger = Ledger(machine)
+    notes: list[str] = []
+    for p in pods:
+        if exclude is not None and (p.uid == exclude[0] or
+                                    (p.namespace, p.name) == (exclude[1], exclude[2])):
+            continue
+        if p.uid in ledger.pods:
+            notes.append(f"pod {p.namespace}/{p.name} is listed twice; the second is ignored")
+            continue
+        try:
+            ledger.allocate_many(p.uid, list(p.containers), pod_name=p.name,
+                                 namespace=p.namespace)
+        except TopologyError as e:
+            notes.append(f"allocation of {p.namespace}/{p.name} ignored: {e}")
+    return ledger, notes
+
+
+def held_from_document(doc: Any, source: str = "allocations") -> list[HeldPod]:
+    """Allocations already on the machine, from any of: a NodeTopology object, its status,
+    ``{"admitted": [...]}``, a list of ``status.admitted`` entries, a ledger dump
+    (``{"pods": [{"uid", "containers": {NAME: {...}}}]}``), or a list of ``numalign admit``
+    output lines (rejected pods are skipped)."""
+    if isinstance(doc, Mapping):
+        if isinstance(doc.get("status"), Mapping):
+            doc = doc["status"]
+        if isinstance(doc, Mapping) and "admitted" in doc:
+            doc = doc.get("admitted") or []
+        elif isinstance(doc, Mapping) and isinstance(doc.get("pods"), list):
+            return [_held_from_ledger_pod(p, f"{source}: pods[{i}]")
+                    for i, p in enumerate(doc["pods"])]
+        elif isinstance(doc, Mapping) and "pod" in doc:
+            doc = [doc]
+    if not isinstance(doc, list):
+        raise TopologyError(source, "must be a NodeTopology, its status, a list of admitted "
+                                    "entries, a ledger or `numalign admit` output")
+    out: list[HeldPod] = []
+    for i, entry in enumerate(doc):
+        where = f"{source}: [{i}]"
+        entry = _mapping(entry, where)
+        if "pod" not in entry and "uid" not in entry:
+            raise TopologyError(where, "is not an admitted pod entry (no pod or uid)")
+        if entry.get("admit") is False:
+            continue
+        out.append(held_from_admitted(entry, where))
+    return out
+
+
+def _held_from_ledger_pod(p: Any, where: str) -> HeldPod:
+    p = _mapping(p, where)
+    uid = p.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise TopologyError(f"{where}.uid", "is required")
+    containers = _mapping(p.get("containers") or {}, f"{where}.containers")
+    items = tuple((str(n), ContainerAllocation.from_json(a, f"{where}.containers.{n}"))
+                  for n, a in containers.items())
+    return HeldPod(uid, str(p.get("name") or uid), str(p.get("namespace") or "default"), items)

@@ -1,0 +1,491 @@
+"""The contract between operator, agent and ``numalign explain``: everything that crosses
+the API server. Annotation and label names, the rejection reason and message, the
+resolved policy (:class:`Resolved`, with its typed :class:`Options`), the allocation
+annotation (:class:`Allocation`) and the NodeTopology ``status.admitted`` entries
+(:class:`Admitted`): each with one encoder and one decoder, here."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from numalign.topology.errors import TopologyError
+from numalign.topology.gpu.requests import ANNOTATION as GPU_ANNOTATION
+from numalign.topology.machine import MAX_NUMA_NODES
+from numalign.topology.merge import REJECT_MESSAGE as REJECT_MESSAGE  # the engine's
+from numalign.topology.merge import REJECT_REASON as REJECT_REASON
+from numalign.topology.policy import (
+    KUBELET_MIN_MAX_ALLOWABLE_NUMA_NODES,
+    OPTION_MAX_ALLOWABLE_NUMA_NODES,
+    OPTION_PREFER_CLOSEST_NUMA_NODES,
+    POLICIES,
+    SCOPE_CONTAINER,
+    SCOPES,
+    PolicyOptions,
+    parse_go_bool,
+    parse_policy_options,
+)
+from numalign.topology.quantity import format_cpulist, parse_cpulist, quantity_bytes
+
+JSON = dict[str, Any]
+
+# ---------------------------------------------------------------- names
+
+ANN_POLICY = "numalign.io/policy"  # user: policy override
+ANN_SCOPE = "numalign.io/scope"  # user: scope override
+ANN_RESOLVED = "numalign.io/resolved"  # operator: the resolved policy
+ANN_ALLOCATION = "numalign.io/allocation"  # agent: what the pod got
+ANN_GPUS = GPU_ANNOTATION  # user: GPU requests (the engine reads it)
+LABEL_MACHINE = "numalign.io/machine"  # node: its machine file
+LABEL_EMULATED = "numalign.io/emulated"  # node: run by the emulating agent
+
+# The kubelet's rejection: reason, and the message (the engine's; the status message
+# carries the prefix, the event's text is the same).
+REJECTED_PREFIX = "Pod was rejected: "
+TOPOLOGY_MESSAGE = REJECT_MESSAGE.removeprefix(REJECTED_PREFIX)
+
+SOURCE_POD = "pod"
+SOURCE_NODE_DEFAULT = "node-default"
+SOURCE_NONE = "none"
+SOURCE_POLICY_PREFIX = "TopologyPolicy/"
+DEFAULT_SCOPE = SCOPE_CONTAINER
+
+# maxAllowableNumaNodes: at least the kubelet's minimum (the engine's constant), at most
+# the engine's limit per machine.
+MIN_MAX_ALLOWABLE_NUMA_NODES = KUBELET_MIN_MAX_ALLOWABLE_NUMA_NODES
+MAX_MAX_ALLOWABLE_NUMA_NODES = MAX_NUMA_NODES
+
+# A TopologyPolicy's option name -> the kubelet's (what the engine takes).
+KUBELET_OPTION_NAMES: dict[str, str] = {
+    "preferClosestNumaNodes": OPTION_PREFER_CLOSEST_NUMA_NODES,
+    "maxAllowableNumaNodes": OPTION_MAX_ALLOWABLE_NUMA_NODES,
+}
+OPTION_KEYS: tuple[str, ...] = tuple(KUBELET_OPTION_NAMES)
+# Either spelling -> the kubelet's.
+_OPTION_NAMES = {**KUBELET_OPTION_NAMES, **{k: k for k in KUBELET_OPTION_NAMES.values()}}
+
+
+class WireError(ValueError):
+    """A malformed value on the wire; the message names the field and the problem."""
+
+
+# ---------------------------------------------------------------- policy options
+
+
+@dataclass(frozen=True)
+class Options:
+    """Topology Manager policy options as they cross: the ones given (the kubelet's
+    names, string values) and the engine's parsed value (:attr:`engine`), parsed once
+    by :func:`parse_options`."""
+
+    given: Mapping[str, str] = field(default_factory=dict)
+    engine: PolicyOptions = field(default_factory=PolicyOptions, compare=False)
+
+    def to_json(self) -> JSON:
+        """As a TopologyPolicy writes them: ``{"preferClosestNumaNodes": true,
+        "maxAllowableNumaNodes": 16}``, only the ones given."""
+        out: JSON = {}
+        for name, kubelet_name in KUBELET_OPTION_NAMES.items():
+            value = self.given.get(kubelet_name)
+            if value is None:
+                continue
+            if kubelet_name == OPTION_PREFER_CLOSEST_NUMA_NODES:
+                out[name] = parse_go_bool(value)
+            else:
+                out[name] = int(value)
+        return out
+
+    def __bool__(self) -> bool:
+        return bool(self.given)
+
+
+NO_OPTIONS = Options()
+
+
+def parse_options(raw: Any, where: str = "options") -> Options:
+    """Options in either spelling (``preferClosestNumaNodes`` or the kubelet's
+    ``prefer-closest-numa-nodes``), values booleans, integers or strings; checked by the
+    engine's parser (the kubelet's rules and wording). Raises WireError naming ``where``."""
+    if raw is None:
+        return NO_OPTIONS
+    if isinstance(raw, Options):
+        return raw
+    if not isinstance(raw, Mapping):
+        raise WireError(f"{where}: options must be an object, got {type(raw).__name__}")
+    given: dict[str, str] = {}
+    for k, v in raw.items():
+        name = _OPTION_NAMES.get(str(k))
+        if name is None:
+            raise WireError(f"{where}: unknown option {k!r}")
+        if v is None:
+            continue
+        if isinstance(v, bool):
+            given[name] = "true" if v else "false"
+        elif isinstance(v, int | str):
+            given[name] = str(v).lower() if isinstance(v, str) else str(v)
+        else:
+            raise WireError(f"{where}: option {k!r} must be a boolean, integer or string")
+    if OPTION_MAX_ALLOWABLE_NUMA_NODES in given:
+        try:
+            n = int(given[OPTION_MAX_ALLOWABLE_NUMA_NODES])
+        except ValueError:
+            raise WireError(f"{where}: option maxAllowableNumaNodes must be an integer") \
+                from None
+        if n < MIN_MAX_ALLOWABLE_NUMA_NODES:
+            raise WireError(f"{where}: option maxAllowableNumaNodes must be >= "
+                            f"{MIN_MAX_ALLOWABLE_NUMA_NODES}, got {n}")
+    try:
+        engine = parse_policy_options(given, where)
+    except TopologyError as e:
+        raise WireError(str(e)) from None
+    return Options(given, engine)
+
+
+# ---------------------------------------------------------------- the resolved policy
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The policy a pod gets and where it came from (``numalign.io/resolved``).
+
+    ``policy``/``scope`` are None only when deferred: the operator resolved the pod
+    before it was bound and no policy matched, so the node's default applies
+    (:func:`node_default`). ``governing`` is the TopologyPolicy whose settings
+    (redeploy, overrides) apply; ``problems`` what is wrong with the pod's override
+    annotations; ``conflicting`` equally-ranked matching policies (operator only: not
+    in the annotation)."""
+
+    policy: str | None = "none"
+    scope: str | None = DEFAULT_SCOPE
+    options: Options = NO_OPTIONS
+    source: str = SOURCE_NONE
+    governing: str | None = None
+    problems: tuple[str, ...] = ()
+    conflicting: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.options, Options):  # a plain mapping: parse it once
+            object.__setattr__(self, "options", parse_options(self.options))
+
+    @property
+    def deferred(self) -> bool:
+        return self.policy is None
+
+    def to_json(self) -> JSON:
+        return {"policy": self.policy, "scope": self.scope,
+                "options": self.options.to_json(), "source": self.source}
+
+    def annotation(self) -> str:
+        """The value of ``numalign.io/resolved``: compact JSON with sorted keys."""
+        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+
+
+NONE = Resolved()
+DEFERRED = Resolved(None, None, NO_OPTIONS, SOURCE_NODE_DEFAULT)
+
+
+def _known_source(source: str) -> bool:
+    return source in (SOURCE_POD, SOURCE_NODE_DEFAULT, SOURCE_NONE) or (
+        source.startswith(SOURCE_POLICY_PREFIX) and len(source) > len(SOURCE_POLICY_PREFIX))
+
+
+def parse_resolved(value: str) -> Resolved:
+    """Parse ``numalign.io/resolved`` (scope defaults to container, source to pod); the
+    deferred value is ``{"policy": null, "scope": null, "source": "node-default"}``.
+    Raises WireError naming the annotation and what is wrong."""
+    where = f"annotation {ANN_RESOLVED}"
+    try:
+        doc = json.loads(value)
+    except (ValueError, TypeError) as e:
+        raise WireError(f"{where} is not valid JSON: {e}") from None
+    if not isinstance(doc, Mapping):
+        raise WireError(f"{where} must be a JSON object")
+    policy, scope, source = doc.get("policy"), doc.get("scope"), doc.get("source", SOURCE_POD)
+    if not isinstance(source, str) or not _known_source(source):
+        raise WireError(f"{where}: source must be pod, node-default, none or "
+                        f"TopologyPolicy/NAME, got {source!r}")
+    if policy is None and scope is None and source == SOURCE_NODE_DEFAULT:
+        return DEFERRED
+    if policy not in POLICIES:
+        raise WireError(f"{where}: policy must be one of {', '.join(POLICIES)}, "
+                        f"got {policy!r}")
+    scope = DEFAULT_SCOPE if scope is None else scope
+    if scope not in SCOPES:
+        raise WireError(f"{where}: scope must be container or pod, got {scope!r}")
+    options = parse_options(doc.get("options"), where)
+    return Resolved(str(policy), str(scope), options, source)
+
+
+def resolved_or_none(value: str | None) -> Resolved | None:
+    """:func:`parse_resolved`, None when absent or malformed (the operator rewrites it)."""
+    if not value:
+        return None
+    try:
+        return parse_resolved(value)
+    except WireError:
+        return None
+
+
+def node_default(spec: Mapping[str, Any] | None) -> Resolved:
+    """What a node's ``NodeTopology.spec`` (its default, pushed by the operator) gives a
+    pod: that policy, source node-default; ``none`` when it has none. Never raises:
+    a bad scope is the default scope, bad options are none."""
+    if not isinstance(spec, Mapping) or spec.get("policy") not in POLICIES:
+        return NONE
+    scope = spec.get("scope")
+    try:
+        options = parse_options(spec.get("options"), "NodeTopology.spec.options")
+    except WireError:
+        options = NO_OPTIONS
+    return Resolved(str(spec["policy"]), scope if scope in SCOPES else DEFAULT_SCOPE,
+                    options, SOURCE_NODE_DEFAULT)
+
+
+# ---------------------------------------------------------------- the allocation
+
+
+@dataclass
+class ContainerAllocation:
+    cpus: list[int] = field(default_factory=list)
+    memory: dict[str, int] = field(default_factory=dict)  # zone ("0") -> bytes
+    devices: dict[str, list[str]] = field(default_factory=dict)
+    numa_nodes: list[int] | None = None
+    hugepages: dict[str, dict[str, int]] = field(default_factory=dict)  # size -> zone -> bytes
+
+    def to_json(self) -> JSON:
+        out: JSON = {"cpus": list(self.cpus), "memory": dict(self.memory),
+                     "devices": {k: list(v) for k, v in self.devices.items()}}
+        if self.numa_nodes is not None:
+            out["numaNodes"] = list(self.numa_nodes)
+        if self.hugepages:
+            out["hugepages"] = {k: dict(v) for k, v in self.hugepages.items()}
+        return out
+
+
+@dataclass
+class Allocation:
+    """What one admitted pod holds (``numalign.io/allocation``)."""
+
+    numa_nodes: list[int] = field(default_factory=list)
+    containers: dict[str, ContainerAllocation] = field(default_factory=dict)
+    gpus: dict[str, list[str]] = field(default_factory=dict)
+
+    def to_json(self) -> JSON:
+        return {"numaNodes": list(self.numa_nodes),
+                "containers": {k: v.to_json() for k, v in self.containers.items()},
+                "gpus": {k: list(v) for k, v in self.gpus.items()}}
+
+    def to_annotation(self) -> str:
+        return json.dumps(self.to_json(), separators=(",", ":"), sort_keys=True)
+
+    @property
+    def cpus(self) -> list[int]:
+        return sorted({c for ca in self.containers.values() for c in ca.cpus})
+
+    @property
+    def devices(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for ca in self.containers.values():
+            for r, ids in ca.devices.items():
+                out.setdefault(r, []).extend(ids)
+        return {r: sorted(set(v)) for r, v in sorted(out.items())}
+
+    @property
+    def memory(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for ca in self.containers.values():
+            for z, b in ca.memory.items():
+                out[z] = out.get(z, 0) + b
+        return dict(sorted(out.items(), key=lambda kv: _zone_key(kv[0])))
+
+
+def _zone_key(z: str) -> int:
+    return int(z) if z.isdigit() else 0
+
+
+def _zone_order(z: str) -> int:
+    return int(z) if z.lstrip("-").isdigit() else 1 << 30
+
+
+def _int_list(v: Any, where: str) -> list[int]:
+    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool)
+                                          for x in v):
+        raise WireError(f"{where} must be a list of integers")
+    return [int(x) for x in v]
+
+
+def _cpus(v: Any, where: str) -> list[int]:
+    """A cpulist string ("0-3,8") or a list of CPU ids."""
+    if isinstance(v, str):
+        try:
+            return parse_cpulist(v)
+        except ValueError as e:
+            raise WireError(f"{where}: {e}") from None
+    return _int_list(v or [], where)
+
+
+def _str_lists(v: Any, where: str) -> dict[str, list[str]]:
+    if v is None:
+        return {}
+    if not isinstance(v, Mapping):
+        raise WireError(f"{where} must be an object")
+    out: dict[str, list[str]] = {}
+    for k, ids in v.items():
+        if not isinstance(ids, list):
+            raise WireError(f"{where}.{k} must be a list of ids")
+        out[str(k)] = [str(i) for i in ids]
+    return out
+
+
+def _bytes_per_zone(raw: Any, where: str) -> dict[str, int]:
+    """Zone -> bytes; integers, digit strings or quantities ("32Gi")."""
+    if not isinstance(raw, Mapping):
+        raise WireError(f"{where} must be an object")
+    out: dict[str, int] = {}
+    for z, b in raw.items():
+        if isinstance(b, bool) or not isinstance(b, int | str):
+            raise WireError(f"{where}.{z} must be an integer (bytes) or a quantity")
+        try:
+            out[str(z)] = b if isinstance(b, int) else quantity_bytes(b)
+        except ValueError as e:
+            raise WireError(f"{where}.{z}: {e}") from None
+    return out
+
+
+def _container(c: Any, w: str) -> ContainerAllocation:
+    if not isinstance(c, Mapping):
+        raise WireError(f"{w} must be an object")
+    memory = _bytes_per_zone(c.get("memory") or {}, f"{w}.memory")
+    hp_raw = c.get("hugepages") or {}
+    if not isinstance(hp_raw, Mapping):
+        raise WireError(f"{w}.hugepages must be an object")
+    hugepages = {str(k): _bytes_per_zone(v, f"{w}.hugepages.{k}") for k, v in hp_raw.items()}
+    numa_raw = c.get("numaNodes")
+    return ContainerAllocation(
+        cpus=_cpus(c.get("cpus"), f"{w}.cpus"), memory=memory,
+        devices=_str_lists(c.get("devices"), f"{w}.devices"),
+        numa_nodes=None if numa_raw is None else _int_list(numa_raw, f"{w}.numaNodes"),
+        hugepages=hugepages)
+
+
+def allocation_from_json(doc: Any, where: str = f"annotation {ANN_ALLOCATION}") -> Allocation:
+    if not isinstance(doc, Mapping):
+        raise WireError(f"{where} must be a JSON object")
+    numa = _int_list(doc.get("numaNodes") or [], f"{where}.numaNodes")
+    raw_c = doc.get("containers") or {}
+    if not isinstance(raw_c, Mapping):
+        raise WireError(f"{where}.containers must be an object")
+    containers = {str(name): _container(c, f"{where}.containers.{name}")
+                  for name, c in raw_c.items()}
+    return Allocation(numa_nodes=numa, containers=containers,
+                      gpus=_str_lists(doc.get("gpus"), f"{where}.gpus"))
+
+
+def parse_allocation(value: str) -> Allocation:
+    """Parse ``numalign.io/allocation``; raises WireError naming what is wrong."""
+    try:
+        doc = json.loads(value)
+    except ValueError as e:
+        raise WireError(f"annotation {ANN_ALLOCATION} is not valid JSON: {e}") from None
+    return allocation_from_json(doc)
+
+
+# ---------------------------------------------------------------- status.admitted
+
+
+@dataclass
+class Admitted:
+    """One ``NodeTopology.status.admitted`` entry: a pod the node admitted, the policy it
+    was admitted with and what it holds."""
+
+    pod: str
+    namespace: str
+    uid: str
+    resolved: Resolved
+    allocation: Allocation
+
+    def to_json(self) -> JSON:
+        """The published entry: the pod's totals (cpulist, bytes per zone) and, per
+        container, what it holds."""
+        a, r = self.allocation, self.resolved
+        entry: JSON = {"pod": self.pod, "namespace": self.namespace, "uid": self.uid,
+                       "policy": r.policy, "scope": r.scope, "source": r.source,
+                       "numaNodes": list(a.numa_nodes)}
+        options = r.options.to_json()
+        if options:
+            entry["options"] = options
+        cpus = a.cpus
+        if cpus:
+            entry["cpus"] = format_cpulist(cpus)
+        if a.memory:
+            entry["memory"] = dict(a.memory)
+        if a.devices:
+            entry["devices"] = a.devices
+        if a.gpus:
+            entry["gpus"] = {k: list(v) for k, v in a.gpus.items()}
+        containers = []
+        for name, ca in a.containers.items():
+            c: JSON = {"name": name}
+            if ca.numa_nodes is not None:
+                c["numaNodes"] = list(ca.numa_nodes)
+            if ca.cpus:
+                c["cpus"] = format_cpulist(ca.cpus)
+            if ca.memory:
+                c["memory"] = dict(sorted(ca.memory.items(), key=lambda kv: _zone_order(kv[0])))
+            if ca.hugepages:
+                c["hugepages"] = {size: dict(sorted(per.items(),
+                                                    key=lambda kv: _zone_order(kv[0])))
+                                  for size, per in sorted(ca.hugepages.items()) if per}
+            if ca.devices:
+                c["devices"] = {k: list(v) for k, v in ca.devices.items()}
+            containers.append(c)
+        if containers:
+            entry["containers"] = containers
+        return entry
+
+
+def parse_admitted(entry: Any, where: str = "status.admitted entry") -> Admitted:
+    """Decode one ``status.admitted`` entry (per-container detail when present, else the
+    pod's totals as one container named ""). Raises WireError naming the field when the
+    allocation is malformed; a bad policy, scope or options is none, the default scope
+    or no options, said in ``resolved.problems`` (the allocation still counts)."""
+    if not isinstance(entry, Mapping):
+        raise WireError(f"{where} must be an object")
+    uid = str(entry.get("uid") or "")
+    name = str(entry.get("pod") or uid)
+    ns = str(entry.get("namespace") or "default")
+    problems: list[str] = []
+    policy = entry.get("policy") or "none"
+    if policy not in POLICIES:
+        problems.append(f"{where}.policy: must be one of {', '.join(POLICIES)}, "
+                        f"got {policy!r}")
+        policy = "none"
+    scope = entry.get("scope") or DEFAULT_SCOPE
+    if scope not in SCOPES:
+        problems.append(f"{where}.scope: must be container or pod, got {scope!r}")
+        scope = DEFAULT_SCOPE
+    try:
+        options = parse_options(entry.get("options"), f"{where}.options")
+    except WireError as e:
+        problems.append(str(e))
+        options = NO_OPTIONS
+    resolved = Resolved(str(policy), str(scope), options,
+                        str(entry.get("source") or SOURCE_NONE), problems=tuple(problems))
+    raw = entry.get("containers")
+    containers: dict[str, ContainerAllocation] = {}
+    if isinstance(raw, list) and raw:
+        for i, c in enumerate(raw):
+            w = f"{where}.containers[{i}]"
+            if not isinstance(c, Mapping):
+                raise WireError(f"{w} must be an object")
+            containers[str(c.get("name") or i)] = _container(c, w)
+    elif raw:
+        raise WireError(f"{where}.containers must be a list")
+    else:
+        totals = ("cpus", "memory", "hugepages", "devices", "numaNodes")
+        containers[""] = _container({k: entry.get(k) for k in totals}, where)
+    allocation = Allocation(_int_list(entry.get("numaNodes") or [], f"{where}.numaNodes"),
+                            containers, _str_lists(entry.get("gpus"), f"{where}.gpus"))
+    return Admitted(name, ns, uid or f"{ns}/{name}", resolved, allocation)

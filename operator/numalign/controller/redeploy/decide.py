@@ -1,0 +1,161 @@
+"""The redeploy step for one rejected pod: decide (recorded before acting), then carry
+the decision out; replaying a recorded decision is harmless."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from numalign.api.resolution import (
+    NODE_UNKNOWN,
+    PodMeta,
+    policy_refs,
+    redeploy_settings,
+    resolve,
+)
+from numalign.api.topologypolicy import RedeployPolicy
+
+from .. import cache, kube, metrics
+from ..fit import with_unfit
+from .record import (
+    ANN_RESET,
+    GATE,
+    WorkloadState,
+    backoff_delay,
+    base_name,
+    build_replacement,
+    controller_ref,
+    iso,
+    replacement_name,
+    workload_key,
+)
+from .store import load_state, owner_replicas, save_state
+
+log = logging.getLogger(__name__)
+
+
+def _no_checkpoint(point: str) -> None:
+    pass
+
+
+# Called at ``after-record`` (the decision is durable) and ``after-create`` (the
+# replacement exists); the restart tests replace it to crash the process there.
+checkpoint: Callable[[str], None] = _no_checkpoint
+
+
+def governing_settings(pod: Mapping[str, Any]) -> tuple[str | None, RedeployPolicy]:
+    meta = PodMeta.from_object(pod)
+    policies = policy_refs(cache.policies())
+    res = resolve(meta, cache.namespace_labels(meta.namespace), policies, NODE_UNKNOWN)
+    ref = next((p for p in policies if p.name == res.governing), None)
+    return res.governing, redeploy_settings(ref)
+
+
+def _delete_pod(namespace: str, name: str, uid: str) -> None:
+    try:
+        kube.core().delete_namespaced_pod(
+            name, namespace, body={"preconditions": {"uid": uid}, "gracePeriodSeconds": 0})
+    except ApiException as e:
+        if e.status not in (404, 409):  # gone, or a different pod now has that name
+            raise
+
+
+def _finish(pod: Mapping[str, Any], decision: Mapping[str, Any]) -> str:
+    """Carry out a recorded decision; idempotent."""
+    meta = pod.get("metadata") or {}
+    ns, name, uid = str(meta["namespace"]), str(meta["name"]), str(meta["uid"])
+    if decision.get("action") == "recreate":
+        new = build_replacement(pod, str(decision["replacement"]),
+                                list(decision.get("avoid") or []))
+        try:
+            kube.core().create_namespaced_pod(ns, new)
+        except ApiException as e:
+            if e.status != 409:  # AlreadyExists: created before a crash/retry
+                raise
+        checkpoint("after-create")
+    _delete_pod(ns, name, uid)
+    return str(decision.get("action"))
+
+
+def step(pod: Mapping[str, Any], first_seen: float, now: float | None = None) -> float | None:
+    """One pass over a rejected pod: None when done, else seconds to wait."""
+    now = time.time() if now is None else now
+    meta = pod.get("metadata") or {}
+    ns, name, uid = str(meta["namespace"]), str(meta["name"]), str(meta["uid"])
+    node = str((pod.get("spec") or {}).get("nodeName") or "")
+    key = workload_key(pod)
+    data, rv = load_state(ns)
+    st = WorkloadState.parse(data.get(key))
+    decision = (st.handled or {}).get(uid)
+    if decision is not None:
+        _finish(pod, decision)
+        return None
+    if uid in (st.gave_up or {}):
+        return None
+    if uid in (st.released or {}):
+        return None
+    governing, settings = governing_settings(pod)
+    st.policy = governing
+    st.expire(now)
+    if not settings.enabled:
+        return None
+    replicas, owner = owner_replicas(pod)
+    budget = settings.max_attempts * replicas
+    st.budget = budget
+    if st.attempts >= budget:
+        st.gave_up = {**(st.gave_up or {}), uid: iso(now)}
+        st.last = iso(now)
+        ref = controller_ref(pod)
+        gate = ref is not None and owner is not None
+        if gate and not st.exhausted:
+            assert ref is not None and owner is not None
+            st.exhausted = iso(now)
+            st.owner = {"kind": str(ref.get("kind")), "name": str(ref.get("name"))}
+            st.reset = str(((owner.get("metadata") or {}).get("annotations") or {}).get(
+                ANN_RESET, ""))
+        data[key] = st.dump()
+        save_state(ns, data, rv)
+        metrics.REDEPLOYS.labels(outcome="gave_up").inc()
+        per = f"maxAttempts={settings.max_attempts}" + (
+            f" x {replicas} replicas" if replicas != 1 else "")
+        msg = (f"not redeploying {name}: {st.attempts} redeploy attempt(s) of this "
+               f"workload reached its budget ({per}"
+               + (f" of TopologyPolicy/{governing}" if governing else "") + ")")
+        if gate:
+            assert ref is not None
+            msg += (f"; new pods of {ref.get('kind')}/{ref.get('name')} are held by the "
+                    f"scheduling gate {GATE} until it is released: fix the policy or free "
+                    f"capacity, then annotate the {ref.get('kind')} with {ANN_RESET}=<a new "
+                    f"value>")
+        kube.event(pod, "Warning", reason="RedeployGaveUp", message=msg)
+        return None
+    wait = first_seen + backoff_delay(settings.backoff_seconds, st.attempts, replicas) - now
+    if wait > 0:
+        return wait
+    attempt = st.attempts + 1
+    st.last = iso(now)
+    if node:
+        st.rejections = {**(st.rejections or {}), node: iso(now)}
+    avoid = st.avoid_nodes(now) if settings.avoid_rejecting_nodes else []
+    avoid = with_unfit(pod, avoid)
+    bare = controller_ref(pod) is None
+    decision = {"action": "recreate" if bare else "delete", "attempt": attempt, "node": node,
+                "at": iso(now), "pod": name, "avoid": avoid if bare else [],
+                "replacement": replacement_name(base_name(pod), attempt) if bare else None}
+    st.handled = {**(st.handled or {}), uid: decision}
+    st.attempts = attempt
+    data[key] = st.dump()
+    save_state(ns, data, rv)  # durable before acting (409 -> retried by the caller)
+    checkpoint("after-record")
+    action = _finish(pod, decision)
+    metrics.REDEPLOYS.labels(outcome="recreated" if action == "recreate" else "deleted").inc()
+    kube.event(pod, "Normal", reason="Redeploy",
+              message=f"attempt {attempt}/{budget}: "
+                      + (f"recreated as {decision['replacement']}" if bare
+                         else "deleted so that its controller recreates it")
+                      + (f", avoiding {', '.join(avoid)}" if avoid else ""))
+    return None

@@ -1,0 +1,233 @@
+"""The pure redeploy logic: names, keys, backoff, node avoidance, replacements, and the
+durable record of a workload (:class:`WorkloadState`). The rules are in the README
+(section "TopologyPolicy"); nothing here talks to the API server."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from numalign.api.wire import ANN_ALLOCATION, ANN_RESOLVED, REJECT_REASON
+
+ANN_REDEPLOY_OF = "numalign.io/redeploy-of"
+ANN_BASE = "numalign.io/redeploy-base"
+ANN_WORKLOAD = "numalign.io/workload"
+ANN_RESET = "numalign.io/redeploy-reset"
+GATE = "numalign.io/redeploy"
+REPLICATED_KINDS = ("ReplicaSet", "StatefulSet", "ReplicationController")
+RESET_AFTER_S = 3600.0
+AVOID_FOR_S = 1800.0
+MAX_HANDLED = 64
+MAX_NAME = 253
+
+# ---------------------------------------------------------------------------
+# Pure helpers (unit-tested)
+
+
+def is_topology_rejected(pod: Mapping[str, Any]) -> bool:
+    status = pod.get("status") or {}
+    return bool(status.get("phase") == "Failed" and status.get("reason") == REJECT_REASON)
+
+
+def backoff_delay(backoff_seconds: float, attempt: int, replicas: int = 1) -> float:
+    """Delay before redeploy attempt ``attempt`` (0-based) of a workload of ``replicas``:
+    backoff * 2**round, a round being one attempt per replica; capped at one hour."""
+    rnd = max(0, attempt) // max(1, replicas)
+    return float(min(3600.0, backoff_seconds * (2 ** min(rnd, 30))))
+
+
+def controller_ref(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    for ref in (pod.get("metadata") or {}).get("ownerReferences") or []:
+        if isinstance(ref, Mapping) and ref.get("controller"):
+            return ref
+    return None
+
+
+def base_name(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    ann = meta.get("annotations") or {}
+    return str(ann.get(ANN_BASE) or meta.get("name") or "pod")
+
+
+def workload_key(pod: Mapping[str, Any]) -> str:
+    """The ConfigMap key of the pod's workload: controller uid, else the bare pod's
+    base name (the name of the first pod of its lineage). Valid ConfigMap key."""
+    ref = controller_ref(pod)
+    raw = f"owner-{ref.get('uid')}" if ref is not None else f"pod-{base_name(pod)}"
+    key = re.sub(r"[^-._a-zA-Z0-9]", "_", raw)
+    if len(key) > 200:
+        key = key[:180] + "-" + hashlib.sha256(raw.encode()).hexdigest()[:12]
+    return key
+
+
+def replacement_name(base: str, attempt: int) -> str:
+    """Deterministic name of the bare-pod replacement for redeploy ``attempt`` (1-based)."""
+    suffix = f"-r{attempt}"
+    return base[: MAX_NAME - len(suffix)].rstrip("-.") + suffix
+
+
+def _opt_str(v: Any) -> str | None:
+    return str(v) if isinstance(v, str) and v else None
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _ts(text: Any) -> float:
+    try:
+        return datetime.strptime(str(text), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return 0.0
+
+
+@dataclass
+class WorkloadState:
+    """The durable record of one workload's rejections and redeploys."""
+
+    attempts: int = 0
+    rejections: dict[str, str] | None = None  # node -> last rejection (ISO time)
+    handled: dict[str, dict[str, Any]] | None = None  # pod uid -> decision
+    gave_up: dict[str, str] | None = None  # pod uid -> when
+    policy: str | None = None
+    exhausted: str | None = None  # when the budget was spent (new pods are gated)
+    owner: dict[str, str] | None = None  # the controller: kind, name
+    reset: str | None = None  # the controller's ANN_RESET value when it was exhausted
+    released: dict[str, str] | None = None  # gave_up entries from before a release
+    last: str | None = None  # the last rejection (ISO time)
+    budget: int | None = None  # attempts allowed at the last decision
+
+    @classmethod
+    def parse(cls, text: str | None) -> WorkloadState:
+        try:
+            doc = json.loads(text) if text else {}
+        except ValueError:
+            doc = {}
+        if not isinstance(doc, dict):
+            doc = {}
+        att = doc.get("attempts")
+        return cls(
+            attempts=att if isinstance(att, int) and att >= 0 else 0,
+            rejections={str(k): str(v) for k, v in (doc.get("rejections") or {}).items()},
+            handled={str(k): dict(v) for k, v in (doc.get("handled") or {}).items()
+                     if isinstance(v, dict)},
+            gave_up={str(k): str(v) for k, v in (doc.get("gaveUp") or {}).items()},
+            policy=doc.get("policy") if isinstance(doc.get("policy"), str) else None,
+            exhausted=_opt_str(doc.get("exhausted")),
+            owner={str(k): str(v) for k, v in doc["owner"].items()}
+            if isinstance(doc.get("owner"), dict) else None,
+            reset=_opt_str(doc.get("reset")),
+            released={str(k): str(v) for k, v in (doc.get("released") or {}).items()},
+            last=_opt_str(doc.get("last")),
+            budget=doc.get("budget") if isinstance(doc.get("budget"), int) else None,
+        )
+
+    def dump(self) -> str:
+        handled = self.handled or {}
+        if len(handled) > MAX_HANDLED:  # keep the newest decisions
+            keep = sorted(handled.items(), key=lambda kv: str(kv[1].get("at", "")))[-MAX_HANDLED:]
+            handled = dict(keep)
+        gave_up = dict(sorted((self.gave_up or {}).items(), key=lambda kv: kv[1])[-MAX_HANDLED:])
+        released = dict(sorted((self.released or {}).items(),
+                               key=lambda kv: kv[1])[-MAX_HANDLED:])
+        doc: dict[str, Any] = {"attempts": self.attempts, "rejections": self.rejections or {},
+                               "handled": handled, "gaveUp": gave_up, "policy": self.policy}
+        for k, v in (("exhausted", self.exhausted), ("owner", self.owner),
+                     ("reset", self.reset), ("released", released), ("last", self.last),
+                     ("budget", self.budget)):
+            if v:
+                doc[k] = v
+        return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+
+    def last_rejection(self) -> float:
+        times = [_ts(v) for v in (self.rejections or {}).values()]
+        if self.last:
+            times.append(_ts(self.last))
+        return max(times, default=0.0)
+
+    def release(self, now: float) -> None:
+        """Start afresh: a new budget, no gate for new pods (the Failed pods it gave up
+        on stay given up)."""
+        self.attempts = 0
+        self.exhausted = None
+        self.reset = None
+        self.rejections = {}
+        self.released = {**(self.released or {}), **(self.gave_up or {})}
+        self.gave_up = {}
+
+    def expire(self, now: float) -> None:
+        """Reset the count after a quiet period; forget old rejecting nodes."""
+        if (self.attempts or self.exhausted) and now - self.last_rejection() > RESET_AFTER_S:
+            self.release(now)
+        self.rejections = {n: t for n, t in (self.rejections or {}).items()
+                           if now - _ts(t) <= AVOID_FOR_S}
+
+    def avoid_nodes(self, now: float) -> list[str]:
+        """Nodes that rejected the workload in the last :data:`AVOID_FOR_S`, newest
+        first."""
+        recent = [(_ts(t), n) for n, t in (self.rejections or {}).items()
+                  if now - _ts(t) <= AVOID_FOR_S]
+        return [n for _, n in sorted(recent, key=lambda tn: (-tn[0], tn[1]))]
+
+
+def with_node_avoidance(spec: Mapping[str, Any], avoid: list[str]) -> dict[str, Any]:
+    """A copy of a pod spec whose required node affinity excludes ``avoid`` nodes (by
+    ``metadata.name`` field, one requirement per node; added to every nodeSelectorTerm,
+    since terms are ORed)."""
+    out = copy.deepcopy(dict(spec))
+    if not avoid:
+        return out
+    # The API server allows one value per metadata.name field requirement: one each.
+    reqs = [{"key": "metadata.name", "operator": "NotIn", "values": [n]}
+            for n in sorted(set(avoid))]
+    affinity = out.setdefault("affinity", {}) or {}
+    out["affinity"] = affinity
+    node_aff = affinity.setdefault("nodeAffinity", {}) or {}
+    affinity["nodeAffinity"] = node_aff
+    required = node_aff.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {}) or {}
+    node_aff["requiredDuringSchedulingIgnoredDuringExecution"] = required
+    terms = required.get("nodeSelectorTerms") or [{}]
+    new_terms = []
+    for term in terms:
+        term = dict(term)
+        fields = [f for f in term.get("matchFields") or []
+                  if not (f.get("key") == "metadata.name" and f.get("operator") == "NotIn")]
+        fields += reqs
+        term["matchFields"] = fields
+        new_terms.append(term)
+    required["nodeSelectorTerms"] = new_terms
+    return out
+
+
+_DROP_ANNOTATIONS = (ANN_RESOLVED, ANN_ALLOCATION,
+                     "kubectl.kubernetes.io/last-applied-configuration")
+
+
+def build_replacement(pod: Mapping[str, Any], name: str, avoid: list[str]) -> dict[str, Any]:
+    """The bare-pod replacement: same labels, annotations (minus what the operator and
+    the agent wrote) and spec, without nodeName, with node avoidance."""
+    meta = pod.get("metadata") or {}
+    ann = {k: v for k, v in (meta.get("annotations") or {}).items()
+           if k not in _DROP_ANNOTATIONS and not k.startswith("kopf.zalando.org/")}
+    ann[ANN_REDEPLOY_OF] = str(meta.get("name", ""))
+    ann[ANN_BASE] = base_name(pod)
+    spec = dict(pod.get("spec") or {})
+    spec.pop("nodeName", None)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": meta.get("namespace"),
+                     "labels": dict(meta.get("labels") or {}), "annotations": ann},
+        "spec": with_node_avoidance(spec, avoid),
+    }
+
+
+def has_gate(pod: Mapping[str, Any]) -> bool:
+    return any(isinstance(g, Mapping) and g.get("name") == GATE
+               for g in (pod.get("spec") or {}).get("schedulingGates") or [])

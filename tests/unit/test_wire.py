@@ -1,0 +1,202 @@
+"""The wire contract: numalign.io/resolved (the operator writes it, the agent reads it),
+numalign.io/allocation (the agent writes it) and NodeTopology status.admitted entries."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from numalign.agent.annotations import resolve_pod
+from numalign.api.wire import (
+    ANN_ALLOCATION,
+    ANN_RESOLVED,
+    Admitted,
+    Allocation,
+    ContainerAllocation,
+    Resolved,
+    WireError,
+    node_default,
+    parse_admitted,
+    parse_allocation,
+    parse_options,
+    parse_resolved,
+)
+from numalign.topology.policy import PolicyOptions
+
+DEFAULT = Resolved("restricted", "pod", {}, "node-default")
+
+
+def _pod(annotations: dict[str, str] | None = None) -> dict[str, object]:
+    return {"metadata": {"name": "p", "namespace": "ns", "uid": "u1",
+                         "annotations": annotations or {}}}
+
+
+def test_resolved_annotation_parsed() -> None:
+    r = parse_resolved(json.dumps({"policy": "single-numa-node", "scope": "pod",
+                                   "options": {"preferClosestNumaNodes": True},
+                                   "source": "TopologyPolicy/ml"}))
+    assert r == Resolved("single-numa-node", "pod", {"prefer-closest-numa-nodes": "true"},
+                         "TopologyPolicy/ml")
+
+
+def test_resolved_defaults_scope_and_source() -> None:
+    r = parse_resolved('{"policy": "best-effort"}')
+    assert (r.policy, r.scope, r.source) == ("best-effort", "container", "pod")
+
+
+@pytest.mark.parametrize(("value", "problem"), [
+    ("{not json", "is not valid JSON"),
+    ('["single-numa-node"]', "must be a JSON object"),
+    ('{"policy": "strict"}', "policy must be one of"),
+    ('{"policy": "restricted", "scope": "node"}', "scope must be container or pod"),
+    ('{"policy": "restricted", "options": {"bogus": 1}}', "unknown option 'bogus'"),
+    ('{"policy": "restricted", "options": {"maxAllowableNumaNodes": 4}}', "must be >= 8"),
+    ('{"policy": "restricted", "options": []}', "options must be an object"),
+])
+def test_malformed_resolved_names_the_problem(value: str, problem: str) -> None:
+    with pytest.raises(WireError, match=problem) as e:
+        parse_resolved(value)
+    assert ANN_RESOLVED in str(e.value)
+
+
+def test_resolve_pod_falls_back_to_node_default() -> None:
+    assert resolve_pod(_pod(), DEFAULT) == (DEFAULT, None)
+    r, problem = resolve_pod(_pod({ANN_RESOLVED: '{"policy": 7}'}), DEFAULT)
+    assert r == DEFAULT
+    assert problem is not None and "policy must be one of" in problem
+    r, problem = resolve_pod(_pod({ANN_RESOLVED: '{"policy": "none", "source": "none"}'}), DEFAULT)
+    assert r.policy == "none" and problem is None
+
+
+def test_deferred_resolution_takes_the_node_default_without_a_warning() -> None:
+    # The operator resolves unbound pods that no policy matches to "this node's default".
+    deferred = '{"options":{},"policy":null,"scope":null,"source":"node-default"}'
+    assert resolve_pod(_pod({ANN_RESOLVED: deferred}), DEFAULT) == (DEFAULT, None)
+
+
+def test_node_default_from_spec() -> None:
+    assert node_default(None).policy == "none"
+    r = node_default({"policy": "single-numa-node", "scope": "pod",
+                            "options": {"maxAllowableNumaNodes": 16}, "policyGeneration": 3})
+    assert r == Resolved("single-numa-node", "pod", {"max-allowable-numa-nodes": "16"},
+                         "node-default")
+    assert node_default({"policy": "bogus"}).policy == "none"
+
+
+def test_allocation_round_trip() -> None:
+    a = Allocation(numa_nodes=[0], containers={
+        "main": ContainerAllocation(cpus=[0, 1], memory={"0": 200 << 20},
+                                    devices={"gpu-vendor.com/gpu": ["gpu0"]},
+                                    hugepages={"2Mi": {"0": 4 << 20}})},
+        gpus={"0": ["gpu0"]})
+    text = a.to_annotation()
+    doc = json.loads(text)
+    assert doc["numaNodes"] == [0]
+    assert doc["containers"]["main"]["cpus"] == [0, 1]
+    assert doc["containers"]["main"]["memory"] == {"0": 200 << 20}
+    assert doc["containers"]["main"]["devices"] == {"gpu-vendor.com/gpu": ["gpu0"]}
+    assert doc["gpus"] == {"0": ["gpu0"]}
+    back = parse_allocation(text)
+    assert back == a
+    assert back.cpus == [0, 1]
+    assert back.devices == {"gpu-vendor.com/gpu": ["gpu0"]}
+    assert back.memory == {"0": 200 << 20}
+
+
+@pytest.mark.parametrize("value", [
+    "nope", "[]", '{"containers": {"c": {"cpus": ["a"]}}}',
+    '{"containers": {"c": {"memory": {"0": "lots"}}}}', '{"numaNodes": "0"}',
+])
+def test_bad_allocation_refused(value: str) -> None:
+    with pytest.raises(WireError, match=ANN_ALLOCATION):
+        parse_allocation(value)
+
+
+# ---------------------------------------------------------------- options, sources
+
+
+def test_options_are_parsed_once_into_the_engine_value() -> None:
+    opts = parse_options({"preferClosestNumaNodes": True, "max-allowable-numa-nodes": "16"})
+    assert opts.engine == PolicyOptions(prefer_closest_numa_nodes=True,
+                                        max_allowable_numa_nodes=16)
+    assert opts.to_json() == {"preferClosestNumaNodes": True, "maxAllowableNumaNodes": 16}
+    assert parse_options(None).engine == PolicyOptions() and not parse_options({})
+    # The engine's (the kubelet's) wording for a value it cannot read.
+    with pytest.raises(WireError, match='bad value for option "prefer-closest-numa-nodes"'):
+        parse_options({"preferClosestNumaNodes": "maybe"})
+    with pytest.raises(WireError, match="must be >= 8"):
+        parse_options({"maxAllowableNumaNodes": 7})
+
+
+def test_resolved_carries_the_parsed_options() -> None:
+    r = parse_resolved('{"policy": "restricted", "scope": "pod", "source": "pod", '
+                       '"options": {"maxAllowableNumaNodes": 16}}')
+    assert r.options.engine.max_allowable_numa_nodes == 16
+    assert json.loads(r.annotation())["options"] == {"maxAllowableNumaNodes": 16}
+
+
+@pytest.mark.parametrize("source", ["elsewhere", "TopologyPolicy/", "", 7])
+def test_resolved_source_must_be_one_the_operator_writes(source: object) -> None:
+    with pytest.raises(WireError, match="source must be"):
+        parse_resolved(json.dumps({"policy": "none", "scope": "pod", "source": source}))
+
+
+def test_deferred_resolution_is_one_value() -> None:
+    r = parse_resolved('{"options":{},"policy":null,"scope":null,"source":"node-default"}')
+    assert r.deferred and r.annotation() == \
+        '{"options":{},"policy":null,"scope":null,"source":"node-default"}'
+    with pytest.raises(WireError, match="policy must be one of"):
+        parse_resolved('{"policy": null, "scope": null, "source": "pod"}')
+
+
+# ---------------------------------------------------------------- status.admitted
+
+
+def _held() -> tuple[Resolved, Allocation]:
+    alloc = Allocation(numa_nodes=[0, 1], containers={
+        "app": ContainerAllocation(cpus=[0, 1, 2], memory={"0": 1 << 30, "1": 1 << 30},
+                                   devices={"nvidia.com/gpu": ["g0"]}, numa_nodes=[0, 1],
+                                   hugepages={"2Mi": {"0": 4 << 20}})},
+        gpus={"0": ["g0"]})
+    return Resolved("restricted", "pod", {"maxAllowableNumaNodes": 16}, "TopologyPolicy/ml"), \
+        alloc
+
+
+def test_admitted_entry_round_trip() -> None:
+    resolved, alloc = _held()
+    entry = Admitted("p", "ns", "u1", resolved, alloc).to_json()
+    assert entry["cpus"] == "0-2" and entry["options"] == {"maxAllowableNumaNodes": 16}
+    assert entry["containers"][0]["cpus"] == "0-2"
+    back = parse_admitted(json.loads(json.dumps(entry)))
+    assert back == Admitted("p", "ns", "u1", resolved, alloc)
+    assert back.resolved.options.engine.max_allowable_numa_nodes == 16
+
+
+def test_admitted_totals_without_containers() -> None:
+    got = parse_admitted({"pod": "p", "uid": "u", "policy": "best-effort", "cpus": "0-3",
+                          "memory": {"0": "1Gi"}, "numaNodes": [0]})
+    c = got.allocation.containers[""]
+    assert (c.cpus, c.memory, c.numa_nodes) == ([0, 1, 2, 3], {"0": 1 << 30}, [0])
+    assert got.resolved.policy == "best-effort" and got.namespace == "default"
+
+
+def test_admitted_bad_policy_keeps_the_allocation() -> None:
+    got = parse_admitted({"pod": "p", "uid": "u", "policy": "strict", "cpus": "1",
+                          "options": {"bogus": 1}})
+    assert got.resolved.policy == "none" and got.allocation.cpus == [1]
+    assert any("policy" in p for p in got.resolved.problems)
+    assert any("bogus" in p for p in got.resolved.problems)
+
+
+@pytest.mark.parametrize(("entry", "field"), [
+    ({"pod": "p", "containers": [{"name": "a", "cpus": "x-y"}]}, r"containers\[0\]\.cpus"),
+    ({"pod": "p", "containers": [{"name": "a", "memory": {"0": "lots"}}]},
+     r"containers\[0\]\.memory\.0"),
+    ({"pod": "p", "containers": [3]}, r"containers\[0\] must be an object"),
+    ({"pod": "p", "numaNodes": "0"}, "numaNodes must be a list"),
+    ([], "must be an object"),
+])
+def test_malformed_admitted_entry_names_the_field(entry: object, field: str) -> None:
+    with pytest.raises(WireError, match=field):
+        parse_admitted(entry, "status.admitted[0]")
