@@ -19,9 +19,10 @@ down: $(BIN)/.installed
 	$(BIN)/numalign dev down
 
 # Everything CI runs: lint, types, layers (pyproject's import-linter contracts), unit
-# tests, tests against the real API server.
+# tests, tests against the real API server and the real node (its kubelet, containerd,
+# runc and CNI plugins are built here too).
 test: $(BIN)/.installed
-	$(BIN)/numalign dev build
+	$(BIN)/numalign dev build --real-node
 	$(BIN)/ruff check operator tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports

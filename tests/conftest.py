@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,16 +35,20 @@ def _log(message: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def dev_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+def dev_cluster() -> Iterator[DevCluster]:
     """The session's control plane (etcd, kube-apiserver, controller manager, scheduler)
     with the CRDs installed and Established."""
     ensure_built(log=_log)
-    cluster = DevCluster(tmp_path_factory.mktemp("devcluster"), name="pytest", ephemeral=True)
+    # A short folder (not pytest's numbered base): the real node's unix sockets live under
+    # it, and a socket path has at most 107 bytes (gRPC's device plugin sockets fewer).
+    state = Path(tempfile.mkdtemp(prefix="numalign-dc-"))
+    cluster = DevCluster(state, name="pytest", ephemeral=True)
     try:
         cluster.up(log=_log)
         yield cluster
     finally:
         cluster.down(log=_log)
+        shutil.rmtree(state, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,9 @@
 """``numalign dev``: the local control plane for the demo and the tests.
 
-    numalign dev build                       # build (or find cached) the binaries
+    numalign dev build [--real-node]         # build (or find cached) the binaries
     numalign dev up [--machine FILE[=COUNT]]... [--state-dir DIR]
     numalign dev up --demo [--state-dir DIR]  # + emulated nodes and the sample workloads
+    numalign dev up --real-node [FILE]       # + a real kubelet and containerd (root)
     numalign dev kubeconfig                  # print the kubeconfig path
     numalign dev status
     numalign dev down
@@ -25,7 +26,12 @@ from ..devcluster.addons import MachineSpec, MachineSpecError
 from ..devcluster.build import BuildError, ensure_built
 from ..devcluster.cluster import DevCluster, DevClusterError, default_state_dir
 from ..devcluster.crds import CrdError
-from ..devcluster.demo import SAMPLES, Demo, DemoResult, Kubectl, pods_of, story
+from ..devcluster.demo import REPO, SAMPLES, Demo, DemoResult, Kubectl, pods_of, story
+from ..devcluster.nodebuild import ensure_node_built
+from ..devcluster.realnode import PROCESSES, RealNode
+from ..topology.errors import MachineError
+
+REAL_NODE_MACHINE = REPO / "tests" / "fixtures" / "machines" / "realnode-2numa.yaml"
 
 DESCRIPTION = """\
 A real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager,
@@ -63,6 +69,16 @@ def _parser() -> argparse.ArgumentParser:
                     help="emulate COUNT nodes (default 1) with the hardware in machine file "
                          "FILE; repeatable. Nodes need the numalign agent "
                          "(numalign.agent.emulate): without it none register")
+    up.add_argument("--real-node", nargs="?", const=REAL_NODE_MACHINE, default=None,
+                    type=Path, metavar="FILE",
+                    help="also run a real node: a kubelet and containerd built from source "
+                         "(numalign dev build --real-node), the kubelet seeing the NUMA "
+                         "layout of machine file FILE mapped onto this machine's CPUs "
+                         f"(default: {REAL_NODE_MACHINE.relative_to(REPO)}); needs root "
+                         "and cgroups")
+    up.add_argument("--topology-policy", default=None, metavar="POLICY",
+                    help="with --real-node: the kubelet's Topology Manager policy (default: "
+                         "the node's NodeTopology default, else single-numa-node)")
     up.add_argument("--no-operator", action="store_true",
                     help="do not start the numalign operator even when it is available")
     up.add_argument("--timeout", type=float, default=180.0, metavar="SECONDS",
@@ -79,7 +95,10 @@ def _parser() -> argparse.ArgumentParser:
     with_state(sub.add_parser("kubeconfig", help="print the kubeconfig path "
                                                  "(export KUBECONFIG=$(numalign dev kubeconfig))"))
     with_state(sub.add_parser("status", help="say whether the control plane runs"))
-    sub.add_parser("build", help="build the binaries (cached: instant when built)")
+    build = sub.add_parser("build", help="build the binaries (cached: instant when built)")
+    build.add_argument("--real-node", action="store_true",
+                       help="also build the real node's kubelet, containerd, runc and CNI "
+                            "plugins (what 'dev up --real-node' runs)")
     plugin = sub.add_parser(
         "device-plugin", help="serve a machine file's devices to a kubelet (device plugin API)",
         description="A sample device plugin (v1beta1): advertises the machine file's devices "
@@ -106,7 +125,7 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         return _run(args)
-    except (BuildError, DevClusterError, CrdError, MachineSpecError) as e:
+    except (BuildError, DevClusterError, CrdError, MachineSpecError, MachineError) as e:
         _log(f"error: {e}")
         return 1
     except KeyboardInterrupt:
@@ -120,6 +139,11 @@ def _run(args: argparse.Namespace) -> int:
         path = ensure_built(log=_log)
         _log(f"binaries in {path} ({time.monotonic() - t0:.1f}s)")
         print(path)
+        if args.real_node:
+            t0 = time.monotonic()
+            node = ensure_node_built(log=_log)
+            _log(f"real node binaries in {node} ({time.monotonic() - t0:.1f}s)")
+            print(node)
         return 0
     if args.action == "device-plugin":
         return _device_plugin(args)
@@ -130,6 +154,9 @@ def _run(args: argparse.Namespace) -> int:
         machines = [MachineSpec.parse(m) for m in args.machine]
         cluster.up(machines=machines, operator=not args.no_operator, log=_log,
                    timeout=args.timeout)
+        if args.real_node is not None:
+            RealNode(cluster, args.real_node, policy=args.topology_policy).up(
+                log=_log, timeout=max(args.timeout, 240.0))
         print(cluster.kubeconfig)
         return 0
     if args.action == "down":
@@ -151,6 +178,12 @@ def _run(args: argparse.Namespace) -> int:
         for name, alive in cluster.processes().items():
             print(f"  {name:<24} {'running' if alive else 'stopped'}"
                   f"  log {cluster.log_file(name)}")
+        real = RealNode(cluster)
+        for name in PROCESSES:
+            if real.process(name).pid is not None:
+                alive = real.process(name).is_running()
+                print(f"  {'real node ' + name:<24} {'running' if alive else 'stopped'}"
+                      f"  log {real.log_file(name)}")
         return 0 if running else 1
     raise AssertionError(args.action)
 

@@ -75,17 +75,18 @@ def find_go() -> Toolchain:
     return Toolchain(go=go, version=out.strip())
 
 
-def _go_env() -> dict[str, str]:
+def _go_env(cgo: bool = False) -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("GOTOOLCHAIN", "local")
     env.setdefault("GOFLAGS", "-buildvcs=false")
-    env["CGO_ENABLED"] = "0"
+    env["CGO_ENABLED"] = "1" if cgo else "0"
     return env
 
 
-def _run(cmd: list[str], cwd: Path, log: Callable[[str], None]) -> str:
+def _run(cmd: list[str], cwd: Path, log: Callable[[str], None], cgo: bool = False) -> str:
     log("$ " + " ".join(cmd))
-    proc = subprocess.run(cmd, cwd=cwd, env=_go_env(), capture_output=True, text=True, check=False)
+    proc = subprocess.run(cmd, cwd=cwd, env=_go_env(cgo), capture_output=True, text=True,
+                          check=False)
     if proc.returncode != 0:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-25:])
         raise BuildError(f"'{' '.join(cmd[:3])} ...' failed in {cwd}:\n{tail}")
@@ -116,8 +117,11 @@ def _ldflags(version: str) -> str:
     return " ".join(flags)
 
 
-def _build_kubernetes(tc: Toolchain, version: str, out: Path, log: Callable[[str], None]) -> None:
-    work = cache_root() / "src" / f"kubernetes-{version}"
+def _build_kubernetes(tc: Toolchain, version: str, out: Path, log: Callable[[str], None],
+                      components: tuple[str, ...] = COMPONENTS, src: str = "kubernetes") -> None:
+    """Build ``k8s.io/kubernetes/cmd/<component>`` for each component in a scratch module
+    under ``src/<src>-<version>`` (one per set of components: builds never share one)."""
+    work = cache_root() / "src" / f"{src}-{version}"
     work.mkdir(parents=True, exist_ok=True)
     (work / "go.mod").write_text("module numalign.local/k8sbuild\n\ngo 1.26\n")
     minor = version.split(".", 1)[1]
@@ -134,10 +138,10 @@ def _build_kubernetes(tc: Toolchain, version: str, out: Path, log: Callable[[str
     lines += [f"\t{mod} => {mod} v0.{minor}" for mod in staging]
     lines += [")", ""]
     (work / "go.mod").write_text("\n".join(lines))
-    imports = "\n".join(f'\t_ "k8s.io/kubernetes/cmd/{c}"' for c in COMPONENTS)
+    imports = "\n".join(f'\t_ "k8s.io/kubernetes/cmd/{c}"' for c in components)
     (work / "tools.go").write_text(f"//go:build tools\n\npackage tools\n\nimport (\n{imports}\n)\n")
     _run([tc.go, "mod", "tidy", "-e"], work, log)
-    pkgs = [f"k8s.io/kubernetes/cmd/{c}" for c in COMPONENTS]
+    pkgs = [f"k8s.io/kubernetes/cmd/{c}" for c in components]
     _run([tc.go, "build", "-trimpath", "-ldflags", _ldflags(version), "-o", str(out) + "/", *pkgs],
          work, log)
 

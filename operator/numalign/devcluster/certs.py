@@ -39,6 +39,7 @@ class Pki:
     admin: KeyPair
     controller_manager: KeyPair
     scheduler: KeyPair
+    apiserver_kubelet_client: KeyPair
     sa_key: Path
     sa_pub: Path
 
@@ -56,13 +57,15 @@ class Pki:
             admin=pair("admin"),
             controller_manager=pair("controller-manager"),
             scheduler=pair("scheduler"),
+            apiserver_kubelet_client=pair("apiserver-kubelet-client"),
             sa_key=directory / "sa.key",
             sa_pub=directory / "sa.pub",
         )
 
     def complete(self) -> bool:
         pairs = (self.ca, self.apiserver, self.front_proxy_ca, self.front_proxy_client,
-                 self.admin, self.controller_manager, self.scheduler)
+                 self.admin, self.controller_manager, self.scheduler,
+                 self.apiserver_kubelet_client)
         files = [p for kp in pairs for p in (kp.cert, kp.key)] + [self.sa_key, self.sa_pub]
         return all(f.is_file() for f in files)
 
@@ -107,6 +110,18 @@ def _builder(subject: x509.Name, issuer: x509.Name, key: ec.EllipticCurvePrivate
 
 
 class _Ca:
+    @classmethod
+    def load(cls, pair: KeyPair) -> _Ca:
+        """The CA that :func:`generate` wrote, to issue more certificates with."""
+        ca = cls.__new__(cls)
+        key = serialization.load_pem_private_key(pair.key.read_bytes(), password=None)
+        if not isinstance(key, ec.EllipticCurvePrivateKey):
+            raise ValueError(f"{pair.key}: not an EC private key")
+        ca.key = key
+        ca.cert = x509.load_pem_x509_certificate(pair.cert.read_bytes())
+        ca.name = ca.cert.subject
+        return ca
+
     def __init__(self, cn: str, now: dt.datetime) -> None:
         self.key = _key()
         self.name = _name(cn)
@@ -188,6 +203,9 @@ def generate(directory: Path) -> Pki:
     _save(pki.admin, *ca.issue("numalign-admin", now, org="system:masters"))
     _save(pki.controller_manager, *ca.issue("system:kube-controller-manager", now))
     _save(pki.scheduler, *ca.issue("system:kube-scheduler", now))
+    # The API server's identity towards kubelets (logs, exec): an admin of the cluster.
+    _save(pki.apiserver_kubelet_client,
+          *ca.issue("kube-apiserver-kubelet-client", now, org="system:masters"))
 
     fp = _Ca("numalign-dev-front-proxy-ca", now)
     fp.save(pki.front_proxy_ca)
@@ -198,3 +216,11 @@ def generate(directory: Path) -> Pki:
     _write(pki.sa_pub, sa.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
     return pki
+
+
+def issue_client(pki: Pki, pair: KeyPair, cn: str, org: str | None = None) -> KeyPair:
+    """Issue a client certificate (``cn``, group ``org``) from the cluster CA into ``pair``,
+    e.g. a kubelet's ``system:node:NAME`` in ``system:nodes``."""
+    ca = _Ca.load(pki.ca)
+    _save(pair, *ca.issue(cn, dt.datetime.now(dt.UTC), org=org))
+    return pair

@@ -63,7 +63,7 @@ CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-sche
 CONTROLLERS = ("*",)
 _STATE_FILES = ("kubeconfig", "controller-manager.kubeconfig", "scheduler.kubeconfig",
                 "state.json")
-_STATE_DIRS = ("pki", "etcd", "logs", "run", "operator")
+_STATE_DIRS = ("pki", "etcd", "logs", "run", "operator", "realnode")
 
 
 class DevClusterError(RuntimeError):
@@ -272,7 +272,7 @@ class DevCluster:
             f"--tls-cert-file={p.apiserver.cert}",
             f"--tls-private-key-file={p.apiserver.key}",
             f"--client-ca-file={p.ca.cert}",
-            "--authorization-mode=RBAC",
+            "--authorization-mode=Node,RBAC",  # Node: a real kubelet's own rights
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={p.sa_pub}",
             f"--service-account-signing-key-file={p.sa_key}",
@@ -284,6 +284,10 @@ class DevCluster:
             "--requestheader-extra-headers-prefix=X-Remote-Extra-",
             f"--proxy-client-cert-file={p.front_proxy_client.cert}",
             f"--proxy-client-key-file={p.front_proxy_client.key}",
+            # A real node (realnode.py) is reached by its Hostname address (localhost).
+            f"--kubelet-client-certificate={p.apiserver_kubelet_client.cert}",
+            f"--kubelet-client-key={p.apiserver_kubelet_client.key}",
+            "--kubelet-preferred-address-types=Hostname,InternalIP",
             "--allow-privileged=true",
             "--endpoint-reconciler-type=none",  # loopback is no valid endpoint address
             "--profiling=false",
@@ -425,8 +429,12 @@ class DevCluster:
     # -------------------------------------------------------------------- stopping
 
     def _stop_all(self, say: Log = _quiet) -> None:
-        """Addons first (all at once, SIGKILL after 5s), then the control plane in
-        reverse start order."""
+        """The real node first, then the addons (all at once, SIGKILL after 5s), then the
+        control plane in reverse start order."""
+        if (self.state_dir / "realnode").exists():
+            from .realnode import RealNode  # it builds on this module
+
+            RealNode(self).down(say)
         addons = [self.process(a.name) for a in reversed(self.addons)]
         plane = [self.process(n) for n in reversed(CONTROL_PLANE)]
         running = {p.name for p in (*addons, *plane) if p.is_running()}

@@ -1,0 +1,664 @@
+"""A real node in the dev cluster: containerd (with runc, the CNI plugins and NRI) and a
+kubelet that sees a machine file's NUMA layout, registered with the local API server.
+
+    node = RealNode(cluster, machine_file)
+    node.up(log=print)     # build (cached), configure, start, wait until the Node is Ready
+    node.down()            # stop it and remove its containers, mounts, cgroups and netns
+
+Everything lives under ``<cluster state>/realnode/``: ``sys/`` (the sysfs view the kubelet
+sees, see :mod:`numalign.devcluster.sysfsview`), ``kubelet/`` (its root dir: the
+pod-resources and device-plugin sockets), ``kubelet-config.yaml``, ``containerd/`` (root,
+state, config and socket), ``images/`` (the OCI archives imported into containerd),
+``logs/`` and ``run/``. The kubelet runs in a mount namespace of its own where the sysfs view
+is laid over ``/sys/devices/system/{node,cpu}``; its root dir is a shared mount, so the
+volumes it mounts there reach containerd. It listens on 127.0.0.1 only; the API server
+reaches it by its Hostname address, the node name ``localhost``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from numalign.topology.machine import Machine, load_machine
+from numalign.topology.policy import POLICIES, SCOPES
+
+from . import certs
+from .cluster import DevCluster, DevClusterError, write_kubeconfig
+from .images import PAUSE_IMAGE, build_images
+from .nodebuild import cni_bin_dir, ensure_node_built, node_bin_dir
+from .processes import Process, free_ports
+from .sysfsview import SysfsViewError, map_onto, usable_cpus, write_sysfs_view
+
+Log = Callable[[str], None]
+
+NODE_NAME = "localhost"  # resolves to 127.0.0.1: the API server's way to the kubelet
+DEFAULT_POLICY = "single-numa-node"
+DEFAULT_SCOPE = "container"
+POD_SUBNET = "10.244.0.0/24"
+K8S_NAMESPACE = "k8s.io"  # containerd's namespace for the CRI
+PROCESSES = ("containerd", "kubelet", "device-plugin", "agent")
+CONTAINER_LOGS = Path("/var/log/containers")  # where the kubelet links container logs
+# The kubelet's device plugin registry is there whatever its --root-dir: its mount
+# namespace gets <root dir>/device-plugins there instead.
+DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")
+# Folders the kubelet creates on the host; removed at down() when empty.
+HOST_DIRS = (DEVICE_PLUGINS, DEVICE_PLUGINS.parent, CONTAINER_LOGS, Path("/var/log/pods"))
+# Pods land on the real node only when they tolerate this (and select it): the cluster's
+# other pods (tests, samples) use images it does not have.
+TAINT = {"key": "numalign.io/real-node", "value": "true", "effect": "NoSchedule"}
+
+
+class RealNodeError(DevClusterError):
+    """The real node could not be started; the message says why and what to do."""
+
+
+def _quiet(_m: str) -> None:
+    pass
+
+
+def cannot_run_containers() -> str | None:
+    """Why this machine cannot run the real node's containers, or None when it can."""
+    if sys.platform != "linux":
+        return "containers need Linux"
+    if os.geteuid() != 0:
+        return "the real node runs containers and needs root"
+    if not _cgroup_hierarchies():
+        return "no cgroup file system is mounted under /sys/fs/cgroup"
+    for tool in ("unshare", "mount", "umount"):
+        if shutil.which(tool) is None:
+            return f"'{tool}' (util-linux) is not installed"
+    return None
+
+
+def _mountinfo() -> list[tuple[str, str]]:
+    """(mount point, file system type) of every mount, in mount order."""
+    out = []
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            left, _, right = line.partition(" - ")
+            fields = left.split()
+            if len(fields) >= 5 and right:
+                point = fields[4].encode().decode("unicode_escape")
+                out.append((point, right.split()[0]))
+    return out
+
+
+def _cgroup_hierarchies() -> list[Path]:
+    """The cgroup v1 hierarchies (or the cgroup v2 root) mounted under /sys/fs/cgroup."""
+    points = [Path(p) for p, fs in _mountinfo()
+              if fs in ("cgroup", "cgroup2") and p.startswith("/sys/fs/cgroup")]
+    return sorted(set(points))
+
+
+class RealNode:
+    def __init__(self, cluster: DevCluster, machine_file: Path | None = None, *,
+                 policy: str | None = None, scope: str | None = None) -> None:
+        self.cluster = cluster
+        self.machine_file = machine_file
+        self.policy = policy
+        self.scope = scope
+        self.dir = cluster.state_dir / "realnode"
+        self.name = NODE_NAME
+        digest = hashlib.sha1(str(cluster.state_dir.resolve()).encode()).hexdigest()[:8]
+        self.bridge = f"nal{digest}"
+        self.cgroup_root = f"/numalign-{digest}"
+        self._procs: dict[str, Process] = {}
+
+    # ----------------------------------------------------------------- paths
+
+    @property
+    def kubelet_dir(self) -> Path:
+        return self.dir / "kubelet"
+
+    @property
+    def kubelet_config(self) -> Path:
+        return self.dir / "kubelet-config.yaml"
+
+    @property
+    def containerd_dir(self) -> Path:
+        return self.dir / "containerd"
+
+    @property
+    def containerd_socket(self) -> Path:
+        return self.containerd_dir / "containerd.sock"
+
+    @property
+    def pod_resources_socket(self) -> Path:
+        return self.kubelet_dir / "pod-resources" / "kubelet.sock"
+
+    @property
+    def state_file(self) -> Path:
+        return self.dir / "state.json"
+
+    def state(self) -> dict[str, Any]:
+        try:
+            data: dict[str, Any] = json.loads(self.state_file.read_text())
+            return data
+        except (OSError, ValueError):
+            return {}
+
+    def machine(self) -> Machine:
+        """The machine the kubelet sees: the machine file mapped onto this machine's CPUs."""
+        path = self.machine_file or Path(self.state().get("machine") or "")
+        return map_onto(load_machine(path), usable_cpus())
+
+    def process(self, name: str) -> Process:
+        if name not in self._procs:
+            self._procs[name] = Process(name, self.dir / "run", self.dir / "logs",
+                                        die_with_parent=self.cluster.ephemeral)
+        return self._procs[name]
+
+    def log_file(self, name: str) -> Path:
+        return self.process(name).log_file
+
+    def ctr(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+        """Run ``ctr`` against this node's containerd, in the CRI's namespace."""
+        return subprocess.run(
+            [str(node_bin_dir() / "ctr"), "--address", str(self.containerd_socket),
+             "--namespace", K8S_NAMESPACE, *args],
+            capture_output=True, text=True, timeout=timeout, check=False)
+
+    # ----------------------------------------------------------------- up
+
+    def up(self, log: Log | None = None, timeout: float = 240.0) -> RealNode:
+        """Start the real node (stopping a previous one first); wait until it is Ready."""
+        say = log or _quiet
+        reason = cannot_run_containers()
+        if reason is not None:
+            raise RealNodeError(f"this machine cannot run the real node: {reason}")
+        if not self.cluster.is_running():
+            raise RealNodeError("the control plane is not running: 'numalign dev up' first")
+        if self.machine_file is None:
+            raise RealNodeError("a real node needs a machine file (--machine FILE)")
+        machine = load_machine(self.machine_file)
+        t0 = time.monotonic()
+        root = ensure_node_built(log=say)
+        say(f"real node binaries ready in {root} ({time.monotonic() - t0:.1f}s)")
+        if self.dir.exists():
+            self.down(say)
+        t = time.monotonic()
+        self.dir.mkdir(parents=True)
+        try:
+            mapped = write_sysfs_view(machine, self.dir)
+        except SysfsViewError as e:
+            raise RealNodeError(f"{self.machine_file}: {e}") from None
+        cpus = sorted(mapped.cpus)
+        policy, scope = self._policy(say)
+        ports = dict(zip(("kubelet", "healthz"), free_ports(2), strict=True))
+        self._save_state({"name": self.name, "machine": str(self.machine_file),
+                          "bridge": self.bridge, "cgroupRoot": self.cgroup_root,
+                          "ports": ports, "policy": policy, "scope": scope,
+                          "reservedCPUs": str(cpus[0])})
+        self._make_cgroups()
+        self._write_containerd_config()
+        self._write_kubelet_files(ports, policy, scope, str(cpus[0]))
+        say(f"real node configured: {machine.name} on CPUs {cpus}, policy {policy}, "
+            f"scope {scope} ({time.monotonic() - t:.1f}s)")
+        deadline = time.monotonic() + timeout
+        try:
+            t = time.monotonic()
+            self._start_containerd(deadline)
+            say(f"containerd ready ({time.monotonic() - t:.1f}s)")
+            t = time.monotonic()
+            self._import_images(say)
+            say(f"images imported ({time.monotonic() - t:.1f}s)")
+            t = time.monotonic()
+            self._start_kubelet(deadline)
+            say(f"kubelet registered node {self.name}, Ready ({time.monotonic() - t:.1f}s)")
+            self._start_helpers(say, deadline)
+        except BaseException:
+            self.down(keep_logs=True)
+            raise
+        say(f"real node {self.name} up in {time.monotonic() - t0:.1f}s "
+            f"(logs in {self.dir / 'logs'})")
+        return self
+
+    def _policy(self, say: Log) -> tuple[str, str]:
+        """The Topology Manager policy and scope: as given, else the node's NodeTopology
+        default, else single-numa-node/container."""
+        policy, scope = self.policy, self.scope
+        if policy is None or scope is None:
+            code, body = self.cluster.rest().get(
+                f"/apis/numalign.io/v1alpha1/nodetopologies/{self.name}")
+            spec = (body.get("spec") or {}) if code == 200 and isinstance(body, dict) else {}
+            if spec.get("policy") and policy is None:
+                policy = str(spec["policy"])
+                say(f"Topology Manager policy {policy} from NodeTopology {self.name}")
+            if spec.get("scope") and scope is None:
+                scope = str(spec["scope"])
+        policy, scope = policy or DEFAULT_POLICY, scope or DEFAULT_SCOPE
+        if policy not in POLICIES:
+            raise RealNodeError(f"topology policy {policy!r}: expected one of "
+                                f"{', '.join(POLICIES)}")
+        if scope not in SCOPES:
+            raise RealNodeError(f"topology scope {scope!r}: expected one of "
+                                f"{', '.join(SCOPES)}")
+        return policy, scope
+
+    def _make_cgroups(self) -> None:
+        """The kubelet's cgroup root in every hierarchy (it must exist before it starts)."""
+        for h in _cgroup_hierarchies():
+            d = h / self.cgroup_root.lstrip("/")
+            d.mkdir(exist_ok=True)
+            for f in ("cpuset.cpus", "cpuset.mems"):
+                if (h / f).is_file() and (d / f).is_file() and not (d / f).read_text().strip():
+                    (d / f).write_text((h / f).read_text())
+
+    def _write_containerd_config(self) -> None:
+        d = self.containerd_dir
+        for sub in ("root", "state", "cni/conf", "cni/ipam", "runc", "cdi", "nri/plugins",
+                    "nri/conf", "opt"):
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        cni = {
+            "cniVersion": "1.0.0",
+            "name": "numalign",
+            "plugins": [
+                {"type": "bridge", "bridge": self.bridge, "isGateway": False, "ipMasq": False,
+                 "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_SUBNET}]],
+                          "dataDir": str(d / "cni" / "ipam")}},
+            ],
+        }
+        (d / "cni/conf/10-numalign.conflist").write_text(json.dumps(cni, indent=2) + "\n")
+        q = json.dumps  # TOML basic strings are JSON strings
+        rt = "plugins.'io.containerd.cri.v1.runtime'"
+        (d / "config.toml").write_text(f"""version = 3
+root = {q(str(d / 'root'))}
+state = {q(str(d / 'state'))}
+
+[grpc]
+  address = {q(str(self.containerd_socket))}
+
+[ttrpc]
+  address = {q(str(d / 'containerd.sock.ttrpc'))}
+
+[plugins]
+  [plugins.'io.containerd.internal.v1.opt']
+    path = {q(str(d / 'opt'))}
+
+  [plugins.'io.containerd.cri.v1.images']
+    snapshotter = 'overlayfs'
+    [plugins.'io.containerd.cri.v1.images'.pinned_images]
+      sandbox = {q(PAUSE_IMAGE)}
+
+  [{rt}]
+    enable_selinux = false
+    # root here may lack CAP_SYS_RESOURCE: the sandbox's oom_score_adj of -998 is refused
+    restrict_oom_score_adj = true
+    netns_mounts_under_state_dir = true
+    cdi_spec_dirs = [{q(str(d / 'cdi'))}]
+    [{rt}.containerd]
+      default_runtime_name = 'runc'
+      [{rt}.containerd.runtimes.runc]
+        runtime_type = 'io.containerd.runc.v2'
+        [{rt}.containerd.runtimes.runc.options]
+          BinaryName = {q(str(node_bin_dir() / 'runc'))}
+          Root = {q(str(d / 'runc'))}
+          SystemdCgroup = false
+    [{rt}.cni]
+      bin_dirs = [{q(str(cni_bin_dir()))}]
+      conf_dir = {q(str(d / 'cni/conf'))}
+
+  [plugins.'io.containerd.grpc.v1.cri']
+    disable_tcp_service = true
+    stream_server_address = '127.0.0.1'
+    stream_server_port = '0'
+
+  [plugins.'io.containerd.nri.v1.nri']
+    disable = false
+    socket_path = {q(str(d / 'nri.sock'))}
+    plugin_path = {q(str(d / 'nri/plugins'))}
+    plugin_config_path = {q(str(d / 'nri/conf'))}
+""")
+
+    def _write_kubelet_files(self, ports: dict[str, int], policy: str, scope: str,
+                             reserved: str) -> None:
+        pki = self.cluster.pki
+        (self.kubelet_dir / "pki").mkdir(parents=True, exist_ok=True)
+        pair = certs.KeyPair(self.dir / "kubelet-client.crt", self.dir / "kubelet-client.key")
+        certs.issue_client(pki, pair, f"system:node:{self.name}", org="system:nodes")
+        server = self.cluster.server or ""
+        write_kubeconfig(self.dir / "kubelet.kubeconfig", f"numalign-{self.cluster.name}",
+                         server, pki.ca.cert, pair.cert, pair.key, f"system:node:{self.name}")
+        endpoint = f"unix://{self.containerd_socket}"
+        config = {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            "address": "127.0.0.1",
+            "port": ports["kubelet"],
+            "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1",
+            "healthzPort": ports["healthz"],
+            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False},
+                               "x509": {"clientCAFile": str(pki.ca.cert)}},
+            "authorization": {"mode": "AlwaysAllow"},  # loopback only; clients need the CA
+            "containerRuntimeEndpoint": endpoint,
+            "imageServiceEndpoint": endpoint,
+            "cgroupDriver": "cgroupfs",
+            "cgroupRoot": self.cgroup_root,
+            "failCgroupV1": False,  # this kind of machine mounts cgroup v1
+            "failSwapOn": False,
+            "cpuManagerPolicy": "static",
+            "reservedSystemCPUs": reserved,
+            "cpuManagerReconcilePeriod": "5s",
+            "topologyManagerPolicy": policy,
+            "topologyManagerScope": scope,
+            "podLogsDirectory": str(self.dir / "pod-logs"),
+            "imageGCHighThresholdPercent": 100,  # the imported images cannot be pulled again
+            "imageGCLowThresholdPercent": 99,
+            "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%",
+                             "imagefs.available": "1%", "nodefs.inodesFree": "1%"},
+            "serializeImagePulls": False,
+            "clusterDomain": "cluster.local",
+            "resolvConf": "",
+            "registerNode": True,
+            "registerWithTaints": [TAINT],
+            "staticPodPath": "",
+            "nodeStatusReportFrequency": "10s",
+            "shutdownGracePeriod": "0s",
+        }
+        self.kubelet_config.write_text(yaml.safe_dump(config, sort_keys=False))
+
+    def _start_containerd(self, deadline: float) -> None:
+        bins = node_bin_dir()
+        env = dict(os.environ, PATH=f"{bins}:{os.environ.get('PATH', '/usr/bin:/bin')}")
+        self._start("containerd",
+            [str(bins / "containerd"), "--config", str(self.containerd_dir / "config.toml"),
+             "--log-level", "info"], env=env)
+
+        def ready() -> bool:
+            return (self.containerd_socket.exists()
+                    and self.ctr("version", timeout=10).returncode == 0)
+
+        self._wait("containerd", ready, deadline, ("containerd",))
+
+    def _import_images(self, say: Log) -> None:
+        archives = build_images(self.dir / "images", log=say)
+        for archive in archives:
+            proc = self.ctr("images", "import", "--no-unpack=false", str(archive), timeout=300)
+            if proc.returncode != 0:
+                raise RealNodeError(f"'ctr images import {archive.name}' failed: "
+                                    f"{(proc.stderr or proc.stdout).strip()[-800:]}")
+
+    def _start_kubelet(self, deadline: float) -> None:
+        # Own mount namespace: the sysfs view over /sys/devices/system/{node,cpu} is the
+        # kubelet's alone; its root dir, a shared mount, carries its volumes to containerd.
+        kdir = self.kubelet_dir
+        subprocess.run(["mount", "--bind", str(kdir), str(kdir)], check=True)
+        subprocess.run(["mount", "--make-shared", str(kdir)], check=True)
+        (kdir / "device-plugins").mkdir(exist_ok=True)
+        DEVICE_PLUGINS.mkdir(parents=True, exist_ok=True)  # a mount point, empty on the host
+        view = self.dir / "sys/devices/system"
+        kubelet = [
+            str(node_bin_dir() / "kubelet"),
+            f"--config={self.kubelet_config}",
+            f"--kubeconfig={self.dir / 'kubelet.kubeconfig'}",
+            f"--root-dir={kdir}",
+            f"--cert-dir={kdir / 'pki'}",
+            f"--hostname-override={self.name}",
+            "--v=2",
+        ]
+        binds = [(f"{view}/node", "/sys/devices/system/node"),
+                 (f"{view}/cpu", "/sys/devices/system/cpu"),
+                 (str(kdir / "device-plugins"), str(DEVICE_PLUGINS))]
+        # Each target's mount is made private first (only in this namespace), so that the
+        # binds never propagate back to the host, whatever its propagation settings.
+        script = "set -e; " + "".join(
+            f"mount --make-private \"$(stat -c %m '{dst}')\"; mount --bind '{src}' '{dst}'; "
+            for src, dst in binds) + 'exec "$@"'
+        self._start("kubelet",
+            ["unshare", "--mount", "--propagation", "unchanged", "--", "sh", "-c", script,
+             "kubelet", *kubelet], program="kubelet")
+        self._wait_ready(deadline)
+
+    def _numalign(self) -> list[str]:
+        script = Path(sys.executable).with_name("numalign")
+        if script.is_file():
+            return [sys.executable, str(script)]
+        return [sys.executable, "-c", "import sys; from numalign.cli import main; "
+                "sys.exit(main())"]
+
+    def _supports(self, *args: str, needle: str) -> bool:
+        proc = subprocess.run([*self._numalign(), *args, "--help"], capture_output=True,
+                              text=True, timeout=120, check=False)
+        return proc.returncode == 0 and needle in proc.stdout
+
+    def _advertised(self, resources: list[str]) -> bool:
+        """Whether the Node's allocatable lists every one of ``resources``."""
+        try:
+            code, body = self.cluster.rest().get(f"/api/v1/nodes/{self.name}")
+        except OSError:
+            return False
+        alloc = ((body.get("status") or {}).get("allocatable") or {}) \
+            if code == 200 and isinstance(body, dict) else {}
+        return all(alloc.get(r) not in (None, "0") for r in resources)
+
+    def _start_helpers(self, say: Log, deadline: float) -> None:
+        """The sample device plugin and the real-node agent, where this numalign has them."""
+        env = dict(os.environ, KUBECONFIG=str(self.cluster.kubeconfig))
+        assert self.machine_file is not None
+        if self._supports("dev", "device-plugin", needle="--kubelet-dir"):
+            self._start("device-plugin",
+                [*self._numalign(), "dev", "device-plugin", "--machine", str(self.machine_file),
+                 "--kubelet-dir", str(self.kubelet_dir)], env=env, program="numalign")
+            resources = sorted({d.resource for d in load_machine(self.machine_file).devices}
+                               or {"numalign.io/sample-device"})
+            self._wait(f"the device plugin to advertise {', '.join(resources)}",
+                       lambda: self._advertised(resources), deadline,
+                       ("kubelet", "device-plugin"))
+            say(f"the sample device plugin advertises {', '.join(resources)}")
+        else:
+            say("this numalign has no 'dev device-plugin': the real node has no devices")
+        if self._supports("agent", needle="--pod-resources"):
+            self._start("agent",
+                [*self._numalign(), "agent", "--node", self.name, "--root", str(self.dir),
+                 "--pod-resources", str(self.pod_resources_socket),
+                 "--kubelet-config", str(self.kubelet_config)], env=env, program="numalign")
+            say("started the real-node agent")
+        else:
+            say("this numalign's agent has no real-node mode (--pod-resources): not started")
+
+    def _start(self, name: str, argv: list[str], env: dict[str, str] | None = None,
+               program: str | None = None) -> None:
+        """Start component ``name``; what restart() needs is kept in the state file."""
+        self.process(name).start(argv, env=env, program=program)
+        st = self.state()
+        st.setdefault("commands", {})[name] = {"argv": argv, "env": env, "program": program}
+        self._save_state(st)
+
+    def restart(self, name: str, log: Log | None = None, timeout: float = 120.0,
+                between: Callable[[], None] | None = None) -> None:
+        """Stop component ``name`` (kubelet, containerd, device-plugin or agent) and start
+        it again as before; the kubelet: wait until the Node is Ready again. Its pods keep
+        running meanwhile (containerd holds them; the kubelet recovers its checkpoints)."""
+        say = log or _quiet
+        cmd = (self.state().get("commands") or {}).get(name)
+        if cmd is None:
+            raise RealNodeError(f"the real node has no {name} to restart "
+                                f"(one of {', '.join(PROCESSES)})")
+        t = time.monotonic()
+        self.process(name).stop(timeout=10)
+        if between is not None:
+            between()
+        self.process(name).start(cmd["argv"], env=cmd["env"], program=cmd["program"])
+        if name == "kubelet":
+            deadline = time.monotonic() + timeout
+            self._wait("the restarted kubelet's /healthz", self._kubelet_healthy, deadline,
+                       ("kubelet",))
+            self._wait_ready(deadline)
+        say(f"{name} restarted ({time.monotonic() - t:.1f}s)")
+
+    def _kubelet_healthy(self) -> bool:
+        port = (self.state().get("ports") or {}).get("healthz")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    def _node_ready(self) -> bool:
+        try:
+            code, body = self.cluster.rest().get(f"/api/v1/nodes/{self.name}")
+        except OSError:
+            return False
+        if code != 200 or not isinstance(body, dict):
+            return False
+        return any(c.get("type") == "Ready" and c.get("status") == "True"
+                   for c in (body.get("status") or {}).get("conditions") or [])
+
+    def _wait_ready(self, deadline: float) -> None:
+        self._wait(f"node {self.name} to be Ready", self._node_ready, deadline,
+                   ("containerd", "kubelet"))
+
+    def _wait(self, what: str, ready: Callable[[], bool], deadline: float,
+              components: tuple[str, ...]) -> None:
+        while not ready():
+            for name in components:
+                proc = self.process(name)
+                if not proc.is_running():
+                    raise RealNodeError(f"{name} exited while waiting for {what}; its log "
+                                        f"({proc.log_file}) ends with:\n{proc.log_tail()}")
+            if time.monotonic() > deadline:
+                raise RealNodeError(f"timed out waiting for {what}; see the logs in "
+                                    f"{self.dir / 'logs'}")
+            time.sleep(0.5)
+
+    def _save_state(self, data: dict[str, Any]) -> None:
+        self.state_file.write_text(json.dumps(data, indent=2) + "\n")
+
+    # ----------------------------------------------------------------- down
+
+    def is_running(self) -> bool:
+        return all(self.process(n).is_running() for n in ("containerd", "kubelet"))
+
+    def down(self, log: Log | None = None, keep_logs: bool = False) -> bool:
+        """Stop everything and remove the containers, mounts, cgroups, network and state
+        (``keep_logs``: all but ``logs/``, e.g. after a failed start); False when there was
+        no real node. Works from what is on disk alone."""
+        say = log or _quiet
+        if not self.dir.exists():
+            return False
+        t0 = time.monotonic()
+        st = self.state()
+        bridge = str(st.get("bridge") or self.bridge)
+        cgroup_root = str(st.get("cgroupRoot") or self.cgroup_root)
+        for name in ("agent", "device-plugin", "kubelet"):
+            self.process(name).stop(timeout=10)
+        if self.process("containerd").is_running():
+            self._remove_containers()
+        self.process("containerd").stop(timeout=10)
+        self._kill_cgroups(cgroup_root)
+        self._unmount_all()
+        self._remove_cgroups(cgroup_root)
+        if Path(f"/sys/class/net/{bridge}").exists():
+            subprocess.run(["ip", "link", "delete", bridge], capture_output=True, check=False)
+        self._remove_log_links()
+        if keep_logs:
+            for child in self.dir.iterdir():
+                if child.name == "logs":
+                    continue
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child, ignore_errors=True)
+                else:
+                    child.unlink(missing_ok=True)
+        else:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        for d in HOST_DIRS:
+            with contextlib.suppress(OSError):
+                d.rmdir()  # only when empty: another kubelet's files stay
+        self._deregister()
+        say(f"real node stopped and removed ({time.monotonic() - t0:.1f}s)")
+        return True
+
+    def _deregister(self) -> None:
+        """Remove the Node and its NodeTopology from a control plane that still runs."""
+        if not self.cluster.is_running():
+            return
+        rest = self.cluster.rest()
+        for path in (f"/api/v1/nodes/{self.name}",
+                     f"/apis/numalign.io/v1alpha1/nodetopologies/{self.name}"):
+            with contextlib.suppress(OSError, ValueError):
+                rest.request("DELETE", path)
+
+    def _remove_containers(self) -> None:
+        """Kill and delete every task and container containerd holds for the CRI (the
+        shims then exit and remove their sockets)."""
+        proc = self.ctr("tasks", "list", "--quiet", timeout=30)
+        tasks = proc.stdout.split() if proc.returncode == 0 else []
+        for task in tasks:
+            self.ctr("tasks", "kill", "--signal", "SIGKILL", task, timeout=30)
+        for task in tasks:
+            self.ctr("tasks", "delete", "--force", task, timeout=30)
+        proc = self.ctr("containers", "list", "--quiet", timeout=30)
+        for c in proc.stdout.split() if proc.returncode == 0 else []:
+            self.ctr("containers", "delete", c, timeout=30)
+
+    def _cgroup_dirs(self, cgroup_root: str) -> list[Path]:
+        """Every cgroup under the kubelet's root, deepest first."""
+        dirs: list[Path] = []
+        for h in _cgroup_hierarchies():
+            top = h / cgroup_root.lstrip("/")
+            if top.is_dir():
+                dirs += [Path(p) for p, _, _ in os.walk(top)]
+        return sorted(dirs, key=lambda p: len(p.parts), reverse=True)
+
+    def _kill_cgroups(self, cgroup_root: str) -> None:
+        """SIGKILL what still runs in the node's cgroups (containers and shims it started)."""
+        for _ in range(3):
+            pids: set[int] = set()
+            for d in self._cgroup_dirs(cgroup_root):
+                if (d / "freezer.state").is_file():
+                    with contextlib.suppress(OSError):
+                        (d / "freezer.state").write_text("THAWED")
+                with contextlib.suppress(OSError, ValueError):
+                    pids |= {int(p) for p in (d / "cgroup.procs").read_text().split()}
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.5)
+
+    def _remove_cgroups(self, cgroup_root: str) -> None:
+        for _ in range(10):
+            left = []
+            for d in self._cgroup_dirs(cgroup_root):
+                try:
+                    d.rmdir()
+                except OSError:
+                    left.append(d)
+            if not left:
+                return
+            time.sleep(0.3)
+
+    def _unmount_all(self) -> None:
+        """Detach every mount under the node's folder (volumes, netns, shm, rootfs, the
+        shared root dir), deepest first."""
+        base = str(self.dir.resolve())
+        for _ in range(3):
+            points = [p for p, _ in _mountinfo() if p == base or p.startswith(base + "/")]
+            if not points:
+                return
+            for p in sorted(set(points), key=len, reverse=True):
+                subprocess.run(["umount", "--lazy", p], capture_output=True, check=False)
+
+    def _remove_log_links(self) -> None:
+        logs = str(self.dir / "pod-logs")
+        with contextlib.suppress(OSError):
+            for link in CONTAINER_LOGS.iterdir():
+                with contextlib.suppress(OSError):
+                    if link.is_symlink() and os.readlink(link).startswith(logs):
+                        link.unlink()

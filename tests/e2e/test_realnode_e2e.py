@@ -1,0 +1,335 @@
+"""The real node: a kubelet v1.37.2 and containerd built from source, the kubelet seeing
+``realnode-2numa`` (two NUMA nodes of one CPU each) with the static CPU manager (one
+reserved CPU) and the ``single-numa-node`` Topology Manager policy."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from e2e_helpers import MACHINES, wait_for
+from numalign.agent.podresources import PodResourcesError
+from numalign.devcluster.images import WORKLOAD_IMAGE
+from numalign.devcluster.realnode import TAINT
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def real_node(dev_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real kubelet and containerd (``numalign dev up --real-node``) in the session's
+    cluster for this module's tests (removed after them, its Node and NodeTopology too),
+    seeing ``realnode-2numa`` (this machine's first two CPUs as two NUMA nodes) with the
+    ``single-numa-node`` policy. Skipped only where containers cannot run."""
+    from numalign.devcluster.realnode import RealNode, cannot_run_containers
+
+    reason = cannot_run_containers()
+    if reason is not None:
+        pytest.skip(f"this machine cannot run containers: {reason}")
+    node = RealNode(dev_cluster, MACHINES / "realnode-2numa.yaml", policy="single-numa-node")
+    logs = tmp_path_factory.mktemp("realnode-logs")
+    try:
+        node.up(log=lambda m: print(f"[realnode] {m}", flush=True), timeout=300)
+        yield node
+    finally:
+        if (node.dir / "logs").is_dir():
+            shutil.copytree(node.dir / "logs", logs, dirs_exist_ok=True)
+            print(f"[realnode] its logs are kept in {logs}", flush=True)
+        node.down(log=lambda m: print(f"[realnode] {m}", flush=True))
+
+
+DEVICE = "numalign.io/sample-device"
+Allocations = dict[str, dict[str, tuple[str, dict[str, list[str]]]]]
+
+
+def _pod(name: str, cpu: str = "1", memory: str = "64Mi",
+         extra: dict[str, str] | None = None) -> dict[str, Any]:
+    limits = {"cpu": cpu, "memory": memory, **(extra or {})}
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": "localhost"},
+            "tolerations": [{"key": TAINT["key"], "operator": "Exists"}],
+            "terminationGracePeriodSeconds": 2,
+            "automountServiceAccountToken": False,
+            "containers": [{"name": "work", "image": WORKLOAD_IMAGE,
+                            "imagePullPolicy": "Never",
+                            "resources": {"limits": limits, "requests": limits}}],
+        },
+    }
+
+
+@pytest.fixture
+def namespace(namespace: str, real_node: Any, core: client.CoreV1Api) -> Iterator[str]:
+    """The test's namespace; its pods deleted after it, and gone from the kubelet (so
+    that the next test finds the node's CPUs and devices free)."""
+    yield namespace
+    _delete_and_forget(core, real_node, namespace)
+
+
+def _burstable(name: str, extra: dict[str, str] | None = None) -> dict[str, Any]:
+    """A burstable pod with no CPU request: it fits beside a guaranteed 1-CPU pod on the
+    node's one allocatable CPU, and runs in the shared pool."""
+    pod = _pod(name, extra=extra)
+    pod["spec"]["containers"][0]["resources"] = {
+        "limits": {"memory": "64Mi", **(extra or {})},
+        "requests": {"memory": "32Mi", **(extra or {})}}
+    return pod
+
+
+def _wait_running(core: client.CoreV1Api, ns: str, name: str, timeout: float = 180) -> Any:
+    def running() -> Any:
+        pod = core.read_namespaced_pod(name, ns)
+        if pod.status.phase in ("Failed", "Succeeded"):
+            raise AssertionError(f"pod {name} is {pod.status.phase}: {pod.status.reason} "
+                                 f"{pod.status.message}")
+        return pod if pod.status.phase == "Running" else None
+
+    try:
+        return wait_for(running, timeout, f"pod {name} Running on the real node")
+    except AssertionError:
+        events = core.list_namespaced_event(ns).items
+        raise AssertionError("; ".join(f"{e.reason}: {e.message}" for e in events)) from None
+
+
+def _cpu_manager_state(node: Any) -> dict[str, Any]:
+    state: dict[str, Any] = json.loads((node.kubelet_dir / "cpu_manager_state").read_text())
+    return state
+
+
+def _status_line(text: str, key: str) -> str:
+    m = re.search(rf"^{key}:\s*(\S+)\s*$", text, re.M)
+    assert m, f"no {key} line in:\n{text}"
+    return m.group(1)
+
+
+def test_a_guaranteed_pod_runs_pinned_by_the_static_cpu_manager(
+        real_node: Any, core: client.CoreV1Api, namespace: str, kubectl: Any) -> None:
+    core.create_namespaced_pod(namespace, _pod("pinned"))
+    pod = _wait_running(core, namespace, "pinned")
+    assert pod.spec.node_name == "localhost"
+    state = _cpu_manager_state(real_node)
+    assert state["policyName"] == "static"
+    assigned = state["entries"][pod.metadata.uid]["work"]
+    reserved = real_node.state()["reservedCPUs"]
+    assert assigned and assigned != reserved
+    assert reserved in state["defaultCpuSet"]
+
+    # The workload's own output, through the API server and the kubelet.
+    def logged() -> str | None:
+        out = kubectl("logs", "-n", namespace, "pinned", check=False)
+        return out.stdout if "Cpus_allowed_list" in out.stdout else None
+
+    logs = wait_for(logged, 60, "the workload's first lines")
+    assert _status_line(logs, "Cpus_allowed_list") == assigned
+    # Memory stays the real machine's: the kubelet runs no memory manager here.
+    assert _status_line(logs, "Mems_allowed_list")
+
+    out = kubectl("exec", "-n", namespace, "pinned", "--", "/workload", "status")
+    assert _status_line(out.stdout, "Cpus_allowed_list") == assigned
+
+
+def test_a_burstable_pod_shares_the_pool_with_the_reserved_cpu(
+        real_node: Any, core: client.CoreV1Api, namespace: str, kubectl: Any) -> None:
+    core.create_namespaced_pod(namespace, _burstable("shared"))
+    got = _wait_running(core, namespace, "shared")
+    assert got.metadata.uid not in _cpu_manager_state(real_node).get("entries", {})
+
+    # Its cpuset is the shared pool (the reserved CPU and every CPU no pinned container
+    # holds), following it as pinned pods come and go (the CPU manager reconciles).
+    def follows() -> tuple[str, str] | None:
+        pool = _cpu_manager_state(real_node)["defaultCpuSet"]
+        out = kubectl("exec", "-n", namespace, "shared", "--", "/workload", "status",
+                      check=False).stdout
+        return (pool, out) if "Cpus_allowed_list" in out and \
+            _status_line(out, "Cpus_allowed_list") == pool else None
+
+    pool, _ = wait_for(follows, 60, "the burstable pod's cpuset to be the shared pool")
+    assert real_node.state()["reservedCPUs"] in pool
+
+
+
+
+def _podresources(node: Any, namespace: str) -> Allocations:
+    """What the kubelet's PodResources API lists for ``namespace``: pod -> container ->
+    (cpulist, {resource: sorted device ids})."""
+    import asyncio
+
+    from numalign.agent.podresources import PodResourcesClient
+    from numalign.topology.quantity import format_cpulist
+
+    async def read() -> Any:
+        c = PodResourcesClient(str(node.pod_resources_socket))
+        try:
+            return await c.snapshot()
+        finally:
+            await c.close()
+
+    snap = asyncio.run(read())
+    return {p.name: {c.name: (format_cpulist(list(c.cpus)),
+                              {d.resource: sorted(d.ids) for d in c.devices})
+                     for c in p.containers}
+            for p in snap.pods if p.namespace == namespace}
+
+
+def _nodetopology(k8s_client: Any, namespace: str) -> Allocations:
+    """The same, as the real node's NodeTopology status shows it."""
+    nt = client.CustomObjectsApi(k8s_client).get_cluster_custom_object(
+        "numalign.io", "v1alpha1", "nodetopologies", "localhost")
+    out: Allocations = {}
+    for pod in (nt.get("status") or {}).get("admitted") or []:
+        if pod.get("namespace") != namespace:
+            continue
+        out[pod["pod"]] = {
+            c["name"]: (c.get("cpus") or "",
+                        {r: sorted(ids) for r, ids in (c.get("devices") or {}).items()})
+            for c in pod.get("containers") or []}
+    return out
+
+
+def _explain(kubeconfig: Path, namespace: str, name: str) -> dict[str, Any]:
+    """``numalign explain POD -o json`` on the real node: the kubelet's decision beside the
+    engine's replay. Prints one row of the engine-vs-kubelet table."""
+    proc = subprocess.run([sys.executable, "-m", "numalign.cli", "explain", name, "-n",
+                           namespace, "-o", "json"], capture_output=True, text=True,
+                          env=dict(os.environ, KUBECONFIG=str(kubeconfig)), timeout=120,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    doc: dict[str, Any] = json.loads(proc.stdout)
+    kubelet = doc["kubelet"]
+    print(f"[engine-vs-kubelet] {name}: kubelet admit={kubelet.get('admit')} "
+          f"containers={kubelet.get('containers')}; engine admit={doc.get('admit')} "
+          f"allocation={(doc.get('allocation') or {}).get('containers')}; "
+          f"agree={kubelet.get('agree')}", flush=True)
+    return doc
+
+
+def _delete_and_forget(core: client.CoreV1Api, node: Any, namespace: str) -> None:
+    """Delete the namespace's pods (and what would recreate them) and wait until the
+    kubelet released what they held."""
+    apps = client.AppsV1Api(core.api_client)
+    for d in apps.list_namespaced_deployment(namespace).items:
+        apps.delete_namespaced_deployment(d.metadata.name, namespace)
+    for rs in apps.list_namespaced_replica_set(namespace).items:
+        apps.delete_namespaced_replica_set(rs.metadata.name, namespace)
+    for pod in core.list_namespaced_pod(namespace).items:
+        core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
+    wait_for(lambda: not core.list_namespaced_pod(namespace).items
+             and not _podresources(node, namespace), 120, "the pods gone from the real node")
+
+
+def test_pods_with_devices_nodetopology_shows_what_podresources_reports(
+        real_node: Any, core: client.CoreV1Api, namespace: str, kubectl: Any,
+        k8s_client: Any, kubeconfig: Path) -> None:
+    core.create_namespaced_pod(namespace, _pod("pinned-dev", extra={DEVICE: "1"}))
+    core.create_namespaced_pod(namespace, _burstable("shared-dev", extra={DEVICE: "1"}))
+    pinned = _wait_running(core, namespace, "pinned-dev")
+    _wait_running(core, namespace, "shared-dev")
+
+    kubelet = wait_for(lambda: (lambda pr: pr if len(pr) == 2 else None)(
+        _podresources(real_node, namespace)), 60, "PodResources to list both pods")
+    cpus, devices = kubelet["pinned-dev"]["work"]
+    assert cpus != "" and cpus != real_node.state()["reservedCPUs"]
+    assert len(devices[DEVICE]) == 1
+    assert kubelet["shared-dev"]["work"][0] == ""  # no exclusive CPUs
+    both = devices[DEVICE] + kubelet["shared-dev"]["work"][1][DEVICE]
+    assert sorted(both) == ["dev0", "dev1"]
+    # single-numa-node: the pinned pod's device is on its CPU's NUMA node.
+    numa = {str(c): n.id for n in real_node.machine().numa_nodes for c in n.cpus}
+    device_numa = {d.id: d.numa_node for d in real_node.machine().devices}
+    assert device_numa[devices[DEVICE][0]] == numa[cpus]
+
+    wait_for(lambda: _nodetopology(k8s_client, namespace) == kubelet, 60,
+             f"NodeTopology localhost to show what PodResources lists: {kubelet}")
+
+    logs = wait_for(lambda: (lambda o: o if "Cpus_allowed_list" in o else None)(
+        kubectl("logs", "-n", namespace, "pinned-dev", check=False).stdout), 60,
+        "the workload's output")
+    assert _status_line(logs, "Cpus_allowed_list") == cpus
+    assert pinned.spec.node_name == "localhost"
+
+    for name in ("pinned-dev", "shared-dev"):
+        doc = _explain(kubeconfig, namespace, name)
+        assert doc["kubelet"]["admit"] is True and doc["kubelet"]["agree"] is True, doc
+
+
+def test_the_kubelet_rejects_what_single_numa_node_cannot_align(
+        real_node: Any, core: client.CoreV1Api, namespace: str, kubeconfig: Path) -> None:
+    # One CPU is free (on NUMA node 1: CPU 0 is reserved) but two devices span both
+    # NUMA nodes: no single NUMA node has both, and the Topology Manager says so.
+    core.create_namespaced_pod(namespace, _pod("misfit", extra={DEVICE: "2"}))
+
+    def failed() -> Any:
+        pod = core.read_namespaced_pod("misfit", namespace)
+        if pod.status.phase == "Running":
+            raise AssertionError("the kubelet admitted a pod single-numa-node cannot align")
+        return pod if pod.status.phase == "Failed" else None
+
+    pod = wait_for(failed, 120, "the kubelet to reject the pod")
+    assert pod.spec.node_name == "localhost"
+    assert pod.status.reason == "TopologyAffinityError"
+    assert "Topology" in (pod.status.message or "")
+    assert not _podresources(real_node, namespace)
+    doc = _explain(kubeconfig, namespace, "misfit")
+    assert doc["kubelet"]["admit"] is False and doc["admit"] is False, doc
+    assert doc["kubelet"]["agree"] is True, doc
+
+
+def test_restarts_keep_the_pods_and_the_reported_state(
+        real_node: Any, core: client.CoreV1Api, namespace: str, kubectl: Any,
+        k8s_client: Any) -> None:
+    core.create_namespaced_pod(namespace, _pod("steady", extra={DEVICE: "1"}))
+    before = _wait_running(core, namespace, "steady")
+    kubelet = wait_for(lambda: _podresources(real_node, namespace) or None, 60,
+                       "PodResources to list the pod")
+    wait_for(lambda: _nodetopology(k8s_client, namespace) == kubelet, 60,
+             "NodeTopology localhost to show the pod")
+    nts = client.CustomObjectsApi(k8s_client)
+
+    # The agent restarted with its NodeTopology gone: it reports the same state again.
+    real_node.restart("agent", between=lambda: nts.delete_cluster_custom_object(
+        "numalign.io", "v1alpha1", "nodetopologies", "localhost"))
+
+    def republished() -> Any:
+        try:
+            return _nodetopology(k8s_client, namespace) == kubelet
+        except client.exceptions.ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+
+    wait_for(republished, 90, f"the restarted agent to report {kubelet} again")
+
+    # The kubelet restarted: the pod keeps running in the same container on the same CPU
+    # (the kubelet's checkpoints), and PodResources lists the same allocation.
+    cpus_before = _cpu_manager_state(real_node)["entries"][before.metadata.uid]["work"]
+    real_node.restart("kubelet")
+    after = core.read_namespaced_pod("steady", namespace)
+    assert after.status.phase == "Running"
+    assert after.status.container_statuses[0].container_id == \
+        before.status.container_statuses[0].container_id
+    assert after.status.container_statuses[0].restart_count == 0
+    assert _cpu_manager_state(real_node)["entries"][before.metadata.uid]["work"] == cpus_before
+    def relisted() -> bool:
+        try:
+            return _podresources(real_node, namespace) == kubelet
+        except PodResourcesError:  # its socket is not there yet
+            return False
+
+    wait_for(relisted, 60, "the restarted kubelet's PodResources to list the same allocation")
+    wait_for(lambda: _nodetopology(k8s_client, namespace) == kubelet, 60,
+             "NodeTopology localhost to show the same allocation")
+    out = kubectl("exec", "-n", namespace, "steady", "--", "/workload", "status")
+    assert _status_line(out.stdout, "Cpus_allowed_list") == cpus_before
+
