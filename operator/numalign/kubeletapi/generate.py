@@ -52,11 +52,13 @@ class GenerateError(RuntimeError):
     pass
 
 
-def module_dir(go: str = "go") -> Path:
-    """The folder of k8s.io/kubelet@KUBELET_MODULE_VERSION, downloaded if needed."""
+def module_dir(go: str = "go", module: str = KUBELET_MODULE,
+               version: str = KUBELET_MODULE_VERSION) -> Path:
+    """The folder of a Go module (default k8s.io/kubelet@KUBELET_MODULE_VERSION), downloaded
+    if needed."""
     if shutil.which(go) is None:
         raise GenerateError(f"{go!r} is not on PATH (the protos come from the Go module cache)")
-    ref = f"{KUBELET_MODULE}@{KUBELET_MODULE_VERSION}"
+    ref = f"{module}@{version}"
     proc = subprocess.run([go, "mod", "download", "-json", ref], capture_output=True,
                           text=True, check=False, cwd=tempfile.gettempdir())
     try:
