@@ -8,7 +8,8 @@ v2.4.2 requires ``github.com/containerd/nri`` :data:`NRI_VERSION` and
 ``github.com/containerd/ttrpc`` :data:`TTRPC_VERSION`); ``go mod download`` puts them in the
 Go module cache, or finds them there offline. Each proto is copied (gogoproto options
 removed, as for the kubelet's) to ``numalign/nriapi/<package>/<name>.proto`` in a scratch
-include folder and compiled with grpcio-tools into ``<name>_pb2.py`` and ``<name>_pb2.pyi``.
+include folder and compiled with grpcio-tools into ``<name>_pb2.py`` and ``<name>_pb2.pyi``
+(none for NRI's ``api_pb2``: see :data:`PROTOS`).
 NRI's services speak ttrpc, not gRPC, so no gRPC stubs are generated: the transport is
 :mod:`numalign.agent.nri.ttrpc`.
 
@@ -56,10 +57,15 @@ class ProtoSource:
     path: str  # the proto's path inside the Go module
     package: str  # the Python subpackage of numalign.nriapi
     name: str  # the proto's (and module's) base name
+    pyi: bool = True  # also write <name>_pb2.pyi
+
+
+# NRI's enum Field has a value named None, which protoc's .pyi output cannot express (the stub
+# would not parse), so api_pb2 has no stub: code using it sees its messages as Any
 
 
 PROTOS = (
-    ProtoSource(NRI_MODULE, NRI_VERSION, "pkg/api/api.proto", "v1alpha1", "api"),
+    ProtoSource(NRI_MODULE, NRI_VERSION, "pkg/api/api.proto", "v1alpha1", "api", pyi=False),
     ProtoSource(TTRPC_MODULE, TTRPC_VERSION, "request.proto", "ttrpc", "request"),
 )
 EXTRA = (("ttrpc", "status"),)  # written by the generator: STATUS_PROTO
@@ -84,16 +90,16 @@ def _rewrite(src: ProtoSource, text: str) -> str:
 def generated_files() -> list[Path]:
     """The generated files, relative to the folder holding ``numalign``."""
     out: list[Path] = []
-    packages: dict[str, list[str]] = {}
+    packages: dict[str, list[tuple[str, bool]]] = {}
     for src in PROTOS:
-        packages.setdefault(src.package, []).append(src.name)
+        packages.setdefault(src.package, []).append((src.name, src.pyi))
     for package, extra in EXTRA:
-        packages.setdefault(package, []).append(extra)
+        packages.setdefault(package, []).append((extra, True))
     for package, names in packages.items():
         base = Path("numalign", "nriapi", package)
         out.append(base / "__init__.py")
-        for name in sorted(names):
-            out += [base / f"{name}_pb2.py", base / f"{name}_pb2.pyi"]
+        for name, pyi in sorted(names):
+            out += [base / f"{name}_pb2.py"] + ([base / f"{name}_pb2.pyi"] if pyi else [])
     return out
 
 
@@ -102,7 +108,7 @@ def generate(out_root: Path, sources: dict[str, Path]) -> list[Path]:
     (keyed by module path); returns the files written."""
     with tempfile.TemporaryDirectory(prefix="numalign-nri-protos-") as tmp:
         include = Path(tmp)
-        compile_: list[Path] = []
+        compile_: list[tuple[Path, bool]] = []
         origin: dict[str, list[str]] = {}
         for src in PROTOS:
             proto = sources[src.module] / src.path
@@ -112,16 +118,16 @@ def generate(out_root: Path, sources: dict[str, Path]) -> list[Path]:
             rel = Path("numalign", "nriapi", src.package, f"{src.name}.proto")
             (include / rel).parent.mkdir(parents=True, exist_ok=True)
             (include / rel).write_text(_rewrite(src, proto.read_text()))
-            compile_.append(rel)
+            compile_.append((rel, src.pyi))
             origin.setdefault(src.package, []).append(f"{src.module}@{src.version} {src.path}")
         for package, name in EXTRA:
             rel = Path("numalign", "nriapi", package, f"{name}.proto")
             (include / rel).write_text(STATUS_PROTO)
-            compile_.append(rel)
-        for rel in compile_:
+            compile_.append((rel, True))
+        for rel, pyi in compile_:
             (out_root / rel.parent).mkdir(parents=True, exist_ok=True)
-            _protoc([f"-I{include}", f"--python_out={out_root}", f"--pyi_out={out_root}",
-                     str(include / rel)])
+            _protoc([f"-I{include}", f"--python_out={out_root}",
+                     *([f"--pyi_out={out_root}"] if pyi else []), str(include / rel)])
         for package, names in origin.items():
             (out_root / "numalign" / "nriapi" / package / "__init__.py").write_text(
                 _INIT.format(sources=", ".join(names)))
