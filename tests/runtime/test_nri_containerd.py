@@ -19,10 +19,13 @@ import grpc
 import pytest
 
 from containerd_helpers import Containerd
+from numalign.agent.nri.placer import EnginePlacer, PodView, kernel_memory_nodes
 from numalign.agent.nri.plugin import CpuSet, NriPlugin, Placement, Rejected
+from numalign.api.wire import Resolved
 from numalign.devcluster.images import WORKLOAD_IMAGE
 from numalign.kubeletapi.runtime_v1 import api_pb2 as cri
 from numalign.kubeletapi.runtime_v1 import api_pb2_grpc as cri_grpc
+from numalign.topology.machine import machine_from_dict
 
 EXCLUSIVE = "numalign.io/test-exclusive"
 REJECT = "numalign.io/test-reject"
@@ -128,9 +131,10 @@ class Cri:
         self.logs = logs
         self.cgroup_parent = cgroup_parent
 
-    async def sandbox(self, name: str) -> tuple[str, Any]:
+    async def sandbox(self, name: str, uid: str = "") -> tuple[str, Any]:
         config = cri.PodSandboxConfig(
-            metadata=cri.PodSandboxMetadata(name=name, uid=str(uuid.uuid4()), namespace="t"),
+            metadata=cri.PodSandboxMetadata(name=name, uid=uid or str(uuid.uuid4()),
+                                            namespace="t"),
             log_directory=str(self.logs / name))
         config.linux.cgroup_parent = f"{self.cgroup_parent}/{name}"
         config.linux.security_context.namespace_options.network = cri.NODE
@@ -214,6 +218,63 @@ async def test_plugin_sets_cpusets_and_survives_a_runtime_restart(containerd: Co
         assert await _wait(lambda: c.printed_cpus("p1", "later"), "later's output") == rest
         assert _cgroup_cpuset(await c.pid(later))[0] == rest
         assert _cgroup_cpuset(pinned_pid)[0] == excl
+    finally:
+        with contextlib.suppress(Exception):
+            sandboxes = await c.rt.ListPodSandbox(cri.ListPodSandboxRequest(), timeout=30)
+            for sb in sandboxes.items:
+                await c.rt.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=sb.id),
+                                          timeout=60)
+                await c.rt.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=sb.id),
+                                            timeout=60)
+        await channel.close()
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+
+
+def _pod(uid: str, cpu: str, name: str) -> dict[str, Any]:
+    res = {"requests": {"cpu": cpu, "memory": "64Mi"}, "limits": {"cpu": cpu, "memory": "64Mi"}}
+    return {"metadata": {"name": name, "namespace": "t", "uid": uid},
+            "spec": {"containers": [{"name": "main", "resources": res}]}}
+
+
+async def test_the_engine_places_containers_under_each_pods_policy(containerd: Containerd,
+                                                                   tmp_path: Path) -> None:
+    """The local real node's view: this machine's CPUs as NUMA nodes of one CPU each, the
+    first reserved. A guaranteed 1-CPU pod under single-numa-node gets an exclusive CPU, a
+    best-effort container the rest; a 2-CPU pod under single-numa-node is never created."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("an exclusive CPU and a shared pool need 2 CPUs")
+    machine = machine_from_dict({"name": "view", "numaNodes": [
+        {"id": i, "cpus": str(c), "memory": "1Gi"} for i, c in enumerate(cpus)]})
+    views: dict[str, PodView] = {}
+    placer = EnginePlacer(machine, views.get, reserved_cpus=[cpus[0]],
+                          memory_nodes=kernel_memory_nodes())
+    plugin = NriPlugin(placer, socket_path=containerd.nri_socket, retry_s=0.2)
+    run = asyncio.create_task(plugin.run())
+    channel = grpc.aio.insecure_channel(f"unix://{containerd.socket}")
+    c = Cri(channel, tmp_path / "logs", containerd.cgroup_parent)
+    try:
+        await asyncio.wait_for(plugin.synchronized.wait(), 30)
+        views["u-g"] = PodView(_pod("u-g", "1", "g"), Resolved(policy="single-numa-node"))
+        views["u-big"] = PodView(_pod("u-big", "2", "big"), Resolved(policy="single-numa-node"))
+        be = await c.container(await c.sandbox("be"), "main")
+        g = await c.container(await c.sandbox("g", "u-g"), "main")
+        (mine,) = placer.allocations["u-g"].containers["main"].cpus
+        assert mine != cpus[0]  # never the reserved CPU
+        assert await _wait(lambda: c.printed_cpus("g", "main"), "g's output") == {mine}
+        g_cpus, g_mems = _cgroup_cpuset(await c.pid(g))
+        assert g_cpus == {mine} and g_mems <= kernel_memory_nodes()
+        assert _cgroup_cpuset(await c.pid(be))[0] == set(cpus) - {mine}
+
+        big = await c.sandbox("big", "u-big")
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await c.container(big, "main")
+        assert "TopologyAffinityError" in str(refused.value.details())
+        listed = await c.rt.ListContainers(cri.ListContainersRequest(
+            filter=cri.ContainerFilter(pod_sandbox_id=big[0])), timeout=30)
+        assert list(listed.containers) == []
     finally:
         with contextlib.suppress(Exception):
             sandboxes = await c.rt.ListPodSandbox(cri.ListPodSandboxRequest(), timeout=30)
