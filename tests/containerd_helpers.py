@@ -27,6 +27,15 @@ from numalign.devcluster.images import PAUSE_IMAGE
 K8S_NAMESPACE = "k8s.io"
 
 
+def node_bin_dir_or_none() -> Path | None:
+    """The real node's binaries, when built and when their build code is here."""
+    try:
+        from numalign.devcluster import nodebuild  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return Path(nodebuild.node_bin_dir()) if nodebuild.is_node_built() else None
+
+
 def node_bin_dir() -> Path:
     try:
         from numalign.devcluster import nodebuild  # type: ignore[attr-defined]
