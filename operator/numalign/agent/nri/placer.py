@@ -29,7 +29,7 @@ rebuilds the ledger from the recorded allocations of the pods the runtime still 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,9 +99,13 @@ def kernel_memory_nodes(sysfs: Path = Path("/sys")) -> set[int]:
 class EnginePlacer:
     def __init__(self, machine: Machine, lookup: Callable[[str], PodView | None], *,
                  reserved_cpus: Iterable[int] = (), memory_nodes: Iterable[int] = (0,),
-                 on_admit: Callable[[str, Allocation], None] | None = None) -> None:
+                 on_admit: Callable[[str, Allocation], None] | None = None,
+                 wait_for: Callable[[str, float], Awaitable[bool]] | None = None,
+                 wait_s: float = 5.0) -> None:
         self.machine = machine
         self.lookup = lookup
+        self.wait_for = wait_for
+        self.wait_s = wait_s
         self.reserved = set(reserved_cpus)
         unknown = self.reserved - set(machine.cpus)
         if unknown:
@@ -152,6 +156,16 @@ class EnginePlacer:
         return CpuSet(cpulist(held.cpus), self.mems_of(zones))
 
     # -- the Placer protocol ----------------------------------------------------------------
+
+    async def prepare(self, pod: Any) -> None:
+        """Before a pod's first container: give the pod watch time to deliver the pod (a
+        Kubernetes pod the lookup does not know yet would otherwise run unplaced)."""
+        uid = str(pod.uid)
+        if (self.wait_for is not None and uid not in self.allocations
+                and uid not in self.rejected and self.lookup(uid) is None
+                and not await self.wait_for(uid, self.wait_s)):
+            log.info("NRI: pod %s/%s (%s) is unknown: its containers share the pool",
+                     pod.namespace, pod.name, uid)
 
     def create(self, pod: Any, container: Any) -> Placement:
         uid = str(pod.uid)

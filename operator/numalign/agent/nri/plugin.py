@@ -79,7 +79,8 @@ class Rejected(Exception):
 
 
 class Placer(Protocol):
-    """The decisions: what numalign wants each container's cpuset to be."""
+    """The decisions: what numalign wants each container's cpuset to be. A placer may also
+    have ``async def prepare(pod)``, awaited before :meth:`create`."""
 
     def synchronize(self, pods: list[Any], containers: list[Any]) -> Mapping[str, CpuSet]: ...
 
@@ -174,6 +175,9 @@ class NriPlugin:
         return api_pb2.SynchronizeResponse(update=container_updates(updates))
 
     async def _create(self, req: Any) -> Any:
+        prepare = getattr(self.placer, "prepare", None)
+        if prepare is not None:  # an async hook: the placer may need to wait for the pod
+            await prepare(req.pod)
         try:
             placement = self.placer.create(req.pod, req.container)
         except Rejected as exc:
