@@ -21,7 +21,7 @@ import pytest
 from containerd_helpers import Containerd
 from numalign.agent.nri.placer import EnginePlacer, PodView, kernel_memory_nodes
 from numalign.agent.nri.plugin import CpuSet, NriPlugin, Placement, Rejected
-from numalign.api.wire import Resolved
+from numalign.api.wire import Allocation, Resolved
 from numalign.devcluster.images import WORKLOAD_IMAGE
 from numalign.kubeletapi.runtime_v1 import api_pb2 as cri
 from numalign.kubeletapi.runtime_v1 import api_pb2_grpc as cri_grpc
@@ -249,10 +249,17 @@ async def test_the_engine_places_containers_under_each_pods_policy(containerd: C
     machine = machine_from_dict({"name": "view", "numaNodes": [
         {"id": i, "cpus": str(c), "memory": "1Gi"} for i, c in enumerate(cpus)]})
     views: dict[str, PodView] = {}
-    placer = EnginePlacer(machine, views.get, reserved_cpus=[cpus[0]],
-                          memory_nodes=kernel_memory_nodes())
-    plugin = NriPlugin(placer, socket_path=containerd.nri_socket, retry_s=0.2)
-    run = asyncio.create_task(plugin.run())
+
+    def record(uid: str, alloc: Allocation) -> None:  # what the agent publishes on the pod
+        views[uid] = PodView(views[uid].pod, views[uid].resolved, alloc)
+
+    def new_agent() -> tuple[EnginePlacer, NriPlugin, asyncio.Task[None]]:
+        placer = EnginePlacer(machine, views.get, reserved_cpus=[cpus[0]],
+                              memory_nodes=kernel_memory_nodes(), on_admit=record)
+        plugin = NriPlugin(placer, socket_path=containerd.nri_socket, retry_s=0.2)
+        return placer, plugin, asyncio.create_task(plugin.run())
+
+    placer, plugin, run = new_agent()
     channel = grpc.aio.insecure_channel(f"unix://{containerd.socket}")
     c = Cri(channel, tmp_path / "logs", containerd.cgroup_parent)
     try:
@@ -275,6 +282,26 @@ async def test_the_engine_places_containers_under_each_pods_policy(containerd: C
         listed = await c.rt.ListContainers(cri.ListContainersRequest(
             filter=cri.ContainerFilter(pod_sandbox_id=big[0])), timeout=30)
         assert list(listed.containers) == []
+
+        # the agent restarted: a new plugin and ledger, rebuilt from the runtime's pods and
+        # the pods' records; the CPU g holds is not given to another pod
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+        placer, plugin, run = new_agent()
+        await asyncio.wait_for(plugin.synchronized.wait(), 30)
+        assert placer.allocations["u-g"].containers["main"].cpus == [mine]
+        views["u-g2"] = PodView(_pod("u-g2", "1", "g2"), Resolved(policy="single-numa-node"))
+        g2 = await c.sandbox("g2", "u-g2")
+        if len(cpus) == 2:  # the only CPU left is reserved: g2 cannot be admitted
+            with pytest.raises(grpc.aio.AioRpcError) as taken:
+                await c.container(g2, "main")
+            assert "TopologyAffinityError" in str(taken.value.details())
+        else:
+            await c.container(g2, "main")
+            (other,) = placer.allocations["u-g2"].containers["main"].cpus
+            assert other not in (mine, cpus[0])
+        assert _cgroup_cpuset(await c.pid(g))[0] == {mine}
     finally:
         with contextlib.suppress(Exception):
             sandboxes = await c.rt.ListPodSandbox(cri.ListPodSandboxRequest(), timeout=30)
