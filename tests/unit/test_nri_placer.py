@@ -16,7 +16,7 @@ from numalign.agent.nri.placer import (
     parse_cpulist,
 )
 from numalign.agent.nri.plugin import CpuSet, Rejected
-from numalign.api.wire import Resolved, parse_allocation
+from numalign.api.wire import TOPOLOGY_MESSAGE, Resolved, parse_allocation
 from numalign.nriapi.v1alpha1 import api_pb2
 from numalign.topology.machine import machine_from_dict
 
@@ -83,7 +83,9 @@ def test_exclusive_cpus_and_the_shared_pool(pods: Pods) -> None:
 
 
 def test_a_pod_that_cannot_be_aligned_is_rejected_for_every_container(pods: Pods) -> None:
-    placer = EnginePlacer(MACHINE, pods, reserved_cpus=[0], memory_nodes=[0])
+    failed: list[tuple[str, str, str]] = []
+    placer = EnginePlacer(MACHINE, pods, reserved_cpus=[0], memory_nodes=[0],
+                          on_reject=lambda *why: failed.append(why))
     pods.add("big", "3")  # 3 CPUs fit no single NUMA node
     with pytest.raises(Rejected, match="TopologyAffinityError"):
         placer.create(nri_pod("big"), nri_ctr("big", "main", "c-a"))
@@ -93,6 +95,10 @@ def test_a_pod_that_cannot_be_aligned_is_rejected_for_every_container(pods: Pods
     with pytest.raises(Rejected, match="more than the machine view-2x2 has"):
         placer.create(nri_pod("huge"), nri_ctr("huge", "main", "c-h"))
     assert placer.pool() == {0, 1, 2, 3} and placer.allocations == {}
+    # the agent hears of it once (to fail the pod the kubelet's way), with the kubelet's words
+    assert [(uid, reason) for uid, reason, _ in failed] == [
+        ("big", "TopologyAffinityError"), ("huge", "TopologyAffinityError")]
+    assert failed[0][2] == TOPOLOGY_MESSAGE
     # best-effort across nodes, by override: the same request is admitted
     pods.add("spread", "3", policy="best-effort")
     got = placer.create(nri_pod("spread"), nri_ctr("spread", "main", "c-s"))

@@ -100,6 +100,7 @@ class EnginePlacer:
     def __init__(self, machine: Machine, lookup: Callable[[str], PodView | None], *,
                  reserved_cpus: Iterable[int] = (), memory_nodes: Iterable[int] = (0,),
                  on_admit: Callable[[str, Allocation], None] | None = None,
+                 on_reject: Callable[[str, str, str], None] | None = None,
                  wait_for: Callable[[str, float], Awaitable[bool]] | None = None,
                  wait_s: float = 5.0) -> None:
         self.machine = machine
@@ -114,7 +115,8 @@ class EnginePlacer:
         self.memory_nodes = set(memory_nodes)
         if not self.memory_nodes:
             raise ValueError("memory_nodes: at least one kernel memory node is needed")
-        self.on_admit = on_admit
+        self.on_admit = on_admit  # (uid, allocation): the agent records it on the pod
+        self.on_reject = on_reject  # (uid, reason, message): the agent fails the pod
         self.ledger = self._fresh_ledger()
         self.allocations: dict[str, Allocation] = {}  # pod uid -> its allocation
         self.rejected: dict[str, str] = {}  # pod uid -> why
@@ -188,9 +190,12 @@ class EnginePlacer:
         except TopologyError as exc:  # a pod no placement can ever satisfy
             result = engine.EngineResult(False, reason=REJECT_REASON, message=str(exc))
         if not result.admit or result.allocation is None:
-            why = f"{result.reason}: {result.message}"
+            reason, message = result.reason or REJECT_REASON, result.message or ""
+            why = f"{reason}: {message}"
             self.rejected[uid] = why
             log.info("NRI: pod %s rejected: %s", uid, why)
+            if self.on_reject is not None:
+                self.on_reject(uid, reason, message)
             raise Rejected(why)
         self.allocations[uid] = result.allocation
         if self.on_admit is not None:
