@@ -16,7 +16,7 @@ from numalign.agent.nri.placer import (
     parse_cpulist,
 )
 from numalign.agent.nri.plugin import CpuSet, Rejected
-from numalign.api.wire import TOPOLOGY_MESSAGE, Resolved, parse_allocation
+from numalign.api.wire import REJECTED_PREFIX, TOPOLOGY_MESSAGE, Resolved, parse_allocation
 from numalign.nriapi.v1alpha1 import api_pb2
 from numalign.topology.machine import machine_from_dict
 
@@ -98,7 +98,7 @@ def test_a_pod_that_cannot_be_aligned_is_rejected_for_every_container(pods: Pods
     # the agent hears of it once (to fail the pod the kubelet's way), with the kubelet's words
     assert [(uid, reason) for uid, reason, _ in failed] == [
         ("big", "TopologyAffinityError"), ("huge", "TopologyAffinityError")]
-    assert failed[0][2] == TOPOLOGY_MESSAGE
+    assert failed[0][2] == REJECTED_PREFIX + TOPOLOGY_MESSAGE  # the kubelet's status message
     # best-effort across nodes, by override: the same request is admitted
     pods.add("spread", "3", policy="best-effort")
     got = placer.create(nri_pod("spread"), nri_ctr("spread", "main", "c-s"))
