@@ -16,6 +16,8 @@ BENCHMARKS: dict[str, str] = {
     "operator": "operator + agent: 100 nodes, 2,000 pods in 40 Deployments; resolution and "
                 "redeploy latency p50/p99, operator RSS",
     "gpu": "GPU group allocation: allocate and hints per request, 64 GPUs, 3 group levels",
+    "nri": "NRI plugin: CRI CreateContainer latency on a private containerd, with and "
+           "without the plugin (p50/p99)",
 }
 
 

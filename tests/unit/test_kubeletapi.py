@@ -40,7 +40,7 @@ def test_module_version_follows_the_control_plane() -> None:
 
 def test_generated_modules_are_current(tmp_path: Path) -> None:
     try:
-        source = generate.module_dir()
+        source = generate.module_dirs()
     except generate.GenerateError as exc:
         pytest.skip(f"the kubelet protos are not available: {exc}")
     generate.generate(tmp_path, source)
@@ -74,7 +74,8 @@ def test_strip_gogo_leaves_a_proto_protoc_compiles(tmp_path: Path) -> None:
 
 def test_bad_source_folder_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) \
         -> None:
-    assert generate.main(["--check", "--source", str(tmp_path)]) == 2
+    assert generate.main(["--check", "--source", str(tmp_path),
+                          "--cri-source", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "pkg/apis/podresources/v1/api.proto: no such proto" in err
 

@@ -3,8 +3,9 @@
     python -m numalign.kubeletapi.generate           # rewrite the generated modules
     python -m numalign.kubeletapi.generate --check   # exit 1 if they are not current
 
-The protos come from the Go module ``k8s.io/kubelet`` at :data:`KUBELET_MODULE_VERSION`
-(``go mod download`` puts it in the Go module cache, or finds it there offline). Each
+The protos come from the Go modules ``k8s.io/kubelet`` at :data:`KUBELET_MODULE_VERSION` and
+``k8s.io/cri-api`` (the container runtime's CRI, which the kubelet speaks) at the same version
+(``go mod download`` puts them in the Go module cache, or finds them there offline). Each
 proto is copied with its gogoproto import and options removed (they only steer Go code
 generation) to ``numalign/kubeletapi/<package>/api.proto`` in a scratch include folder,
 so that the generated modules import each other by their full package path, then
@@ -23,22 +24,26 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 KUBELET_MODULE = "k8s.io/kubelet"
 KUBELET_MODULE_VERSION = "v0.37.2"
+CRI_MODULE = "k8s.io/cri-api"
 
 
 @dataclass(frozen=True)
 class ProtoSource:
     package: str  # the Python subpackage of numalign.kubeletapi
     path: str  # the proto's path inside the Go module
+    module: str = KUBELET_MODULE  # published at KUBELET_MODULE_VERSION
 
 
 PROTOS = (
     ProtoSource("podresources_v1", "pkg/apis/podresources/v1/api.proto"),
     ProtoSource("deviceplugin_v1beta1", "pkg/apis/deviceplugin/v1beta1/api.proto"),
+    ProtoSource("runtime_v1", "pkg/apis/runtime/v1/api.proto", CRI_MODULE),
 )
 GENERATED = ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py", "__init__.py")
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -52,11 +57,13 @@ class GenerateError(RuntimeError):
     pass
 
 
-def module_dir(go: str = "go") -> Path:
-    """The folder of k8s.io/kubelet@KUBELET_MODULE_VERSION, downloaded if needed."""
+def module_dir(go: str = "go", module: str = KUBELET_MODULE,
+               version: str = KUBELET_MODULE_VERSION) -> Path:
+    """The folder of a Go module (default k8s.io/kubelet@KUBELET_MODULE_VERSION), downloaded
+    if needed."""
     if shutil.which(go) is None:
         raise GenerateError(f"{go!r} is not on PATH (the protos come from the Go module cache)")
-    ref = f"{KUBELET_MODULE}@{KUBELET_MODULE_VERSION}"
+    ref = f"{module}@{version}"
     proc = subprocess.run([go, "mod", "download", "-json", ref], capture_output=True,
                           text=True, check=False, cwd=tempfile.gettempdir())
     try:
@@ -96,17 +103,24 @@ def _protoc(args: list[str]) -> None:
         raise GenerateError(f"grpc_tools.protoc {' '.join(args)} failed (exit {code})")
 
 
-def generate(out_root: Path, source_dir: Path) -> list[Path]:
-    """Write numalign/kubeletapi/<package>/ under out_root; returns the files written."""
+def module_dirs() -> dict[str, Path]:
+    """The folders of the modules in PROTOS, downloaded if needed."""
+    return {m: module_dir(module=m) for m in sorted({src.module for src in PROTOS})}
+
+
+def generate(out_root: Path, sources: Mapping[str, Path]) -> list[Path]:
+    """Write numalign/kubeletapi/<package>/ under out_root from the module folders in sources
+    (keyed by module path); returns the files written."""
     written: list[Path] = []
     with tempfile.TemporaryDirectory(prefix="numalign-protos-") as tmp:
         include = Path(tmp)
         for src in PROTOS:
             rel = Path("numalign", "kubeletapi", src.package, "api.proto")
+            source_dir = sources[src.module]
             proto = source_dir / src.path
             if not proto.is_file():
                 raise GenerateError(f"{proto}: no such proto (is {source_dir} "
-                                    f"{KUBELET_MODULE}@{KUBELET_MODULE_VERSION}?)")
+                                    f"{src.module}@{KUBELET_MODULE_VERSION}?)")
             (include / rel).parent.mkdir(parents=True, exist_ok=True)
             (include / rel).write_text(strip_gogo(proto.read_text()))
             pkg = out_root / rel.parent
@@ -114,7 +128,7 @@ def generate(out_root: Path, source_dir: Path) -> list[Path]:
             _protoc([f"-I{include}", f"--python_out={out_root}", f"--pyi_out={out_root}",
                      f"--grpc_python_out={out_root}", str(include / rel)])
             (pkg / "__init__.py").write_text(_INIT.format(
-                module=KUBELET_MODULE, version=KUBELET_MODULE_VERSION, path=src.path))
+                module=src.module, version=KUBELET_MODULE_VERSION, path=src.path))
             written += [pkg / name for name in GENERATED]
     return written
 
@@ -140,10 +154,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--source", type=Path,
                    help=f"folder of {KUBELET_MODULE}@{KUBELET_MODULE_VERSION} "
                         "(default: from go mod download)")
+    p.add_argument("--cri-source", type=Path,
+                   help=f"folder of {CRI_MODULE}@{KUBELET_MODULE_VERSION} "
+                        "(default: from go mod download)")
     args = p.parse_args(argv)
     out_root = PACKAGE_DIR.parent.parent
     try:
-        source = args.source or module_dir()
+        source = {KUBELET_MODULE: args.source or module_dir(),
+                  CRI_MODULE: args.cri_source or module_dir(module=CRI_MODULE)}
         if not args.check:
             for path in generate(out_root, source):
                 print(path.relative_to(out_root))
