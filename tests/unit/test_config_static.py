@@ -427,3 +427,32 @@ def test_network_policies_guard_the_webhook_and_metrics_ports(default: list[Obj]
     assert allowed["metrics"], "metrics open to every pod"
     agent = _named(default, "NetworkPolicy", "numalign-agent")
     assert not agent["spec"].get("ingress") and agent["spec"]["policyTypes"] == ["Ingress"]
+
+
+def test_kubelet_resources_is_a_read_only_switch(tmp_path: Path) -> None:
+    """The component that lets a real node's agent report the kubelet's own allocations:
+    read-only mounts of the socket folder and the configuration, no capability, no writes."""
+    objs = _overlay(tmp_path, components=[os.path.relpath(CONFIG / "kubelet-resources",
+                                                          tmp_path)])
+    [ds] = of_kind(objs, "DaemonSet")
+    spec = pod_spec(ds)
+    [c] = spec["containers"]
+    sock = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    assert f"--pod-resources={sock}" in c["args"]
+    assert "--kubelet-config=/var/lib/kubelet/config.yaml" in c["args"]
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    vols = {v["name"]: v for v in spec["volumes"]}
+    for path in ("/var/lib/kubelet/pod-resources", "/var/lib/kubelet/config.yaml"):
+        assert mounts[path]["readOnly"] is True
+        assert vols[mounts[path]["name"]]["hostPath"]["path"] == path
+    sc = c["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    role = _named(objs, "ClusterRole", "numalign-agent-kubelet-resources")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"],
+                              "verbs": ["get", "list", "watch"]}]
+    binding = _named(objs, "ClusterRoleBinding", "numalign-agent-kubelet-resources")
+    assert binding["subjects"][0]["name"] == "numalign-agent"
+    # config/default stays non-root and reads no pods
+    [plain] = of_kind(kustomize(CONFIG / "default"), "DaemonSet")
+    assert pod_spec(plain)["securityContext"]["runAsNonRoot"] is True
