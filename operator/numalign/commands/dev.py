@@ -28,10 +28,10 @@ from ..devcluster.cluster import DevCluster, DevClusterError, default_state_dir
 from ..devcluster.crds import CrdError
 from ..devcluster.demo import REPO, SAMPLES, Demo, DemoResult, Kubectl, pods_of, story
 from ..devcluster.nodebuild import ensure_node_built
-from ..devcluster.realnode import PROCESSES, RealNode
+from ..devcluster.realnode import PROCESSES, RealNode, cannot_run_containers
 from ..topology.errors import MachineError
 
-REAL_NODE_MACHINE = REPO / "tests" / "fixtures" / "machines" / "realnode-2numa.yaml"
+REAL_NODE_MACHINE = SAMPLES / "realnode" / "realnode-2numa.yaml"
 
 DESCRIPTION = """\
 A real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager,
@@ -88,6 +88,9 @@ def _parser() -> argparse.ArgumentParser:
                          "config/samples/machines, apply config/samples (TopologyPolicies "
                          "and workloads), wait until they settle and show the result; "
                          "again on a running cluster: reuses it, re-applies the samples")
+    up.add_argument("--no-real-node", action="store_true",
+                    help="with --demo: no real node (by default the demo adds one where "
+                         "this machine can run containers: root and cgroups)")
     up.add_argument("--samples", type=Path, default=SAMPLES, metavar="DIR",
                     help="with --demo: the kustomization to apply, with a machines/ folder "
                          "(default: config/samples of this repository)")
@@ -219,10 +222,26 @@ def _demo(args: argparse.Namespace, cluster: DevCluster) -> int:
     extra = [MachineSpec.parse(m) for m in args.machine]
     result = Demo(cluster, samples=args.samples.resolve(), log=_log).run(
         timeout=args.timeout, extra=extra)
+    if result.settled and not args.no_real_node:
+        _demo_real_node(args, cluster)
     _print_summary(args, cluster, result)
     _log(f"demo: {'ready' if result.settled else 'NOT settled'} in "
          f"{time.monotonic() - t0:.1f}s")
     return 0 if result.settled else 1
+
+
+def _demo_real_node(args: argparse.Namespace, cluster: DevCluster) -> None:
+    """The demo's real node: asked for with --real-node, else where containers can run."""
+    reason = cannot_run_containers()
+    if args.real_node is None and reason is not None:
+        _log(f"demo: no real node ({reason}); the emulated nodes show the rest")
+        return
+    t0 = time.monotonic()
+    ensure_node_built(log=_log)
+    RealNode(cluster, args.real_node or REAL_NODE_MACHINE, policy=args.topology_policy).up(
+        log=_log, timeout=max(args.timeout, 240.0))
+    _log(f"demo: real node 'localhost' ready in {time.monotonic() - t0:.1f}s "
+         "(a kubelet and containerd; see README 'A real node')")
 
 
 def _print_summary(args: argparse.Namespace, cluster: DevCluster, result: DemoResult) -> None:
