@@ -335,3 +335,12 @@ def test_command_bad_machine_file_names_the_field(kubelet_dir: Path, tmp_path: P
         capture_output=True, text=True, timeout=TIMEOUT, check=False)
     assert proc.returncode == 1
     assert "numaNodes[0].memory" in proc.stderr
+
+
+def test_socket_names_are_short_and_distinct() -> None:
+    from numalign.devcluster.deviceplugin import socket_name
+
+    names = {socket_name(r) for r in ("numalign.io/sample-device", "nvidia.com/gpu",
+                                      "example.com/a-rather-long-resource-name-for-a-nic")}
+    assert len(names) == 3
+    assert all(len(n) <= 22 and n.endswith(".sock") for n in names)

@@ -21,6 +21,7 @@ When the kubelet restarts it removes the plugins' sockets and creates a new
 
 from __future__ import annotations
 
+import hashlib
 import re
 import threading
 import time
@@ -74,7 +75,9 @@ def env_var(resource: str) -> str:
 
 
 def socket_name(resource: str) -> str:
-    return "numalign-" + re.sub(r"[^A-Za-z0-9._-]", "_", resource) + ".sock"
+    """A short socket name per resource (``numalign-<8 hex>.sock``): unix socket paths
+    hold 107 bytes, and the kubelet's folder may already be deep."""
+    return f"numalign-{hashlib.sha256(resource.encode()).hexdigest()[:8]}.sock"
 
 
 def preferred_allocation(devices: Sequence[PluginDevice], available: Sequence[str],
