@@ -13,7 +13,8 @@ from kubernetes.client.exceptions import ApiException
 
 from e2e_helpers import MACHINES, wait_for
 from numalign.devcluster.images import WORKLOAD_IMAGE
-from numalign.devcluster.realnode import TAINT, RealNode, cannot_run_containers
+from numalign.devcluster.realnode import RealNode, cannot_run_containers
+from numalign.devcluster.realnode_config import TAINT
 
 pytestmark = pytest.mark.cluster
 

@@ -20,7 +20,7 @@ from kubernetes import client
 from e2e_helpers import MACHINES, wait_for
 from numalign.agent.podresources import PodResourcesError
 from numalign.devcluster.images import WORKLOAD_IMAGE
-from numalign.devcluster.realnode import TAINT
+from numalign.devcluster.realnode_config import TAINT
 
 pytestmark = pytest.mark.cluster
 

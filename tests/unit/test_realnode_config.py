@@ -15,7 +15,8 @@ from cryptography.x509.oid import NameOID
 from numalign.devcluster import certs
 from numalign.devcluster.cluster import DevCluster
 from numalign.devcluster.images import PAUSE_IMAGE
-from numalign.devcluster.realnode import TAINT, RealNode, RealNodeError
+from numalign.devcluster.realnode import RealNode, RealNodeError
+from numalign.devcluster.realnode_config import TAINT
 
 
 def _node(tmp_path: Path) -> RealNode:

@@ -38,9 +38,16 @@ from numalign.topology.policy import POLICIES, SCOPES
 
 from . import certs
 from .cluster import DevCluster, DevClusterError, write_kubeconfig
-from .images import PAUSE_IMAGE, build_images
-from .nodebuild import cni_bin_dir, ensure_node_built, node_bin_dir
+from .images import build_images
+from .nodebuild import ensure_node_built, node_bin_dir
 from .processes import Process, free_ports
+from .realnode_config import (
+    CONTAINERD_DIRS,
+    cni_conflist,
+    containerd_config,
+    kubelet_configuration,
+)
+from .realnode_config import TAINT as TAINT  # the node's taint, for callers of this module
 from .sysfsview import SysfsViewError, map_onto, usable_cpus, write_sysfs_view
 
 Log = Callable[[str], None]
@@ -48,7 +55,6 @@ Log = Callable[[str], None]
 NODE_NAME = "localhost"  # resolves to 127.0.0.1: the API server's way to the kubelet
 DEFAULT_POLICY = "single-numa-node"
 DEFAULT_SCOPE = "container"
-POD_SUBNET = "10.244.0.0/24"
 K8S_NAMESPACE = "k8s.io"  # containerd's namespace for the CRI
 PROCESSES = ("containerd", "kubelet", "device-plugin", "agent")
 CONTAINER_LOGS = Path("/var/log/containers")  # where the kubelet links container logs
@@ -57,9 +63,6 @@ CONTAINER_LOGS = Path("/var/log/containers")  # where the kubelet links containe
 DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")
 # Folders the kubelet creates on the host; removed at down() when empty.
 HOST_DIRS = (DEVICE_PLUGINS, DEVICE_PLUGINS.parent, CONTAINER_LOGS, Path("/var/log/pods"))
-# Pods land on the real node only when they tolerate this (and select it): the cluster's
-# other pods (tests, samples) use images it does not have.
-TAINT = {"key": "numalign.io/real-node", "value": "true", "effect": "NoSchedule"}
 
 
 class RealNodeError(DevClusterError):
@@ -260,69 +263,11 @@ class RealNode:
 
     def _write_containerd_config(self) -> None:
         d = self.containerd_dir
-        for sub in ("root", "state", "cni/conf", "cni/ipam", "runc", "cdi", "nri/plugins",
-                    "nri/conf", "opt"):
+        for sub in CONTAINERD_DIRS:
             (d / sub).mkdir(parents=True, exist_ok=True)
-        cni = {
-            "cniVersion": "1.0.0",
-            "name": "numalign",
-            "plugins": [
-                {"type": "bridge", "bridge": self.bridge, "isGateway": False, "ipMasq": False,
-                 "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_SUBNET}]],
-                          "dataDir": str(d / "cni" / "ipam")}},
-            ],
-        }
-        (d / "cni/conf/10-numalign.conflist").write_text(json.dumps(cni, indent=2) + "\n")
-        q = json.dumps  # TOML basic strings are JSON strings
-        rt = "plugins.'io.containerd.cri.v1.runtime'"
-        (d / "config.toml").write_text(f"""version = 3
-root = {q(str(d / 'root'))}
-state = {q(str(d / 'state'))}
-
-[grpc]
-  address = {q(str(self.containerd_socket))}
-
-[ttrpc]
-  address = {q(str(d / 'containerd.sock.ttrpc'))}
-
-[plugins]
-  [plugins.'io.containerd.internal.v1.opt']
-    path = {q(str(d / 'opt'))}
-
-  [plugins.'io.containerd.cri.v1.images']
-    snapshotter = 'overlayfs'
-    [plugins.'io.containerd.cri.v1.images'.pinned_images]
-      sandbox = {q(PAUSE_IMAGE)}
-
-  [{rt}]
-    enable_selinux = false
-    # root here may lack CAP_SYS_RESOURCE: the sandbox's oom_score_adj of -998 is refused
-    restrict_oom_score_adj = true
-    netns_mounts_under_state_dir = true
-    cdi_spec_dirs = [{q(str(d / 'cdi'))}]
-    [{rt}.containerd]
-      default_runtime_name = 'runc'
-      [{rt}.containerd.runtimes.runc]
-        runtime_type = 'io.containerd.runc.v2'
-        [{rt}.containerd.runtimes.runc.options]
-          BinaryName = {q(str(node_bin_dir() / 'runc'))}
-          Root = {q(str(d / 'runc'))}
-          SystemdCgroup = false
-    [{rt}.cni]
-      bin_dirs = [{q(str(cni_bin_dir()))}]
-      conf_dir = {q(str(d / 'cni/conf'))}
-
-  [plugins.'io.containerd.grpc.v1.cri']
-    disable_tcp_service = true
-    stream_server_address = '127.0.0.1'
-    stream_server_port = '0'
-
-  [plugins.'io.containerd.nri.v1.nri']
-    disable = false
-    socket_path = {q(str(d / 'nri.sock'))}
-    plugin_path = {q(str(d / 'nri/plugins'))}
-    plugin_config_path = {q(str(d / 'nri/conf'))}
-""")
+        conflist = cni_conflist(self.bridge, d / "cni" / "ipam")
+        (d / "cni/conf/10-numalign.conflist").write_text(json.dumps(conflist, indent=2) + "\n")
+        (d / "config.toml").write_text(containerd_config(d, self.containerd_socket))
 
     def _write_kubelet_files(self, ports: dict[str, int], policy: str, scope: str,
                              reserved: str) -> None:
@@ -333,43 +278,10 @@ state = {q(str(d / 'state'))}
         server = self.cluster.server or ""
         write_kubeconfig(self.dir / "kubelet.kubeconfig", f"numalign-{self.cluster.name}",
                          server, pki.ca.cert, pair.cert, pair.key, f"system:node:{self.name}")
-        endpoint = f"unix://{self.containerd_socket}"
-        config = {
-            "apiVersion": "kubelet.config.k8s.io/v1beta1",
-            "kind": "KubeletConfiguration",
-            "address": "127.0.0.1",
-            "port": ports["kubelet"],
-            "readOnlyPort": 0,
-            "healthzBindAddress": "127.0.0.1",
-            "healthzPort": ports["healthz"],
-            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False},
-                               "x509": {"clientCAFile": str(pki.ca.cert)}},
-            "authorization": {"mode": "AlwaysAllow"},  # loopback only; clients need the CA
-            "containerRuntimeEndpoint": endpoint,
-            "imageServiceEndpoint": endpoint,
-            "cgroupDriver": "cgroupfs",
-            "cgroupRoot": self.cgroup_root,
-            "failCgroupV1": False,  # this kind of machine mounts cgroup v1
-            "failSwapOn": False,
-            "cpuManagerPolicy": "static",
-            "reservedSystemCPUs": reserved,
-            "cpuManagerReconcilePeriod": "5s",
-            "topologyManagerPolicy": policy,
-            "topologyManagerScope": scope,
-            "podLogsDirectory": str(self.dir / "pod-logs"),
-            "imageGCHighThresholdPercent": 100,  # the imported images cannot be pulled again
-            "imageGCLowThresholdPercent": 99,
-            "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%",
-                             "imagefs.available": "1%", "nodefs.inodesFree": "1%"},
-            "serializeImagePulls": False,
-            "clusterDomain": "cluster.local",
-            "resolvConf": "",
-            "registerNode": True,
-            "registerWithTaints": [TAINT],
-            "staticPodPath": "",
-            "nodeStatusReportFrequency": "10s",
-            "shutdownGracePeriod": "0s",
-        }
+        config = kubelet_configuration(
+            ports=ports, policy=policy, scope=scope, reserved=reserved,
+            cgroup_root=self.cgroup_root, ca_cert=pki.ca.cert,
+            endpoint=f"unix://{self.containerd_socket}", pod_logs=self.dir / "pod-logs")
         self.kubelet_config.write_text(yaml.safe_dump(config, sort_keys=False))
 
     def _start_containerd(self, deadline: float) -> None:

@@ -1,0 +1,128 @@
+"""The real node's configuration files, as data: containerd's (config version 3, with the
+CRI runtime, CNI and NRI), its CNI network, and the KubeletConfiguration."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .images import PAUSE_IMAGE
+from .nodebuild import cni_bin_dir, node_bin_dir
+
+POD_SUBNET = "10.244.0.0/24"
+# Pods land on the real node only when they tolerate this (and select it): the cluster's
+# other pods (tests, samples) use images it does not have.
+TAINT = {"key": "numalign.io/real-node", "value": "true", "effect": "NoSchedule"}
+CONTAINERD_DIRS = ("root", "state", "cni/conf", "cni/ipam", "runc", "cdi", "nri/plugins",
+                   "nri/conf", "opt")
+
+
+def cni_conflist(bridge: str, ipam_dir: Path) -> dict[str, Any]:
+    """One bridge network, no gateway and no masquerading (no iptables needed)."""
+    return {
+        "cniVersion": "1.0.0",
+        "name": "numalign",
+        "plugins": [
+            {"type": "bridge", "bridge": bridge, "isGateway": False, "ipMasq": False,
+             "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_SUBNET}]],
+                      "dataDir": str(ipam_dir)}},
+        ],
+    }
+
+
+def containerd_config(d: Path, socket: Path) -> str:
+    """containerd's config.toml for the state folder ``d``, serving CRI on ``socket``."""
+    q = json.dumps  # TOML basic strings are JSON strings
+    rt = "plugins.'io.containerd.cri.v1.runtime'"
+    return f"""version = 3
+root = {q(str(d / 'root'))}
+state = {q(str(d / 'state'))}
+
+[grpc]
+  address = {q(str(socket))}
+
+[ttrpc]
+  address = {q(str(d / 'containerd.sock.ttrpc'))}
+
+[plugins]
+  [plugins.'io.containerd.internal.v1.opt']
+    path = {q(str(d / 'opt'))}
+
+  [plugins.'io.containerd.cri.v1.images']
+    snapshotter = 'overlayfs'
+    [plugins.'io.containerd.cri.v1.images'.pinned_images]
+      sandbox = {q(PAUSE_IMAGE)}
+
+  [{rt}]
+    enable_selinux = false
+    # root here may lack CAP_SYS_RESOURCE: the sandbox's oom_score_adj of -998 is refused
+    restrict_oom_score_adj = true
+    netns_mounts_under_state_dir = true
+    cdi_spec_dirs = [{q(str(d / 'cdi'))}]
+    [{rt}.containerd]
+      default_runtime_name = 'runc'
+      [{rt}.containerd.runtimes.runc]
+        runtime_type = 'io.containerd.runc.v2'
+        [{rt}.containerd.runtimes.runc.options]
+          BinaryName = {q(str(node_bin_dir() / 'runc'))}
+          Root = {q(str(d / 'runc'))}
+          SystemdCgroup = false
+    [{rt}.cni]
+      bin_dirs = [{q(str(cni_bin_dir()))}]
+      conf_dir = {q(str(d / 'cni/conf'))}
+
+  [plugins.'io.containerd.grpc.v1.cri']
+    disable_tcp_service = true
+    stream_server_address = '127.0.0.1'
+    stream_server_port = '0'
+
+  [plugins.'io.containerd.nri.v1.nri']
+    disable = false
+    socket_path = {q(str(d / 'nri.sock'))}
+    plugin_path = {q(str(d / 'nri/plugins'))}
+    plugin_config_path = {q(str(d / 'nri/conf'))}
+"""
+
+
+def kubelet_configuration(*, ports: dict[str, int], policy: str, scope: str, reserved: str,
+                          cgroup_root: str, ca_cert: Path, endpoint: str,
+                          pod_logs: Path) -> dict[str, Any]:
+    """The KubeletConfiguration: loopback only, static CPU manager, the Topology Manager
+    with ``policy`` and ``scope``, cgroup v1 allowed, the node tainted."""
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "address": "127.0.0.1",
+        "port": ports["kubelet"],
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": ports["healthz"],
+        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False},
+                           "x509": {"clientCAFile": str(ca_cert)}},
+        "authorization": {"mode": "AlwaysAllow"},  # loopback only; clients need the CA
+        "containerRuntimeEndpoint": endpoint,
+        "imageServiceEndpoint": endpoint,
+        "cgroupDriver": "cgroupfs",
+        "cgroupRoot": cgroup_root,
+        "failCgroupV1": False,  # this kind of machine mounts cgroup v1
+        "failSwapOn": False,
+        "cpuManagerPolicy": "static",
+        "reservedSystemCPUs": reserved,
+        "cpuManagerReconcilePeriod": "5s",
+        "topologyManagerPolicy": policy,
+        "topologyManagerScope": scope,
+        "podLogsDirectory": str(pod_logs),
+        "imageGCHighThresholdPercent": 100,  # the imported images cannot be pulled again
+        "imageGCLowThresholdPercent": 99,
+        "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%",
+                         "imagefs.available": "1%", "nodefs.inodesFree": "1%"},
+        "serializeImagePulls": False,
+        "clusterDomain": "cluster.local",
+        "resolvConf": "",
+        "registerNode": True,
+        "registerWithTaints": [TAINT],
+        "staticPodPath": "",
+        "nodeStatusReportFrequency": "10s",
+        "shutdownGracePeriod": "0s",
+    }
