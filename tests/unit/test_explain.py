@@ -283,7 +283,6 @@ def test_command_text_and_policy_from_annotation(tmp_path: Path,
       "--option", "prefer-closest-numa-nodes=maybe"], "ParseBool"),
     (["--machine", str(SEED), "--pod", "POD", "--policy", "restricted", "--allocated", "POD"],
      "allocations"),
-    (["--machine", str(SEED), "--pod", "BIG", "--policy", "restricted"], "more than the machine"),
     (["--frobnicate"], "unrecognized arguments"),
     (["mypod", "--machine", str(SEED)], "not both"),
 ])
@@ -298,6 +297,16 @@ def test_command_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixtu
     err = capsys.readouterr().err
     assert err.startswith("numalign explain: ") and err.count("\n") == 1, err
     assert needle in err and "Traceback" not in err
+
+
+def test_a_pod_bigger_than_the_machine_is_explained_as_a_rejection(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The kubelet rejects such a pod (it is no input error): explain says why."""
+    big = tmp_path / "big.yaml"
+    big.write_text(yaml.safe_dump(pod("big", {"cpu": "64", "memory": "1Gi"})))
+    assert cmd.main(["--machine", str(SEED), "--pod", str(big), "--policy", "restricted"]) == 0
+    out = capsys.readouterr().out
+    assert "REJECTED (TopologyAffinityError)" in out and "cannot satisfy" in out
 
 
 def test_live_mode_bad_kubeconfig(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -142,6 +142,9 @@ class ContainerAllocation:
     devices: dict[str, list[str]] = field(default_factory=dict)
     numa_nodes: list[int] | None = None
     hugepages: dict[str, dict[str, int]] = field(default_factory=dict)  # size -> zone -> bytes
+    # the NUMA nodes the container's memory may use (the memory manager's block affinity;
+    # set even when it took no bytes of its own, reusing its init container's memory)
+    memory_numa_nodes: list[int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"cpus": list(self.cpus), "memory": dict(self.memory),
@@ -150,6 +153,8 @@ class ContainerAllocation:
             out["numaNodes"] = list(self.numa_nodes)
         if self.hugepages:
             out["hugepages"] = {k: dict(v) for k, v in self.hugepages.items()}
+        if self.memory_numa_nodes is not None:
+            out["memoryNumaNodes"] = list(self.memory_numa_nodes)
         return out
 
 
@@ -244,11 +249,14 @@ def allocation_from_json(doc: Any, where: str = f"annotation {ALLOCATION}") -> A
             raise AnnotationError(f"{w}.hugepages must be an object")
         hugepages = {str(k): _bytes_per_zone(v, f"{w}.hugepages.{k}") for k, v in hp_raw.items()}
         numa_raw = c.get("numaNodes")
+        mem_numa_raw = c.get("memoryNumaNodes")
         containers[str(name)] = ContainerAllocation(
             cpus=_int_list(c.get("cpus") or [], f"{w}.cpus"), memory=memory,
             devices=_str_lists(c.get("devices"), f"{w}.devices"),
             numa_nodes=None if numa_raw is None else _int_list(numa_raw, f"{w}.numaNodes"),
-            hugepages=hugepages)
+            hugepages=hugepages,
+            memory_numa_nodes=None if mem_numa_raw is None
+            else _int_list(mem_numa_raw, f"{w}.memoryNumaNodes"))
     return Allocation(numa_nodes=numa, containers=containers,
                       gpus=_str_lists(doc.get("gpus"), f"{where}.gpus"))
 

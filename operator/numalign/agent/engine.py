@@ -9,6 +9,7 @@ from typing import Any
 
 from numalign.topology.admit import AdmitResult, DeviceOverride, admit_pod, default_overrides
 from numalign.topology.errors import TopologyError
+from numalign.topology.fit import fit_requests
 from numalign.topology.hints import mask_ids, mask_of
 from numalign.topology.ledger import MEMORY, ContainerAllocation, Ledger, LedgerError
 from numalign.topology.machine import Machine
@@ -53,7 +54,8 @@ def _annotated(held: ContainerAllocation, numa: list[int] | None) -> AnnotatedCo
     return AnnotatedContainer(
         cpus=sorted(held.cpus), memory=memory,
         devices={r: list(ids) for r, ids in sorted(held.devices.items()) if ids},
-        numa_nodes=numa, hugepages=hugepages)
+        numa_nodes=numa, hugepages=hugepages,
+        memory_numa_nodes=None if held.memory_mask is None else mask_ids(held.memory_mask))
 
 
 def _ledger_container(a: AnnotatedContainer, reusable: bool) -> ContainerAllocation:
@@ -63,7 +65,12 @@ def _ledger_container(a: AnnotatedContainer, reusable: bool) -> ContainerAllocat
     for size, per_zone in a.hugepages.items():
         memory[HUGEPAGES_PREFIX + size] = {int(z): b for z, b in per_zone.items()}
     mask = None
-    if memory:
+    if a.memory_numa_nodes is not None:
+        mask = mask_of(a.memory_numa_nodes)
+        # a container that reused its init container's memory took no bytes of its own
+        # but holds its block (one assignment per memory type on each of its nodes)
+        memory.setdefault(MEMORY, {})
+    elif memory:
         nodes = a.numa_nodes if a.numa_nodes is not None else sorted(
             {n for per in memory.values() for n in per})
         mask = mask_of(nodes)
@@ -125,8 +132,13 @@ def commit(machine: Machine, ledger: Ledger, uid: str, pod: Mapping[str, Any],
     items = [(name, _ledger_container(a, name in plain_init))
              for name, a in alloc.containers.items()]
     try:
+        requests = fit_requests(pod_from_dict(pod))
+    except TopologyError:  # admitted before: what it asks is counted as far as readable
+        requests = {}
+    try:
         ledger.allocate_many(uid, items, pod_name=str(meta.get("name") or uid),
-                             namespace=str(meta.get("namespace") or "default"))
+                             namespace=str(meta.get("namespace") or "default"),
+                             requests=requests)
     except LedgerError as e:
         raise RestoreConflict(str(e)) from None
 
