@@ -1,6 +1,7 @@
 """``numalign dev``: the local control plane for the demo and the tests.
 
     numalign dev build                       # build (or find cached) the binaries
+                                             # (the control plane and the kubelet oracle)
     numalign dev up [--machine FILE[=COUNT]]... [--state-dir DIR]
     numalign dev up --demo [--state-dir DIR]  # + emulated nodes and the sample workloads
     numalign dev kubeconfig                  # print the kubeconfig path
@@ -23,6 +24,7 @@ from ..devcluster.build import BuildError, ensure_built
 from ..devcluster.cluster import DevCluster, DevClusterError, default_state_dir
 from ..devcluster.crds import CrdError
 from ..devcluster.demo import SAMPLES, Demo, DemoResult, Kubectl, pods_of, story
+from ..devcluster.oracle_build import ensure_oracle_built
 
 DESCRIPTION = """\
 A real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager,
@@ -76,7 +78,8 @@ def _parser() -> argparse.ArgumentParser:
     with_state(sub.add_parser("kubeconfig", help="print the kubeconfig path "
                                                  "(export KUBECONFIG=$(numalign dev kubeconfig))"))
     with_state(sub.add_parser("status", help="say whether the control plane runs"))
-    sub.add_parser("build", help="build the binaries (cached: instant when built)")
+    sub.add_parser("build", help="build the binaries and the kubelet oracle the tests use "
+                                 "(cached: instant when built)")
     return parser
 
 
@@ -105,6 +108,8 @@ def _run(args: argparse.Namespace) -> int:
         t0 = time.monotonic()
         path = ensure_built(log=_log)
         _log(f"binaries in {path} ({time.monotonic() - t0:.1f}s)")
+        oracle = ensure_oracle_built(log=_log)
+        _log(f"kubelet oracle (the tests' reference) at {oracle}")
         print(path)
         return 0
     cluster = _cluster(args)
