@@ -320,22 +320,8 @@ class _Run:
         pod, machine, work = self.pod, self.machine, self.work
         mask = hint.mask
         alloc = ContainerAllocation(reusable=c.is_init)
-        n = guaranteed_cpus(pod, c)
-        if n:
-            usable = work.free_cpus() | work.reusable_cpus(pod.uid)
-            cpus = allocate_cpus(machine, usable, n, mask)
-            if cpus is None:
-                # the CPU manager takes the CPUs inside the affinity first, then fails on
-                # the remainder: its message counts what is left after the aligned ones
-                aligned = 0 if mask is None else min(n, sum(
-                    1 for x in usable if mask >> machine.cpus[x].numa & 1))
-                raise AllocationFailed(f"not enough cpus available to satisfy request: "
-                                       f"requested={n - aligned}, "
-                                       f"available={len(usable) - aligned}")
-            alloc.cpus = tuple(cpus)
-        mem = memory_request(pod, c)
-        if mem:
-            self._allocate_memory(c, mem, mask, alloc)
+        # the kubelet's providers allocate in the order they were added: devices, CPUs,
+        # memory (the first that fails names the error)
         free_sets = self.free_sets()
         for res, count in device_request(c, machine).items():
             if res in self.overrides:
@@ -354,6 +340,22 @@ class _Run:
             for r, ids in got.devices.items():
                 alloc.devices[r] = tuple(ids)
             self.gpus.update(got.gpus)
+        n = guaranteed_cpus(pod, c)
+        if n:
+            usable = work.free_cpus() | work.reusable_cpus(pod.uid)
+            cpus = allocate_cpus(machine, usable, n, mask)
+            if cpus is None:
+                # the CPU manager takes the CPUs inside the affinity first, then fails on
+                # the remainder: its message counts what is left after the aligned ones
+                aligned = 0 if mask is None else min(n, sum(
+                    1 for x in usable if mask >> machine.cpus[x].numa & 1))
+                raise AllocationFailed(f"not enough cpus available to satisfy request: "
+                                       f"requested={n - aligned}, "
+                                       f"available={len(usable) - aligned}")
+            alloc.cpus = tuple(cpus)
+        mem = memory_request(pod, c)
+        if mem:
+            self._allocate_memory(c, mem, hint, alloc)
         try:
             work.allocate(pod.uid, c.name, alloc, pod_name=pod.name, namespace=pod.namespace)
         except TopologyError as e:  # pragma: no cover - the managers keep the invariants
@@ -376,7 +378,7 @@ class _Run:
                 out.setdefault(m, {})[kind] = b
         return out
 
-    def _allocate_memory(self, c: Container, req: Mapping[str, int], mask: NumaMask | None,
+    def _allocate_memory(self, c: Container, req: Mapping[str, int], hint: TopologyHint,
                          alloc: ContainerAllocation) -> None:
         """The memory manager's Allocate: the default hint when the affinity is nil,
         extended when the affinity's free memory cannot hold the request, refused when it
@@ -392,17 +394,25 @@ class _Run:
             return all(sum(work.free_memory(nd, k) for nd in mask_ids(m)) >= v
                        for k, v in req.items())
 
-        best = mask
+        best, preferred = hint.mask, hint.preferred
         if best is None:
             best = self._best_hint(d, 0)
             if best is None:
                 raise AllocationFailed("[memorymanager] failed to get the default NUMA "
                                        "affinity, no NUMA nodes with enough memory is available")
+            if preferred and best.bit_count() != d.min_width():
+                raise AllocationFailed("[memorymanager] failed to find the default preferred "
+                                       "hint")
+            preferred = best.bit_count() == d.min_width()
         if not free_holds(best):
-            best = self._best_hint(d, best)
-            if best is None:
+            ext = self._best_hint(d, best)
+            if ext is None:
                 raise AllocationFailed("[memorymanager] failed to find NUMA nodes to extend "
                                        "the current topology hint")
+            if preferred and ext.bit_count() != d.min_width():
+                raise AllocationFailed("[memorymanager] failed to find the extended preferred "
+                                       "hint")
+            best = ext
         nodes = mask_ids(best)
         if len(nodes) > 1:
             for nd in nodes:

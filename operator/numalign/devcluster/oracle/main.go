@@ -21,7 +21,7 @@
 // Output: one line per pod,
 //
 //	{"pod", "admit", "reason", "message", "containers": {NAME: {"cpus", "memoryNumaNodes",
-//	 "memory": {TYPE: bytes}}}, "insufficient": [RESOURCE, ...]}
+//	 "memory": {TYPE: bytes}}}, "insufficient": [RESOURCE, ...], "stateChanged": bool}
 package main
 
 import (
@@ -30,6 +30,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"reflect"
 	"sort"
 
 	"github.com/go-logr/logr"
@@ -76,6 +77,10 @@ type podOut struct {
 	Message      *string                 `json:"message"`
 	Containers   map[string]containerOut `json:"containers"`
 	Insufficient []string                `json:"insufficient"`
+	// The memory manager's state after the rejected pod was released is not the state
+	// before it (its release frees a block's bytes from the first nodes of the block's
+	// affinity and keeps a node's group until the node has no assignment left).
+	StateChanged bool `json:"stateChanged"`
 }
 
 // cpuProvider and memProvider are what the CPU and memory managers are to the Topology
@@ -225,6 +230,7 @@ func main() {
 		if pod.UID == "" {
 			pod.UID = types.UID(pod.Namespace + "/" + pod.Name)
 		}
+		before := memState.GetMachineState()
 		attrs := &lifecycle.PodAdmitAttributes{Pod: pod, OtherPods: active, Operation: lifecycle.AddOperation}
 		result := tm.Admit(ctx, attrs)
 		if result.Admit {
@@ -244,6 +250,7 @@ func main() {
 			}
 			sort.Strings(out.Insufficient)
 			release(pod)
+			out.StateChanged = !reflect.DeepEqual(before, memState.GetMachineState())
 		} else {
 			active = append(active, pod)
 			uid := string(pod.UID)
