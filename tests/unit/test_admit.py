@@ -12,6 +12,7 @@ import yaml
 import testdata
 from numalign.topology.admit import UNEXPECTED_REASON, AdmitResult, admit_pod
 from numalign.topology.errors import TopologyError
+from numalign.topology.hints import TopologyHint, mask_of
 from numalign.topology.ledger import ContainerAllocation, Ledger
 from numalign.topology.machine import Machine, load_machine
 from numalign.topology.merge import REJECT_MESSAGE, REJECT_REASON
@@ -37,6 +38,10 @@ def _pod(name: str, limits: dict[str, str], inits: list[dict[str, Any]] | None =
     if inits:
         spec["initContainers"] = inits
     return pod_from_dict({"metadata": {"name": name}, "spec": spec})
+
+
+def m_all(m: Machine) -> int:
+    return mask_of(m.numa_ids)
 
 
 def _c(r: AdmitResult, name: str = "app") -> dict[str, Any]:
@@ -215,13 +220,17 @@ def test_wide64_decisions(policy: str) -> None:
     if policy != "none":
         assert r.hint.mask == 1 and r.hint.preferred  # GPU 0 sits on NUMA node 0
         assert _c(r)["cpus"] == [0, 1, 2, 3] and _c(r)["devices"] == {"nvidia.com/gpu": ["gpu0"]}
-    # GPU and NIC never share a NUMA node on wide64: no preferred mask
+    # GPU and NIC never share a NUMA node on wide64, and the device manager's masks cover
+    # only the nodes with devices of the resource: no mask is common to both, the merge
+    # falls back to every node (not preferred), and the memory manager refuses a block
+    # over all nodes while node 0 holds pod a's single-node block
     q = _pod("b", {"cpu": "2", "memory": "1Gi", "nvidia.com/gpu": "1", "nvidia.com/hca": "1"})
     r = admit_pod(m, led, q, policy)
-    assert r.admit == (policy in ("none", "best-effort"))
+    assert r.admit == (policy == "none")
     if policy == "best-effort":
-        assert not r.hint.preferred and r.decisions[0].plan is not None
-        assert r.decisions[0].plan.method == "reduced" and r.decisions[0].plan.exact
+        assert r.hint == TopologyHint(m_all(m), False) and r.reason == UNEXPECTED_REASON
+        assert r.message is not None and "violates NUMA node allocation" in r.message
+        assert r.decisions[0].plan is not None and r.decisions[0].plan.method == "reduced"
     # 24 CPUs and 40Gi both need 3 NUMA nodes: preferred width 3
     big = _pod("c", {"cpu": "24", "memory": "40Gi"})
     r = admit_pod(m, led, big, policy)

@@ -254,7 +254,10 @@ def device_hints_or_demand(machine: Machine, ledger: Ledger, uid: str, resource:
     reusable = ledger.reusable_devices(uid, resource)
     if len(free_ids | reusable) < request:
         return []
-    domain = tuple(sorted(machine.numa_ids))
+    # the device manager's masks range over the NUMA nodes that have devices of the
+    # resource (deviceNUMANodes), not over every node of the machine
+    domain = tuple(sorted({d.numa_node for d in devices if d.numa_node is not None}
+                          & set(machine.numa_ids)))
     free: dict[int, Vector] = {n: (0,) for n in domain}
     cap: dict[int, Vector] = {n: (0,) for n in domain}
     required = 0
