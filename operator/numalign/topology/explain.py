@@ -587,7 +587,8 @@ def _zone_bytes(v: Any, where: str) -> dict[int, int]:
 def container_allocation(entry: Mapping[str, Any], where: str) -> ContainerAllocation:
     """A container's holdings from published or annotated data: ``cpus`` (cpulist or
     ids), ``memory`` ({zone: bytes or quantity}), ``hugepages`` ({size: {zone: ...}}),
-    ``devices`` ({resource: [ids]}), ``numaNodes`` (the memory affinity)."""
+    ``devices`` ({resource: [ids]}), ``memoryNumaNodes`` (the memory affinity; else
+    ``numaNodes``)."""
     memory: dict[str, dict[int, int]] = {}
     mem = _zone_bytes(entry.get("memory"), f"{where}.memory")
     if mem:
@@ -605,7 +606,13 @@ def container_allocation(entry: Mapping[str, Any], where: str) -> ContainerAlloc
     devices = {str(r): tuple(str(i) for i in ids) for r, ids in devices_raw.items()
                if isinstance(ids, list) and ids}
     mask: NumaMask | None = None
-    if memory:
+    mem_numa = entry.get("memoryNumaNodes")
+    if isinstance(mem_numa, list) and mem_numa:
+        # the memory manager's block affinity (numalign admit, the allocation annotation);
+        # a container reusing its init container's memory holds a block of no new bytes
+        mask = mask_of([int(n) for n in mem_numa])
+        memory.setdefault(MEMORY, {})
+    elif memory:
         numa = entry.get("numaNodes")
         nodes = ([int(n) for n in numa] if isinstance(numa, list) and numa
                  else sorted({n for per in memory.values() for n in per}))
