@@ -287,3 +287,22 @@ def test_memory_numa_nodes_as_the_memory_manager_holds_them() -> None:
     setup, app = _c(r, "setup"), _c(r, "app")
     assert app["memory"] == {} and app["memoryNumaNodes"] == setup["memoryNumaNodes"]
     assert len(app["memoryNumaNodes"]) == 1
+
+
+def test_pod_scope_memory_request_has_the_app_containers_types_only() -> None:
+    """The memory manager's pod request counts only the memory types the app containers
+    ask for: hugepages only an init container asks for do not steer the pod's hint, and
+    the init container then cannot get them on the node the hint names."""
+    from numalign.topology.machine import machine_from_dict
+
+    m = machine_from_dict({"name": "hp", "numaNodes": [
+        {"id": 0, "cpus": "0-3", "memory": "32Gi", "hugepages": {"1Gi": "1Gi"}},
+        {"id": 1, "cpus": "4-7", "memory": "32Gi", "hugepages": {"1Gi": "4Gi"}}]})
+    init = {"name": "setup", "resources": {"limits": {
+        "cpu": "500m", "memory": "1Gi", "hugepages-1Gi": "2Gi"}}}
+    p = _pod("p", {"cpu": "500m", "memory": "1Gi"}, inits=[init])
+    r = admit_pod(m, Ledger(m), p, "single-numa-node", "pod")
+    assert r.decisions[0].hint == TopologyHint(1, True)  # memory only: node 0 first
+    assert not r.admit and r.reason == UNEXPECTED_REASON
+    assert r.message == ("Allocate failed due to [memorymanager] failed to find the extended "
+                         "preferred hint, which is unexpected")

@@ -225,7 +225,14 @@ class _Run:
 
     def unit_memory(self, unit: Sequence[Container]) -> dict[str, int]:
         per = {c.name: memory_request(self.pod, c) for c in self.pod.all_containers}
-        return self._unit_map(unit, per)
+        out = self._unit_map(unit, per)
+        if len(unit) > 1:
+            # the memory manager's pod request (getPodRequestedResources) has only the
+            # memory types the app containers ask for: a type only init containers or
+            # sidecars ask for takes no part in the pod's hints
+            asked = {k for c in self.pod.containers for k in per[c.name]}
+            out = {k: v for k, v in out.items() if k in asked}
+        return out
 
     def unit_devices(self, unit: Sequence[Container]) -> dict[str, int]:
         per = {c.name: device_request(c, self.machine) for c in self.pod.all_containers}
