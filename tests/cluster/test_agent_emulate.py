@@ -440,3 +440,31 @@ def test_gpu_groups_end_to_end(start_agent: StartAgent, kubectl: Kubectl, namesp
     nt = get(kubectl, "nodetopology", node)
     assert set(admitted_by_pod(nt)) == {"train"}
     assert nt["status"]["rejected"] == 0
+
+
+def test_out_of_cpu_like_the_kubelet(agent: Agent, kubectl: Kubectl, namespace: str,
+                                     wait: Callable[..., Any]) -> None:
+    """Pods bound with spec.nodeName bypass the scheduler's fit check; the node's own check
+    (after the Topology Manager) fails the one that does not fit, as the kubelet does."""
+    node, ns = agent.node, namespace
+    wait_ready(kubectl, wait, node)
+    for name in ("a", "b"):
+        kubectl("-n", ns, "apply", "-f", "-",
+                input=pod_manifest(name, node, SNN, cpu="3500m", devices=False))
+        wait_phase(kubectl, wait, ns, name, "Running")
+    kubectl("-n", ns, "apply", "-f", "-",
+            input=pod_manifest("c", node, SNN, cpu="2", devices=False))
+    c = wait_phase(kubectl, wait, ns, "c", "Failed")
+    message = ("Node didn't have enough resource: cpu, requested: 2000, used: 7000, "
+               "capacity: 8000")
+    assert c["status"]["reason"] == "OutOfcpu"
+    assert c["status"]["message"] == "Pod was rejected: " + message
+    assert "numalign.io/allocation" not in c["metadata"].get("annotations", {})
+
+    def warning() -> Any:
+        evs = get(kubectl, "-n", ns, "events", "--field-selector",
+                  "involvedObject.name=c,type=Warning")
+        return [e for e in evs["items"] if e["reason"] == "OutOfcpu"]
+
+    (ev,) = wait(warning, 30, "the OutOfcpu event")
+    assert ev["message"] == message and ev["source"]["component"] == "kubelet"

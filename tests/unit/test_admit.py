@@ -12,6 +12,7 @@ import yaml
 import testdata
 from numalign.topology.admit import UNEXPECTED_REASON, AdmitResult, admit_pod
 from numalign.topology.errors import TopologyError
+from numalign.topology.hints import TopologyHint, mask_of
 from numalign.topology.ledger import ContainerAllocation, Ledger
 from numalign.topology.machine import Machine, load_machine
 from numalign.topology.merge import REJECT_MESSAGE, REJECT_REASON
@@ -39,6 +40,10 @@ def _pod(name: str, limits: dict[str, str], inits: list[dict[str, Any]] | None =
     return pod_from_dict({"metadata": {"name": name}, "spec": spec})
 
 
+def m_all(m: Machine) -> int:
+    return mask_of(m.numa_ids)
+
+
 def _c(r: AdmitResult, name: str = "app") -> dict[str, Any]:
     out: dict[str, Any] = r.to_json()["containers"][name]
     return out
@@ -52,8 +57,10 @@ def test_seed_scenario_single_numa_node() -> None:
     b = admit_pod(m, led, pod_from_dict(docs[1]), "single-numa-node")
     assert a.admit and b.admit
     assert _c(a) == {"numaNodes": [0], "cpus": [0, 1], "memory": {"0": 200 * MI},
+                     "memoryNumaNodes": [0],
                      "devices": {"gpu-vendor.com/gpu": ["gpu0"], "nic-vendor.com/nic": ["nic0"]}}
     assert _c(b) == {"numaNodes": [1], "cpus": [4, 5], "memory": {"1": 200 * MI},
+                     "memoryNumaNodes": [1],
                      "devices": {"gpu-vendor.com/gpu": ["gpu1"], "nic-vendor.com/nic": ["nic1"]}}
     assert a.to_json()["hint"] == {"numaNodes": [0], "preferred": True}
     # a third one does not fit on one NUMA node any more (no GPU left): rejected
@@ -145,17 +152,60 @@ def test_pod_scope_rejects_what_no_single_node_holds() -> None:
     assert not r.admit and r.reason == REJECT_REASON
 
 
-def test_more_than_the_machine_is_an_error() -> None:
+def test_more_than_the_machine_is_a_rejection() -> None:
+    """The kubelet rejects a pod asking more than the machine has like any other pod
+    (its Topology Manager first, then its resource-fit check); only malformed input is
+    an error."""
     m = _machine("seed-figure1.yaml")
-    with pytest.raises(TopologyError, match=r"spec.containers\[0\].resources.requests.cpu: "
-                                            r"asks 9 CPUs"):
-        admit_pod(m, Ledger(m), _pod("p", {"cpu": "9", "memory": "1Gi"}), "restricted")
-    with pytest.raises(TopologyError, match=r"has no example\.com/fpga devices"):
-        admit_pod(m, Ledger(m), _pod("p", {"example.com/fpga": "1"}), "restricted")
+    led = Ledger(m)
+    r = admit_pod(m, led, _pod("p", {"cpu": "9", "memory": "1Gi"}), "restricted")
+    assert not r.admit and r.reason == REJECT_REASON and r.containers == {}
+    r = admit_pod(m, led, _pod("p", {"cpu": "9", "memory": "1Gi"}), "none")
+    assert not r.admit and r.reason == UNEXPECTED_REASON
+    assert r.message == ("Allocate failed due to not enough cpus available to satisfy "
+                         "request: requested=9, available=8, which is unexpected")
+    # a Burstable pod gets no exclusive CPUs: the resource-fit check rejects it
+    burst = pod_from_dict({"metadata": {"name": "b"}, "spec": {"containers": [
+        {"name": "app", "resources": {"requests": {"cpu": "8500m"}}}]}})
+    r = admit_pod(m, led, burst, "single-numa-node")
+    assert not r.admit and r.reason == "OutOfcpu"
+    assert r.message == ("Node didn't have enough resource: cpu, requested: 8500, used: 0, "
+                         "capacity: 8000")
+    # an extended resource the node does not have is ignored, as the kubelet ignores it
+    assert admit_pod(m, led, _pod("f", {"example.com/fpga": "1"}), "restricted").admit
+    assert not led.pods or all(not rec.containers["app"].devices for rec in led.pods.values())
     with pytest.raises(TopologyError, match="unknown policy"):
         admit_pod(m, Ledger(m), _pod("p", {"cpu": "1"}), "strict")
     with pytest.raises(TopologyError, match="unknown scope"):
         admit_pod(m, Ledger(m), _pod("p", {"cpu": "1"}), "restricted", "node")
+
+
+def test_resource_fit_after_the_topology_manager() -> None:
+    """seed-figure1: 3500m, 3500m (shared pool), then 2 exclusive CPUs: the Topology
+    Manager would place the third on CPUs 0-1, the kubelet's fit check rejects it."""
+    m = _machine("seed-figure1.yaml")
+    led = Ledger(m)
+    for name in ("a", "b"):
+        assert admit_pod(m, led, _pod(name, {"cpu": "3500m", "memory": "1Gi"}),
+                         "single-numa-node").admit
+    before = led.to_json()
+    r = admit_pod(m, led, _pod("c", {"cpu": "2", "memory": "1Gi"}), "single-numa-node")
+    assert not r.admit and r.reason == "OutOfcpu" and r.containers == {}
+    assert r.message == ("Node didn't have enough resource: cpu, requested: 2000, "
+                         "used: 7000, capacity: 8000")
+    assert led.to_json() == before
+    # memory is counted the same way, across NUMA nodes (64Gi in all); a Burstable pod
+    # gets nothing from the memory manager, so only the fit check can refuse it
+    burst = pod_from_dict({"metadata": {"name": "d"}, "spec": {"containers": [
+        {"name": "app", "resources": {"requests": {"memory": "63Gi"}}}]}})
+    r = admit_pod(m, led, burst, "none")
+    assert not r.admit and r.reason == "OutOfmemory"
+    assert r.message == (f"Node didn't have enough resource: memory, requested: {63 << 30}, "
+                         f"used: {2 << 30}, capacity: {64 << 30}")
+    # the ledger keeps each pod's requests (persisted with it)
+    again = Ledger.from_json(m, led.to_json())
+    assert sorted(again.pod_requests(), key=str) == sorted(led.pod_requests(), key=str)
+    assert {"cpu": 3500, "memory": 1 << 30} in again.pod_requests()
 
 
 @pytest.mark.parametrize("policy", ["none", "best-effort", "restricted", "single-numa-node"])
@@ -170,13 +220,17 @@ def test_wide64_decisions(policy: str) -> None:
     if policy != "none":
         assert r.hint.mask == 1 and r.hint.preferred  # GPU 0 sits on NUMA node 0
         assert _c(r)["cpus"] == [0, 1, 2, 3] and _c(r)["devices"] == {"nvidia.com/gpu": ["gpu0"]}
-    # GPU and NIC never share a NUMA node on wide64: no preferred mask
+    # GPU and NIC never share a NUMA node on wide64, and the device manager's masks cover
+    # only the nodes with devices of the resource: no mask is common to both, the merge
+    # falls back to every node (not preferred), and the memory manager refuses a block
+    # over all nodes while node 0 holds pod a's single-node block
     q = _pod("b", {"cpu": "2", "memory": "1Gi", "nvidia.com/gpu": "1", "nvidia.com/hca": "1"})
     r = admit_pod(m, led, q, policy)
-    assert r.admit == (policy in ("none", "best-effort"))
+    assert r.admit == (policy == "none")
     if policy == "best-effort":
-        assert not r.hint.preferred and r.decisions[0].plan is not None
-        assert r.decisions[0].plan.method == "reduced" and r.decisions[0].plan.exact
+        assert r.hint == TopologyHint(m_all(m), False) and r.reason == UNEXPECTED_REASON
+        assert r.message is not None and "violates NUMA node allocation" in r.message
+        assert r.decisions[0].plan is not None and r.decisions[0].plan.method == "reduced"
     # 24 CPUs and 40Gi both need 3 NUMA nodes: preferred width 3
     big = _pod("c", {"cpu": "24", "memory": "40Gi"})
     r = admit_pod(m, led, big, policy)
@@ -214,3 +268,41 @@ def test_explain_detail() -> None:
     names = [p["provider"] for p in dec["providers"]]
     assert names == ["cpu", "memory", "devices"]
     assert dec["providers"][0]["hints"]["cpu"][0] == {"numaNodes": [0], "preferred": True}
+
+
+def test_memory_numa_nodes_as_the_memory_manager_holds_them() -> None:
+    """A block spanning NUMA nodes is pinned to the whole group; an app container that
+    reuses its init container's memory keeps its block's NUMA nodes (no new bytes)."""
+    m = _machine("seed-figure1.yaml")
+    led = Ledger(m)
+    wide = admit_pod(m, led, _pod("wide", {"cpu": "1", "memory": "40Gi"}), "best-effort")
+    assert wide.admit
+    c = _c(wide)
+    assert c["memoryNumaNodes"] == [0, 1]
+    assert sum(c["memory"].values()) == 40 << 30  # bytes accounted once, node by node
+    init = {"name": "setup", "resources": {"limits": {"cpu": "1", "memory": "1Gi"}}}
+    r = admit_pod(m, Ledger(m), _pod("reuse", {"cpu": "1", "memory": "1Gi"}, inits=[init]),
+                  "single-numa-node")
+    assert r.admit
+    setup, app = _c(r, "setup"), _c(r, "app")
+    assert app["memory"] == {} and app["memoryNumaNodes"] == setup["memoryNumaNodes"]
+    assert len(app["memoryNumaNodes"]) == 1
+
+
+def test_pod_scope_memory_request_has_the_app_containers_types_only() -> None:
+    """The memory manager's pod request counts only the memory types the app containers
+    ask for: hugepages only an init container asks for do not steer the pod's hint, and
+    the init container then cannot get them on the node the hint names."""
+    from numalign.topology.machine import machine_from_dict
+
+    m = machine_from_dict({"name": "hp", "numaNodes": [
+        {"id": 0, "cpus": "0-3", "memory": "32Gi", "hugepages": {"1Gi": "1Gi"}},
+        {"id": 1, "cpus": "4-7", "memory": "32Gi", "hugepages": {"1Gi": "4Gi"}}]})
+    init = {"name": "setup", "resources": {"limits": {
+        "cpu": "500m", "memory": "1Gi", "hugepages-1Gi": "2Gi"}}}
+    p = _pod("p", {"cpu": "500m", "memory": "1Gi"}, inits=[init])
+    r = admit_pod(m, Ledger(m), p, "single-numa-node", "pod")
+    assert r.decisions[0].hint == TopologyHint(1, True)  # memory only: node 0 first
+    assert not r.admit and r.reason == UNEXPECTED_REASON
+    assert r.message == ("Allocate failed due to [memorymanager] failed to find the extended "
+                         "preferred hint, which is unexpected")

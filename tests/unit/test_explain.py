@@ -253,6 +253,30 @@ def test_allocated_from_admit_output(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert out["allocation"]["containers"]["main"]["cpus"] == [4, 5]
 
 
+def test_allocated_memory_nodes_from_admit_output(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Replayed from numalign admit's output, a container's memory block holds the NUMA
+    nodes its memory may use (memoryNumaNodes), not every node the container touches."""
+    docs = [pod("a", {"cpu": "4", "memory": "1Gi"}), pod("b", {"cpu": "2", "memory": "1Gi"})]
+    a = tmp_path / "a.yaml"
+    a.write_text(yaml.safe_dump_all(docs))
+    from numalign.commands import admit
+
+    assert admit.main(["--machine", str(SEED), "--policy", "none", str(a)]) == 0
+    lines = capsys.readouterr().out
+    b = json.loads(lines.splitlines()[1])["containers"]["main"]
+    # b's CPUs are on node 1 (node 0's are a's), its memory on node 0 (the default hint)
+    assert b["numaNodes"] == [0, 1] and b["memoryNumaNodes"] == [0]
+    alloc = tmp_path / "alloc.jsonl"
+    alloc.write_text(lines)
+    p = tmp_path / "p.yaml"
+    p.write_text(yaml.safe_dump(pod("p", {"cpu": "1", "memory": "1Gi"})))
+    assert cmd.main(["--machine", str(SEED), "--pod", str(p), "--policy", "single-numa-node",
+                     "--allocated", str(alloc), "-o", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["admit"] is True and out["hint"] == {"numaNodes": [1], "preferred": True}
+
+
 def test_command_text_and_policy_from_annotation(tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     p = tmp_path / "p.yaml"
@@ -279,7 +303,6 @@ def test_command_text_and_policy_from_annotation(tmp_path: Path,
       "--option", "prefer-closest-numa-nodes=maybe"], "ParseBool"),
     (["--machine", str(SEED), "--pod", "POD", "--policy", "restricted", "--allocated", "POD"],
      "allocations"),
-    (["--machine", str(SEED), "--pod", "BIG", "--policy", "restricted"], "more than the machine"),
     (["--frobnicate"], "unrecognized arguments"),
     (["mypod", "--machine", str(SEED)], "not both"),
 ])
@@ -294,6 +317,16 @@ def test_command_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixtu
     err = capsys.readouterr().err
     assert err.startswith("numalign explain: ") and err.count("\n") == 1, err
     assert needle in err and "Traceback" not in err
+
+
+def test_a_pod_bigger_than_the_machine_is_explained_as_a_rejection(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The kubelet rejects such a pod (it is no input error): explain says why."""
+    big = tmp_path / "big.yaml"
+    big.write_text(yaml.safe_dump(pod("big", {"cpu": "64", "memory": "1Gi"})))
+    assert cmd.main(["--machine", str(SEED), "--pod", str(big), "--policy", "restricted"]) == 0
+    out = capsys.readouterr().out
+    assert "REJECTED (TopologyAffinityError)" in out and "cannot satisfy" in out
 
 
 def test_live_mode_bad_kubeconfig(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -111,7 +111,8 @@ def test_device_hints() -> None:
     assert device_hints_or_demand(m, led, "u", "a.com/x", 3) == []
     d = device_hints_or_demand(m, led, "u", "a.com/x", 1)
     assert isinstance(d, Demand)
-    assert full_hints(d) == _hints([([0], True), ([0, 1], False)])
+    # masks range over the nodes with devices of the resource only (deviceNUMANodes)
+    assert full_hints(d) == _hints([([0], True)])
     # 2 devices: the one without a NUMA node never counts in a mask
     d = device_hints_or_demand(m, led, "u", "a.com/x", 2)
     assert isinstance(d, Demand)

@@ -18,6 +18,7 @@ from numalign.api.wire import (
 from numalign.api.wire import ContainerAllocation as AnnotatedContainer
 from numalign.topology.admit import AdmitResult, DeviceOverride, admit_pod, default_overrides
 from numalign.topology.errors import TopologyError
+from numalign.topology.fit import fit_requests
 from numalign.topology.hints import mask_ids
 from numalign.topology.ledger import MEMORY, ContainerAllocation, Ledger, LedgerError
 from numalign.topology.machine import Machine
@@ -57,7 +58,8 @@ def _annotated(held: ContainerAllocation, numa: list[int] | None) -> AnnotatedCo
     return AnnotatedContainer(
         cpus=sorted(held.cpus), memory=memory,
         devices={r: list(ids) for r, ids in sorted(held.devices.items()) if ids},
-        numa_nodes=numa, hugepages=hugepages)
+        numa_nodes=numa, hugepages=hugepages,
+        memory_numa_nodes=None if held.memory_mask is None else mask_ids(held.memory_mask))
 
 
 def admit(machine: Machine, ledger: Ledger, pod: Mapping[str, Any], resolved: Resolved,
@@ -113,8 +115,13 @@ def commit(machine: Machine, ledger: Ledger, uid: str, pod: Mapping[str, Any],
     items = [(name, ledger_container(a, name in plain_init))
              for name, a in alloc.containers.items()]
     try:
+        requests = fit_requests(pod_from_dict(pod))
+    except TopologyError:  # admitted before: what it asks is counted as far as readable
+        requests = {}
+    try:
         ledger.allocate_many(uid, items, pod_name=str(meta.get("name") or uid),
-                             namespace=str(meta.get("namespace") or "default"))
+                             namespace=str(meta.get("namespace") or "default"),
+                             requests=requests)
     except LedgerError as e:
         raise RestoreConflict(str(e)) from None
 

@@ -14,12 +14,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from numalign.api.wire import LABEL_EMULATED, LABEL_MACHINE, REJECTED_PREFIX
+from numalign.topology.fit import DEFAULT_EPHEMERAL_STORAGE, DEFAULT_MAX_PODS
 from numalign.topology.machine import Machine
 
 JSON = dict[str, Any]
 
 KUBELET_VERSION = "v1.37.2"
-DEFAULT_MAX_PODS = 110
 
 
 def now_iso() -> str:
@@ -39,12 +39,13 @@ def _quantity(n: int) -> str:
 
 
 def machine_resources(machine: Machine, max_pods: int = DEFAULT_MAX_PODS) -> dict[str, str]:
-    """Capacity (= allocatable: an emulated node reserves nothing) from a machine file."""
+    """Capacity (= allocatable: an emulated node reserves nothing) from a machine file;
+    the engine's resource-fit check (``topology.fit.allocatable``) counts the same."""
     res: dict[str, str] = {
         "cpu": str(len(machine.cpus)),
         "memory": _quantity(sum(n.memory for n in machine.numa_nodes)),
         "pods": str(max_pods),
-        "ephemeral-storage": "100Gi",
+        "ephemeral-storage": _quantity(DEFAULT_EPHEMERAL_STORAGE),
     }
     for size in machine.hugepage_sizes:
         total = sum(n.hugepages.get(size, 0) for n in machine.numa_nodes)

@@ -105,7 +105,13 @@ def ledger_container(a: wire.ContainerAllocation, reusable: bool = False) -> Con
         if per_zone:
             memory[HUGEPAGES_PREFIX + size] = {int(z): b for z, b in per_zone.items()}
     mask: NumaMask | None = None
-    if memory:
+    if a.memory_numa_nodes:
+        # the memory manager's block affinity (numalign admit, the allocation annotation);
+        # a container that reused its init container's memory took no bytes of its own
+        # but holds its block (one assignment per memory type on each of its nodes)
+        mask = mask_of(a.memory_numa_nodes)
+        memory.setdefault(MEMORY, {})
+    elif memory:
         nodes = a.numa_nodes if a.numa_nodes else sorted(
             {n for per in memory.values() for n in per})
         mask = mask_of(nodes)

@@ -259,6 +259,9 @@ class ContainerAllocation:
     devices: dict[str, list[str]] = field(default_factory=dict)
     numa_nodes: list[int] | None = None
     hugepages: dict[str, dict[str, int]] = field(default_factory=dict)  # size -> zone -> bytes
+    # the NUMA nodes the container's memory may use (the memory manager's block affinity;
+    # set even when it took no bytes of its own, reusing its init container's memory)
+    memory_numa_nodes: list[int] | None = None
 
     def to_json(self) -> JSON:
         out: JSON = {"cpus": list(self.cpus), "memory": dict(self.memory),
@@ -267,6 +270,8 @@ class ContainerAllocation:
             out["numaNodes"] = list(self.numa_nodes)
         if self.hugepages:
             out["hugepages"] = {k: dict(v) for k, v in self.hugepages.items()}
+        if self.memory_numa_nodes is not None:
+            out["memoryNumaNodes"] = list(self.memory_numa_nodes)
         return out
 
 
@@ -369,11 +374,14 @@ def _container(c: Any, w: str) -> ContainerAllocation:
         raise WireError(f"{w}.hugepages must be an object")
     hugepages = {str(k): _bytes_per_zone(v, f"{w}.hugepages.{k}") for k, v in hp_raw.items()}
     numa_raw = c.get("numaNodes")
+    mem_numa_raw = c.get("memoryNumaNodes")
     return ContainerAllocation(
         cpus=_cpus(c.get("cpus"), f"{w}.cpus"), memory=memory,
         devices=_str_lists(c.get("devices"), f"{w}.devices"),
         numa_nodes=None if numa_raw is None else _int_list(numa_raw, f"{w}.numaNodes"),
-        hugepages=hugepages)
+        hugepages=hugepages,
+        memory_numa_nodes=None if mem_numa_raw is None
+        else _int_list(mem_numa_raw, f"{w}.memoryNumaNodes"))
 
 
 def allocation_from_json(doc: Any, where: str = f"annotation {ANN_ALLOCATION}") -> Allocation:

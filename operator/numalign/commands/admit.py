@@ -6,8 +6,16 @@ per pod::
 
     {"pod": name, "admit": bool, "reason": str | null, "hint": {...},
      "containers": {NAME: {"numaNodes": [...], "cpus": [...], "memory": {"ZONE": bytes},
-                           "devices": {RES: [ids]}}},
+                           "memoryNumaNodes": [...], "devices": {RES: [ids]}}},
      "gpus": {REQUEST: [device ids]}}
+
+``memory`` is the bytes a container took per NUMA node; ``memoryNumaNodes`` the nodes its
+memory may use (the memory manager's block: a whole group for a block spanning nodes,
+kept for a container that reuses its init container's memory and took no new bytes).
+A rejected pod has a kubelet reason: ``TopologyAffinityError``,
+``UnexpectedAdmissionError``, or from the resource-fit check that follows the Topology
+Manager ``OutOfcpu``, ``OutOfmemory``, ``OutOf<resource>``. A pod asking for more than the
+machine has is rejected like any other (one line).
 
 Bad input gives one line ``numalign admit: FILE: field: problem`` on stderr; the other
 pods are still admitted and the exit status is 1 at the end. Bad options exit at once.

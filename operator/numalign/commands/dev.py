@@ -1,6 +1,7 @@
 """``numalign dev``: the local control plane for the demo and the tests.
 
     numalign dev build [--real-node]         # build (or find cached) the binaries
+                                             # (the control plane and the kubelet oracle)
     numalign dev up [--machine FILE[=COUNT]]... [--state-dir DIR]
     numalign dev up --demo [--state-dir DIR]  # + emulated nodes and the sample workloads
     numalign dev up --real-node [FILE]       # + a real kubelet and containerd (root)
@@ -28,6 +29,7 @@ from ..devcluster.cluster import DevCluster, DevClusterError, default_state_dir
 from ..devcluster.crds import CrdError
 from ..devcluster.demo import REPO, SAMPLES, Demo, DemoResult, Kubectl, pods_of, story
 from ..devcluster.nodebuild import ensure_node_built
+from ..devcluster.oracle_build import ensure_oracle_built
 from ..devcluster.realnode import PROCESSES, RealNode, cannot_run_containers
 from ..topology.errors import MachineError
 
@@ -98,7 +100,8 @@ def _parser() -> argparse.ArgumentParser:
     with_state(sub.add_parser("kubeconfig", help="print the kubeconfig path "
                                                  "(export KUBECONFIG=$(numalign dev kubeconfig))"))
     with_state(sub.add_parser("status", help="say whether the control plane runs"))
-    build = sub.add_parser("build", help="build the binaries (cached: instant when built)")
+    build = sub.add_parser("build", help="build the binaries and the kubelet oracle the "
+                                         "tests use (cached: instant when built)")
     build.add_argument("--real-node", action="store_true",
                        help="also build the real node's kubelet, containerd, runc and CNI "
                             "plugins (what 'dev up --real-node' runs)")
@@ -141,6 +144,8 @@ def _run(args: argparse.Namespace) -> int:
         t0 = time.monotonic()
         path = ensure_built(log=_log)
         _log(f"binaries in {path} ({time.monotonic() - t0:.1f}s)")
+        oracle = ensure_oracle_built(log=_log)
+        _log(f"kubelet oracle (the tests' reference) at {oracle}")
         print(path)
         if args.real_node:
             t0 = time.monotonic()

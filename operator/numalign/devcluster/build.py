@@ -117,17 +117,17 @@ def _ldflags(version: str) -> str:
     return " ".join(flags)
 
 
-def _build_kubernetes(tc: Toolchain, version: str, out: Path, log: Callable[[str], None],
-                      components: tuple[str, ...] = COMPONENTS, src: str = "kubernetes") -> None:
-    """Build ``k8s.io/kubernetes/cmd/<component>`` for each component in a scratch module
-    under ``src/<src>-<version>`` (one per set of components: builds never share one)."""
-    work = cache_root() / "src" / f"{src}-{version}"
+def kubernetes_module(tc: Toolchain, work: Path, module: str, version: str,
+                      log: Callable[[str], None]) -> None:
+    """Make ``work`` a scratch Go module ``module`` that requires k8s.io/kubernetes
+    ``version`` with its staging modules replaced by their released versions (what
+    k8s.io/kubernetes' own go.mod points at its staging tree)."""
     work.mkdir(parents=True, exist_ok=True)
-    (work / "go.mod").write_text("module numalign.local/k8sbuild\n\ngo 1.26\n")
+    (work / "go.mod").write_text(f"module {module}\n\ngo 1.26\n")
     minor = version.split(".", 1)[1]
     staging = _staging_modules(tc.go, work, version, log)
     lines = [
-        "module numalign.local/k8sbuild",
+        f"module {module}",
         "",
         "go 1.26",
         "",
@@ -138,12 +138,25 @@ def _build_kubernetes(tc: Toolchain, version: str, out: Path, log: Callable[[str
     lines += [f"\t{mod} => {mod} v0.{minor}" for mod in staging]
     lines += [")", ""]
     (work / "go.mod").write_text("\n".join(lines))
+
+
+def go_build(tc: Toolchain, work: Path, out: str, pkgs: list[str], log: Callable[[str], None],
+             ldflags: str = "-s -w") -> None:
+    """``go mod tidy`` then ``go build -trimpath`` in ``work`` (a scratch module)."""
+    _run([tc.go, "mod", "tidy", "-e"], work, log)
+    _run([tc.go, "build", "-trimpath", "-ldflags", ldflags, "-o", out, *pkgs], work, log)
+
+
+def _build_kubernetes(tc: Toolchain, version: str, out: Path, log: Callable[[str], None],
+                      components: tuple[str, ...] = COMPONENTS, src: str = "kubernetes") -> None:
+    """Build ``k8s.io/kubernetes/cmd/<component>`` for each component in a scratch module
+    under ``src/<src>-<version>`` (one per set of components: builds never share one)."""
+    work = cache_root() / "src" / f"{src}-{version}"
+    kubernetes_module(tc, work, "numalign.local/k8sbuild", version, log)
     imports = "\n".join(f'\t_ "k8s.io/kubernetes/cmd/{c}"' for c in components)
     (work / "tools.go").write_text(f"//go:build tools\n\npackage tools\n\nimport (\n{imports}\n)\n")
-    _run([tc.go, "mod", "tidy", "-e"], work, log)
     pkgs = [f"k8s.io/kubernetes/cmd/{c}" for c in components]
-    _run([tc.go, "build", "-trimpath", "-ldflags", _ldflags(version), "-o", str(out) + "/", *pkgs],
-         work, log)
+    go_build(tc, work, str(out) + "/", pkgs, log, ldflags=_ldflags(version))
 
 
 def _build_etcd(tc: Toolchain, out: Path, log: Callable[[str], None]) -> None:
@@ -157,9 +170,7 @@ def _build_etcd(tc: Toolchain, out: Path, log: Callable[[str], None]) -> None:
         "package main\n\nimport (\n\t\"os\"\n\n\t\"go.etcd.io/etcd/server/v3/etcdmain\"\n)\n\n"
         "func main() { etcdmain.Main(os.Args) }\n"
     )
-    _run([tc.go, "mod", "tidy", "-e"], work, log)
-    _run([tc.go, "build", "-trimpath", "-ldflags", "-s -w", "-o", str(out / "etcd"), "."],
-         work, log)
+    go_build(tc, work, str(out / "etcd"), ["."], log)
 
 
 def ensure_built(

@@ -4,10 +4,19 @@ Scope ``container``: init containers in order, then app containers, one decision
 (hints, merge, admit, allocation inside the merged affinity); scope ``pod``: one decision
 for the pod's effective request, every container allocated inside it. Resources held by
 finished init containers are reusable as the kubelet reuses them. Work happens on a copy
-of the ledger that replaces it only when the whole pod is admitted. Rejections carry the
-kubelet's reasons and messages (``TopologyAffinityError``, ``UnexpectedAdmissionError``);
-a pod asking for more than the machine has raises ``TopologyError``. A
-``DeviceOverride`` replaces the device manager for a resource (GPU groups plug in here).
+of the ledger that replaces it only when the whole pod is admitted.
+
+Rejections carry the kubelet's reasons and messages, in its order of admit handlers:
+``TopologyAffinityError`` (the merge does not admit) or ``UnexpectedAdmissionError`` (a
+manager cannot allocate inside what was admitted); then the resource-fit check
+(``topology.fit``: ``OutOfcpu``, ``OutOfmemory``, ``OutOf<resource>``) against the pods
+the ledger holds. A pod asking for more than the machine has is rejected the same way;
+only malformed input (an unknown policy or scope) raises ``TopologyError``.
+
+Each container's memory is reported as the memory manager holds it: the NUMA nodes its
+memory may use (its block's affinity, kept when it reuses its init container's memory)
+and the bytes it took per node. A ``DeviceOverride`` replaces the device manager for a
+resource (GPU groups plug in here).
 """
 
 from __future__ import annotations
@@ -15,17 +24,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import Any, Protocol
 
 from .cpu_assign import allocate_cpus
 from .errors import TopologyError
-from .hintgen import HintPlan, best_subset, plan_hints
+from .fit import check_fit, fit_requests
+from .hintgen import FULL_LIMIT, HintPlan, best_subset, plan_hints
 from .hints import NumaMask, ProviderHints, TopologyHint, mask_ids
 from .ledger import MEMORY, ContainerAllocation, Ledger
 from .machine import Machine
 from .merge import REJECT_MESSAGE, REJECT_REASON, MergeResult, merge
-from .pod import HUGEPAGES_PREFIX, Container, Pod, effective_request, is_extended, is_hugepages
+from .pod import HUGEPAGES_PREFIX, Container, Pod, effective_request, is_hugepages
 from .policy import (
     POLICY_NONE,
     SCOPE_CONTAINER,
@@ -40,6 +49,7 @@ from .providers import (
     device_hints_or_demand,
     device_request,
     guaranteed_cpus,
+    iterate_masks,
     memory_demand,
     memory_request,
 )
@@ -135,8 +145,9 @@ class ContainerResult:
     def to_json(self) -> dict[str, Any]:
         a = self.allocation
         mem = {str(n): b for n, b in sorted(a.memory.get(MEMORY, {}).items()) if b}
+        mem_nodes = [] if a.memory_mask is None else mask_ids(a.memory_mask)
         out: dict[str, Any] = {"numaNodes": self.numa_nodes, "cpus": list(a.cpus),
-                               "memory": mem,
+                               "memory": mem, "memoryNumaNodes": mem_nodes,
                                "devices": {r: list(ids) for r, ids in sorted(a.devices.items())}}
         huge = {k[len(HUGEPAGES_PREFIX):]: {str(n): b for n, b in sorted(per.items()) if b}
                 for k, per in sorted(a.memory.items()) if is_hugepages(k)}
@@ -175,42 +186,6 @@ class AdmitResult:
         return out
 
 
-# ---------------------------------------------------------------- capacity check
-
-
-def check_fits_machine(machine: Machine, pod: Pod) -> None:
-    """Refuse a pod that asks for more than the machine has at all (TopologyError)."""
-    totals: dict[str, Decimal] = {"cpu": Decimal(len(machine.cpus)),
-                                  MEMORY: Decimal(sum(n.memory for n in machine.numa_nodes))}
-    for n in machine.numa_nodes:
-        for size, b in n.hugepages.items():
-            key = HUGEPAGES_PREFIX + size
-            totals[key] = totals.get(key, Decimal(0)) + b
-    for r in machine.device_resources:
-        totals[r] = Decimal(len(machine.devices_of(r)))
-
-    def what(res: str, q: Decimal) -> str:
-        return f"{q} CPUs" if res == "cpu" else f"{q}"
-
-    for c in pod.all_containers:
-        for res, q in c.requests.items():
-            if q <= 0 or not (res in ("cpu", MEMORY) or is_hugepages(res) or is_extended(res)):
-                continue
-            where = f"{c.path}.resources.requests.{res}"
-            if res not in totals:
-                kind = "hugepages of that size" if is_hugepages(res) else f"{res} devices"
-                raise TopologyError(where, f"the machine {machine.name} has no {kind}")
-            if q > totals[res]:
-                raise TopologyError(where, f"asks {what(res, q)}, more than the machine "
-                                           f"{machine.name} has ({what(res, totals[res])})")
-    for res, q in pod.effective_requests().items():
-        if res in totals and q > totals[res]:
-            raise TopologyError(f"pod {pod.name}",
-                                f"asks {what(res, q)} of {res} in all (effective request), "
-                                f"more than the machine {machine.name} has "
-                                f"({what(res, totals[res])})")
-
-
 # ---------------------------------------------------------------- admission
 
 
@@ -235,7 +210,14 @@ class _Run:
 
     def unit_memory(self, unit: Sequence[Container]) -> dict[str, int]:
         per = {c.name: memory_request(self.pod, c) for c in self.pod.all_containers}
-        return self._unit_map(unit, per)
+        out = self._unit_map(unit, per)
+        if len(unit) > 1:
+            # the memory manager's pod request (getPodRequestedResources) has only the
+            # memory types the app containers ask for: a type only init containers or
+            # sidecars ask for takes no part in the pod's hints
+            asked = {k for c in self.pod.containers for k in per[c.name]}
+            out = {k: v for k, v in out.items() if k in asked}
+        return out
 
     def unit_devices(self, unit: Sequence[Container]) -> dict[str, int]:
         per = {c.name: device_request(c, self.machine) for c in self.pod.all_containers}
@@ -278,7 +260,7 @@ class _Run:
             slots.append(("cpu", "cpu"))
         mem = self.unit_memory(unit)
         if mem:
-            demands.append(memory_demand(machine, work, mem))
+            demands.append(memory_demand(machine, work, mem, self._reusable_memory()))
             slots.append(("memory", ""))
         free_sets = self.free_sets()
         for res, count in self.unit_devices(unit).items():
@@ -310,8 +292,11 @@ class _Run:
             if prov == "cpu":
                 cpu_p[key] = hints
             elif prov == "memory":
-                for k in d.keys:
-                    mem_p[k] = list(hints)
+                # the memory manager returns no hint at all when no mask can hold the
+                # request: no preference (its Allocate then fails), not "cannot satisfy"
+                if hints:
+                    for k in d.keys:
+                        mem_p[k] = list(hints)
             else:
                 dev_p[key] = hints
         dev_p.update(fixed["devices"])
@@ -327,17 +312,8 @@ class _Run:
         pod, machine, work = self.pod, self.machine, self.work
         mask = hint.mask
         alloc = ContainerAllocation(reusable=c.is_init)
-        n = guaranteed_cpus(pod, c)
-        if n:
-            usable = work.free_cpus() | work.reusable_cpus(pod.uid)
-            cpus = allocate_cpus(machine, usable, n, mask)
-            if cpus is None:
-                raise AllocationFailed(f"not enough cpus available to satisfy request: "
-                                       f"requested={n}, available={len(usable)}")
-            alloc.cpus = tuple(cpus)
-        mem = memory_request(pod, c)
-        if mem:
-            self._allocate_memory(c, mem, mask, alloc)
+        # the kubelet's providers allocate in the order they were added: devices, CPUs,
+        # memory (the first that fails names the error)
         free_sets = self.free_sets()
         for res, count in device_request(c, machine).items():
             if res in self.overrides:
@@ -356,6 +332,22 @@ class _Run:
             for r, ids in got.devices.items():
                 alloc.devices[r] = tuple(ids)
             self.gpus.update(got.gpus)
+        n = guaranteed_cpus(pod, c)
+        if n:
+            usable = work.free_cpus() | work.reusable_cpus(pod.uid)
+            cpus = allocate_cpus(machine, usable, n, mask)
+            if cpus is None:
+                # the CPU manager takes the CPUs inside the affinity first, then fails on
+                # the remainder: its message counts what is left after the aligned ones
+                aligned = 0 if mask is None else min(n, sum(
+                    1 for x in usable if mask >> machine.cpus[x].numa & 1))
+                raise AllocationFailed(f"not enough cpus available to satisfy request: "
+                                       f"requested={n - aligned}, "
+                                       f"available={len(usable) - aligned}")
+            alloc.cpus = tuple(cpus)
+        mem = memory_request(pod, c)
+        if mem:
+            self._allocate_memory(c, mem, hint, alloc)
         try:
             work.allocate(pod.uid, c.name, alloc, pod_name=pod.name, namespace=pod.namespace)
         except TopologyError as e:  # pragma: no cover - the managers keep the invariants
@@ -371,32 +363,48 @@ class _Run:
             nodes = sorted(used)
         return ContainerResult(nodes, alloc, hint)
 
-    def _allocate_memory(self, c: Container, req: Mapping[str, int], mask: NumaMask | None,
+    def _reusable_memory(self) -> dict[NumaMask, dict[str, int]]:
+        out: dict[NumaMask, dict[str, int]] = {}
+        for (m, kind), b in self.mem_reuse.items():
+            if b:
+                out.setdefault(m, {})[kind] = b
+        return out
+
+    def _allocate_memory(self, c: Container, req: Mapping[str, int], hint: TopologyHint,
                          alloc: ContainerAllocation) -> None:
-        """The memory manager's Allocate: default hint when the affinity is nil, extended
-        when it cannot hold the request, refused when it breaks the NUMA grouping rule;
-        then bytes are taken node by node (lowest id first)."""
+        """The memory manager's Allocate: the default hint when the affinity is nil,
+        extended when the affinity's free memory cannot hold the request, refused when it
+        breaks the NUMA grouping rule; then bytes are taken node by node (lowest id
+        first), less what the pod's init containers hold with the same affinity."""
         work = self.work
-        d = memory_demand(self.machine, work, req)
+        d = memory_demand(self.machine, work, req, self._reusable_memory())
 
         def reuse(m: NumaMask, kind: str) -> int:
             return self.mem_reuse.get((m, kind), 0)
 
-        def satisfies(m: NumaMask) -> bool:
-            return all(sum(work.free_memory(nd, k) for nd in mask_ids(m)) + reuse(m, k) >= v
+        def free_holds(m: NumaMask) -> bool:  # isAffinitySatisfyRequest: free memory only
+            return all(sum(work.free_memory(nd, k) for nd in mask_ids(m)) >= v
                        for k, v in req.items())
 
-        best = mask
+        best, preferred = hint.mask, hint.preferred
         if best is None:
-            best = self._narrowest(d, 0)
+            best = self._best_hint(d, 0)
             if best is None:
                 raise AllocationFailed("[memorymanager] failed to get the default NUMA "
                                        "affinity, no NUMA nodes with enough memory is available")
-        if not satisfies(best):
-            best = self._narrowest(d, best)
-            if best is None:
+            if preferred and best.bit_count() != d.min_width():
+                raise AllocationFailed("[memorymanager] failed to find the default preferred "
+                                       "hint")
+            preferred = best.bit_count() == d.min_width()
+        if not free_holds(best):
+            ext = self._best_hint(d, best)
+            if ext is None:
                 raise AllocationFailed("[memorymanager] failed to find NUMA nodes to extend "
                                        "the current topology hint")
+            if preferred and ext.bit_count() != d.min_width():
+                raise AllocationFailed("[memorymanager] failed to find the extended preferred "
+                                       "hint")
+            best = ext
         nodes = mask_ids(best)
         if len(nodes) > 1:
             for nd in nodes:
@@ -407,29 +415,31 @@ class _Run:
                                                "node allocation")
         for kind, size in req.items():
             r = reuse(best, kind)
-            if r:
-                used = min(r, size)
-                self.mem_reuse[(best, kind)] = r - used
-                size -= used
+            left = 0 if r >= size else size - r
             per: dict[int, int] = {}
             for nd in nodes:
-                if size <= 0:
+                if left <= 0:
                     break
-                take = min(max(0, work.free_memory(nd, kind)), size)
+                take = min(max(0, work.free_memory(nd, kind)), left)
                 if take:
                     per[nd] = take
-                    size -= take
-            if size > 0:  # pragma: no cover - satisfies() checked it
-                raise AllocationFailed(f"[memorymanager] not enough {kind}")
+                    left -= take
             alloc.memory[kind] = per
-            if c.is_init:
-                key = (best, kind)
-                self.mem_reuse[key] = max(self.mem_reuse.get(key, 0), req[kind])
+            key = (best, kind)
+            if c.is_init:  # what later containers may reuse: the largest init block
+                self.mem_reuse[key] = max(r, size)
+            elif r:  # used up by this container
+                self.mem_reuse[key] = 0 if size >= r else r - size
         alloc.memory_mask = best
 
-    def _narrowest(self, d: Demand, within: NumaMask) -> NumaMask | None:
+    def _best_hint(self, d: Demand, within: NumaMask) -> NumaMask | None:
         """The memory manager's findBestHint over its hints containing ``within``: the
-        narrowest, then the lowest mask (preferred ones are the narrowest anyway)."""
+        narrowest (preferred ones are the narrowest), then the lowest mask value."""
+        if len(d.domain) <= FULL_LIMIT:
+            found = [m for m in iterate_masks(d.domain) if m & within == within and d.fits(m)]
+            if not found:
+                return None
+            return min(found, key=lambda m: (m.bit_count(), m))
         start = max(1, within.bit_count())
         for k in range(start, len(d.domain) + 1):
             m = best_subset(d.domain, k, d.fits, tables=[(d.free, d.request)],
@@ -476,14 +486,13 @@ def admit_pod(machine: Machine, ledger: Ledger, pod: Pod, policy: str,
     """Admit ``pod`` on ``machine`` against ``ledger``; on admission (and ``commit``) the
     ledger takes the pod's allocation, on rejection it is left untouched.
 
-    Raises TopologyError for an unknown policy or scope, or a pod asking for more than
-    the machine has at all.
+    Raises TopologyError for an unknown policy or scope (a pod asking for more than the
+    machine has is rejected, as the kubelet rejects it).
     """
     t0 = time.perf_counter()
     check_policy(policy)
     check_scope(scope)
     opts = options if options is not None else PolicyOptions()
-    check_fits_machine(machine, pod)
     if pod.uid in ledger.pods:
         raise TopologyError(f"pod {pod.name}", f"uid {pod.uid} is already admitted")
     run = _Run(machine, ledger, pod, policy, opts, overrides)
@@ -514,12 +523,16 @@ def admit_pod(machine: Machine, ledger: Ledger, pod: Pod, policy: str,
     except AllocationFailed as e:
         return reject(UNEXPECTED_REASON, f"Allocate failed due to {e}, which is unexpected",
                       decisions[-1].hint if decisions else TopologyHint(None, False))
+    short = check_fit(machine, pod, ledger.pod_requests())
+    if short is not None:
+        return reject(short.reason, short.message, hint)
     if commit:
         ledger.replace_with(run.work)
         rec = ledger.pods.get(pod.uid)
         if rec is not None:
             rec.info.update({"policy": policy, "scope": scope, "hint": hint.to_json(),
                              "gpus": run.gpus})
+            rec.requests = fit_requests(pod)
     return AdmitResult(pod, policy, scope, True, None, None, hint, containers, run.gpus,
                        decisions, time.perf_counter() - t0)
 

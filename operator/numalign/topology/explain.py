@@ -353,7 +353,8 @@ def explain_pod(machine: Machine, pod: Pod, policy: str, scope: str,
                 overrides: Sequence[DeviceOverride] | None = None) -> Explanation:
     """Replay the admission of ``pod`` on ``machine`` (against ``ledger``, which is left
     unchanged) and explain it. Raises TopologyError for bad input (unknown policy or
-    scope, a pod asking for more than the machine has, a bad ``numalign.io/gpus``)."""
+    scope, a bad ``numalign.io/gpus``); a pod asking for more than the machine has is
+    explained as the rejection the kubelet gives it."""
     opts = options if options is not None else PolicyOptions()
     base = ledger if ledger is not None else Ledger(machine)
     ovs = list(overrides) if overrides is not None else default_overrides(machine, pod)

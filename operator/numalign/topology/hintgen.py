@@ -192,7 +192,10 @@ def _reduced(demands: Sequence[Demand], dist: Mapping[int, Mapping[int, int]] | 
     if not found and live and policy != POLICY_SINGLE_NUMA_NODE:
         ok = _non_preferred(demands, live, narrowest, chosen, dist, stats,
                             [f for f in fixed if f], universe)
-        if not ok:
+        common = universe or -1
+        for i in live:
+            common &= demands[i].domain_mask
+        if not ok and common:  # (with no node common to all, no AND exists: exact)
             plan.notes.append("no non-preferred AND found by the witness search")
             plan.exact = False
     if stats.truncated:

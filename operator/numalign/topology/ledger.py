@@ -85,6 +85,8 @@ class PodRecord:
     namespace: str
     containers: dict[str, ContainerAllocation] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)  # free-form (policy, hint, ...)
+    # the pod's requests as the kubelet's resource-fit check counts them (topology.fit)
+    requests: dict[str, int] = field(default_factory=dict)
 
 
 Owner = tuple[str, str]  # (pod uid, container name)
@@ -102,7 +104,7 @@ def _copy_pods(pods: Mapping[str, PodRecord]) -> dict[str, PodRecord]:
     values are replaced, never changed in place, one level deep)."""
     return {uid: PodRecord(uid=r.uid, name=r.name, namespace=r.namespace,
                            containers={n: _copy_container(a) for n, a in r.containers.items()},
-                           info=dict(r.info))
+                           info=dict(r.info), requests=dict(r.requests))
             for uid, r in pods.items()}
 
 
@@ -176,6 +178,10 @@ class Ledger:
         return {i for a in rec.containers.values() if a.reusable
                 for i in a.devices.get(resource, ())}
 
+    def pod_requests(self) -> list[dict[str, int]]:
+        """The requests of every pod the ledger holds (for the resource-fit check)."""
+        return [r.requests for r in self.pods.values()]
+
     def free_view(self) -> dict[str, dict[str, Any]]:
         """Free resources per NUMA node: cpus, memory and hugepages (bytes), devices."""
         free = self.free_cpus()
@@ -243,7 +249,8 @@ class Ledger:
 
     def allocate_many(self, uid: str, items: Iterable[tuple[str, ContainerAllocation]], *,
                       pod_name: str = "", namespace: str = "default",
-                      info: Mapping[str, Any] | None = None) -> None:
+                      info: Mapping[str, Any] | None = None,
+                      requests: Mapping[str, int] | None = None) -> None:
         """Record several containers of one pod at once: all are checked, then all applied."""
         items = list(items)
         names = [n for n, _ in items]
@@ -274,6 +281,8 @@ class Ledger:
             self.pods[uid] = rec
         if info:
             rec.info.update(info)
+        if requests is not None:
+            rec.requests = dict(requests)
         for name, a in items:
             self._hand_over(uid, a)
             rec.containers[name] = copy.deepcopy(a)
@@ -333,6 +342,7 @@ class Ledger:
     def to_json(self) -> dict[str, Any]:
         return {"machine": self.machine.name, "pods": [
             {"uid": r.uid, "name": r.name, "namespace": r.namespace, "info": r.info,
+             "requests": dict(r.requests),
              "containers": {n: a.to_json() for n, a in r.containers.items()}}
             for r in self.pods.values()]}
 
@@ -354,6 +364,13 @@ class Ledger:
             items = [(str(n), ContainerAllocation.from_json(a, f"{where}.containers.{n}"))
                      for n, a in containers.items()]
             info = p.get("info") if isinstance(p.get("info"), Mapping) else None
+            raw_req = p.get("requests") or {}
+            try:
+                requests = {str(k): int(v) for k, v in raw_req.items()}
+            except (TypeError, ValueError, AttributeError):
+                raise LedgerError(f"{where}.requests",
+                                  "must map resource names to integers") from None
             ledger.allocate_many(p["uid"], items, pod_name=str(p.get("name") or p["uid"]),
-                                 namespace=str(p.get("namespace") or "default"), info=info)
+                                 namespace=str(p.get("namespace") or "default"), info=info,
+                                 requests=requests)
         return ledger

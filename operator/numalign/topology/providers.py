@@ -56,6 +56,10 @@ class Demand:
     # False when no hint can contain the mask (for pruning searches); None: any subset of
     # the domain can be extended to a hint (monotone providers)
     reach: Callable[[NumaMask], bool] | None = None
+    # extra free amount for exactly one mask: memory the pod's init containers hold with
+    # that affinity, which its later containers reuse (the memory manager's
+    # getPodReusableMemory). Exact below hintgen.FULL_LIMIT NUMA nodes (a full walk).
+    bonus: Mapping[NumaMask, Vector] = field(default_factory=dict)
     _min_width: int | None = field(default=None, repr=False)
     _domain_mask: NumaMask = field(default=0, init=False, repr=False)
     _free: dict[int, Vector] = field(default_factory=dict, init=False, repr=False)
@@ -94,7 +98,11 @@ class Demand:
             return False  # memory manager: allocatable first (others: implied by free)
         if self.valid is not None and not self.valid(mask):
             return False
-        return self.covers(self.sums(mask))
+        sums = self.sums(mask)
+        extra = self.bonus.get(mask)
+        if extra is not None:
+            sums = [a + b for a, b in zip(sums, extra, strict=True)]
+        return self.covers(sums)
 
     def extendable(self, mask: NumaMask) -> bool:
         """Could some hint contain ``mask``? (False is certain; True may be optimistic.)"""
@@ -182,7 +190,10 @@ def cpu_demand(machine: Machine, ledger: Ledger, uid: str, request: int) -> Dema
     return Demand("cpu", ("cpu",), (request,), domain, free, cap, required)
 
 
-def memory_demand(machine: Machine, ledger: Ledger, request: Mapping[str, int]) -> Demand:
+def memory_demand(machine: Machine, ledger: Ledger, request: Mapping[str, int],
+                  reusable: Mapping[NumaMask, Mapping[str, int]] | None = None) -> Demand:
+    """The memory manager's request; ``reusable``: bytes per memory type the pod's init
+    containers hold per exact NUMA affinity (counted as free for that mask only)."""
     kinds = tuple(sorted(request, key=lambda k: (k != MEMORY, k)))
     domain = tuple(sorted(machine.numa_ids))
     free = {n: tuple(max(0, ledger.free_memory(n, k)) for k in kinds) for n in domain}
@@ -223,8 +234,10 @@ def memory_demand(machine: Machine, ledger: Ledger, request: Mapping[str, int]) 
             return True
         return _in_groups(mask, exact=False)
 
+    bonus = {m: tuple(per.get(k, 0) for k in kinds)
+             for m, per in (reusable or {}).items() if any(per.get(k, 0) for k in kinds)}
     return Demand("memory", kinds, tuple(request[k] for k in kinds), domain, free, cap,
-                  valid=valid, reach=reach)
+                  valid=valid, reach=reach, bonus=bonus)
 
 
 def device_hints_or_demand(machine: Machine, ledger: Ledger, uid: str, resource: str,
@@ -238,7 +251,10 @@ def device_hints_or_demand(machine: Machine, ledger: Ledger, uid: str, resource:
     reusable = ledger.reusable_devices(uid, resource)
     if len(free_ids | reusable) < request:
         return []
-    domain = tuple(sorted(machine.numa_ids))
+    # the device manager's masks range over the NUMA nodes that have devices of the
+    # resource (deviceNUMANodes), not over every node of the machine
+    domain = tuple(sorted({d.numa_node for d in devices if d.numa_node is not None}
+                          & set(machine.numa_ids)))
     free: dict[int, Vector] = {n: (0,) for n in domain}
     cap: dict[int, Vector] = {n: (0,) for n in domain}
     required = 0
