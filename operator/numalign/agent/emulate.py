@@ -39,6 +39,7 @@ from .kubelet_status import (
     running_status,
     scheduled_at,
 )
+from .podips import PodIps
 from .publish import Publisher
 from .state import NodeState, pod_uid
 
@@ -106,8 +107,7 @@ class Emulator:
         self._nt_reading: dict[str, bool] = {}  # node -> read again when this one is done?
         self._sem = asyncio.Semaphore(concurrency)
         self._event_sem = asyncio.Semaphore(max(1, background_connections))
-        self._ip_seq: dict[str, int] = {}
-        self._ips: dict[str, dict[str, str]] = {}  # node -> pod uid -> pod IP
+        self.ips = PodIps()
         self._finalizing: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._seen: dict[str, float] = {}
@@ -184,7 +184,7 @@ class Emulator:
             if node in self.states:
                 by_node.setdefault(str(node), []).append(p)
                 if (p.get("status") or {}).get("phase") == "Running":
-                    self._keep_ip(str(node), p)
+                    self.ips.keep(str(node), p)
         pending: list[JSON] = []
         for name, st in self.states.items():
             report = st.restore(existing.get(name), by_node.get(name, []))
@@ -455,7 +455,7 @@ class Emulator:
         meta = pod.get("metadata") or {}
         if typ == "DELETED":
             self._seen.pop(uid, None)
-            self._ips.get(node, {}).pop(uid, None)
+            self.ips.release(node, uid)
             self._finalizing.discard(uid)
             if st.release(uid):
                 self.stats.released += 1
@@ -511,30 +511,12 @@ class Emulator:
         except ApiError as e:
             log.warning("event on %s/%s: %s", ns, (pod.get("metadata") or {}).get("name"), e)
 
-    def _pod_ip(self, st: NodeState) -> str:
-        """A pod IP of the node's range that no pod of the node has now."""
-        _, prefix = node_addresses(st.index)
-        used = set(self._ips.get(st.name, {}).values())
-        n = self._ip_seq.get(st.name, 0)
-        for _ in range(252):
-            ip = f"{prefix}{2 + n % 252}"
-            n += 1
-            if ip not in used:
-                break
-        self._ip_seq[st.name] = n
-        return ip
-
-    def _keep_ip(self, node: str, pod: Mapping[str, Any]) -> None:
-        ip = (pod.get("status") or {}).get("podIP")
-        if ip and not (pod.get("spec") or {}).get("hostNetwork"):
-            self._ips.setdefault(node, {})[pod_uid(pod)] = str(ip)
-
     async def _write_running(self, st: NodeState, pod: Mapping[str, Any], alloc: Any,
                              problem: str | None) -> None:
         uid = pod_uid(pod)
         host_ip, _ = node_addresses(st.index)
-        status = running_status(pod, host_ip, self._pod_ip(st), scheduled_at(pod))
-        self._keep_ip(st.name, {"metadata": {"uid": uid}, "spec": pod.get("spec"),
+        status = running_status(pod, host_ip, self.ips.take(st.name, st.index), scheduled_at(pod))
+        self.ips.keep(st.name, {"metadata": {"uid": uid}, "spec": pod.get("spec"),
                                 "status": status})
         body = {"metadata": {"uid": uid, "annotations": {ANN_ALLOCATION: alloc.to_annotation()}},
                 "status": status}
