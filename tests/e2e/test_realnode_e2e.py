@@ -4,23 +4,27 @@ reserved CPU) and the ``single-numa-node`` Topology Manager policy."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
-from e2e_helpers import MACHINES, wait_for
+from e2e_helpers import MACHINES, AgentProcess, node_topology, wait_for
 from numalign.agent.podresources import PodResourcesError
 from numalign.devcluster.images import WORKLOAD_IMAGE
 from numalign.devcluster.realnode_config import TAINT
+from operator_helpers import delete_policy, operator, policy
 
 pytestmark = pytest.mark.cluster
 
@@ -333,3 +337,186 @@ def test_restarts_keep_the_pods_and_the_reported_state(
     out = kubectl("exec", "-n", namespace, "steady", "--", "/workload", "status")
     assert _status_line(out.stdout, "Cpus_allowed_list") == cpus_before
 
+
+
+REDEPLOY = {"enabled": True, "maxAttempts": 2, "backoffSeconds": 2, "avoidRejectingNodes": True}
+
+
+@contextlib.contextmanager
+def _beside_an_emulated_node(k8s_client: Any, kubeconfig: Path, namespace: str,
+                             tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    """An emulated ``sample-devices-2numa`` node (two sample devices on each NUMA node)
+    beside the real node, both labelled for this test: yields its name and the label.
+    Removed after, with the test's Deployments and the real node's label."""
+    core = client.CoreV1Api(k8s_client)
+    apps = client.AppsV1Api(k8s_client)
+    label = {"numalign.io/e2e-real": namespace[-12:]}
+    agent = AgentProcess(kubeconfig, [("sample-devices-2numa", 1)],
+                         900 + uuid.uuid4().int % 90, tmp_path / "agent.log").start()
+    (emulated,) = agent.nodes
+    try:
+        def registered() -> bool:
+            assert agent.alive(), agent.text()[-3000:]
+            nt = node_topology(k8s_client, emulated)
+            return bool(nt and (nt.get("status") or {}).get("zones"))
+
+        wait_for(registered, 90, f"emulated node {emulated} with its NodeTopology")
+        for node in (emulated, "localhost"):
+            core.patch_node(node, {"metadata": {"labels": label}})
+        yield emulated, label
+    finally:
+        for d in apps.list_namespaced_deployment(namespace).items:
+            apps.delete_namespaced_deployment(d.metadata.name, namespace)
+        agent.stop()
+        core.patch_node("localhost", {"metadata": {"labels": {next(iter(label)): None}}})
+        with contextlib.suppress(ApiException):
+            core.delete_node(emulated)
+        with contextlib.suppress(ApiException):
+            client.CustomObjectsApi(k8s_client).delete_cluster_custom_object(
+                "numalign.io", "v1alpha1", "nodetopologies", emulated)
+
+
+def _prefers_the_real_node(k8s_client: Any, namespace: str, label: dict[str, str]) -> None:
+    """A Deployment of one pod (1 CPU, 2 sample devices) that prefers the real node: its
+    kubelet rejects it under single-numa-node (one free CPU, its two devices on different
+    NUMA nodes)."""
+    pod = _pod("rr", extra={DEVICE: "2"})
+    pod["metadata"] = {"labels": {"app": "rr"}}
+    pod["spec"]["nodeSelector"] = label
+    pod["spec"]["affinity"] = {"nodeAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [{
+            "weight": 100, "preference": {"matchFields": [{
+                "key": "metadata.name", "operator": "In", "values": ["localhost"]}]}}]}}
+    client.AppsV1Api(k8s_client).create_namespaced_deployment(namespace, {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "rr"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "rr"}},
+                 "template": {"metadata": pod["metadata"], "spec": pod["spec"]}}})
+
+
+def _kubelet_rejected(p: Any) -> None:
+    """``p`` as the real kubelet's admission failure leaves it."""
+    assert p.spec.node_name == "localhost"
+    assert p.status.reason == "TopologyAffinityError", p.status
+    assert (p.status.message or "").startswith("Pod was rejected: "), p.status
+    assert "Topology" in p.status.message
+
+
+def _story(core: client.CoreV1Api, namespace: str) -> str:
+    state = [(p.metadata.name, p.spec.node_name, p.status.phase, p.status.reason)
+             for p in core.list_namespaced_pod(namespace).items]
+    events = [(ev.reason, ev.message) for ev in core.list_namespaced_event(namespace).items
+              if ev.reason.startswith("Redeploy")]
+    return f"pods {state}; events {events}"
+
+
+def _avoids_the_real_node(pod: Any) -> None:
+    terms = pod.spec.affinity.node_affinity. \
+        required_during_scheduling_ignored_during_execution.node_selector_terms
+    assert all(any(f.key == "metadata.name" and f.operator == "NotIn"
+                   and f.values == ["localhost"] for f in t.match_fields or [])
+               for t in terms), terms
+
+
+def _events(core: client.CoreV1Api, namespace: str, reason: str) -> list[Any]:
+    return [ev for ev in core.list_namespaced_event(namespace).items if ev.reason == reason]
+
+
+def test_a_kubelet_rejection_is_redeployed_to_an_emulated_node_that_fits(
+        real_node: Any, core: client.CoreV1Api, namespace: str, k8s_client: Any,
+        kubeconfig: Path, tmp_path: Path) -> None:
+    """The kubelet's rejection is Failed with its own reason and message, the operator
+    redeploys it, and the ReplicaSet's replacement avoids the real node and runs on the
+    emulated one -- no pile of Failed pods on the way."""
+    name = f"rr-{namespace}"[:60]
+    with _beside_an_emulated_node(k8s_client, kubeconfig, namespace, tmp_path) as (
+            emulated, label), operator(kubeconfig, k8s_client, tmp_path / "op.log") as op:
+        policy(k8s_client, name, {"policy": "single-numa-node", "namespaces": [namespace],
+                                  "redeploy": REDEPLOY})
+        try:
+            _prefers_the_real_node(k8s_client, namespace, label)
+            rejected: dict[str, Any] = {}
+            most_failed = 0
+
+            def placed() -> Any:
+                nonlocal most_failed
+                now = core.list_namespaced_pod(namespace).items
+                failed = [p for p in now if p.status.phase == "Failed"]
+                most_failed = max(most_failed, len(failed))
+                assert len(failed) <= 2, _story(core, namespace)
+                rejected.update((p.metadata.uid, p) for p in failed)
+                running = [p for p in now if p.status.phase == "Running"]
+                return running[0] if running else None
+
+            try:
+                new = wait_for(placed, 180, "the replacement Running", interval=0.2)
+            except AssertionError as e:
+                raise AssertionError(f"{e}: {_story(core, namespace)}; operator log "
+                                     f"{op.text()[-3000:]}") from None
+            print(f"[realnode-redeploy] at most {most_failed} Failed pod(s) at once; "
+                  f"{len(rejected)} rejected in all", flush=True)
+            assert new.spec.node_name == emulated
+            assert len(rejected) == 1, _story(core, namespace)
+            for p in rejected.values():
+                _kubelet_rejected(p)
+            redeploys = _events(core, namespace, "Redeploy")
+            assert len(redeploys) == 1, _story(core, namespace)
+            assert "attempt 1/2" in redeploys[0].message
+            assert "avoiding localhost" in redeploys[0].message, redeploys[0].message
+            _avoids_the_real_node(new)
+            assert "Traceback" not in op.text()
+        finally:
+            delete_policy(k8s_client, name)
+
+
+def test_a_pile_the_kubelet_rejected_while_the_operator_was_away_spends_one_attempt(
+        real_node: Any, core: client.CoreV1Api, namespace: str, k8s_client: Any,
+        kubeconfig: Path, tmp_path: Path) -> None:
+    """The Deployment is created while no operator runs: the ReplicaSet replaces each
+    rejected pod at once and each replacement lands on the real node again -- a pile of
+    Failed pods. The operator, started then, counts one attempt for them all (the rest
+    repeat a counted rejection: deleted, RedeployRepeat), and the replacement runs on the
+    emulated node; the budget is not spent on the pile and nothing is gated."""
+    name = f"rp-{namespace}"[:60]
+    with _beside_an_emulated_node(k8s_client, kubeconfig, namespace, tmp_path) as (
+            emulated, label):
+        policy(k8s_client, name, {"policy": "single-numa-node", "namespaces": [namespace],
+                                  "redeploy": REDEPLOY})
+        try:
+            _prefers_the_real_node(k8s_client, namespace, label)
+
+            def piled() -> list[Any] | None:
+                failed = [p for p in core.list_namespaced_pod(namespace).items
+                          if p.status.phase == "Failed"]
+                return failed if len(failed) >= 5 else None
+
+            pile = wait_for(piled, 120, "a pile of rejected pods")
+            for p in pile:
+                _kubelet_rejected(p)
+            with operator(kubeconfig, k8s_client, tmp_path / "op.log") as op:
+                def placed() -> Any:
+                    running = [p for p in core.list_namespaced_pod(namespace).items
+                               if p.status.phase == "Running"]
+                    return running[0] if running else None
+
+                try:
+                    new = wait_for(placed, 180, "the replacement Running")
+                    wait_for(lambda: not [p for p in core.list_namespaced_pod(namespace).items
+                                          if p.status.phase == "Failed"], 60,
+                             "the pile cleared")
+                except AssertionError as e:
+                    raise AssertionError(f"{e}: {_story(core, namespace)}; operator log "
+                                         f"{op.text()[-3000:]}") from None
+                assert new.spec.node_name == emulated
+                _avoids_the_real_node(new)
+                redeploys = _events(core, namespace, "Redeploy")
+                repeats = _events(core, namespace, "RedeployRepeat")
+                print(f"[realnode-redeploy] a pile of {len(pile)}+ Failed pods: "
+                      f"{len(redeploys)} attempt, {len(repeats)} repeats", flush=True)
+                assert len(redeploys) == 1 and "attempt 1/2" in redeploys[0].message, \
+                    _story(core, namespace)
+                assert len(repeats) >= len(pile) - 1, _story(core, namespace)
+                assert not _events(core, namespace, "RedeployGaveUp"), _story(core, namespace)
+                assert not _events(core, namespace, "RedeployExhausted")
+                assert "Traceback" not in op.text()
+        finally:
+            delete_policy(k8s_client, name)

@@ -60,9 +60,16 @@ def mutate_pod(body: kopf.Body, patch: kopf.Patch, dryrun: bool, logger: kopf.Lo
         now = time.time()
         avoid = wl.avoid(now) if wl is not None else []
         held = wl.hold(now) if wl is not None else None
+        seen = wl is not None and wl.settings.enabled
     except ApiException as e:
         logger.warning(f"cannot read redeploy state: {e.reason}")
-        avoid, held = [], None
+        avoid, held, seen = [], None, False
+    if seen:
+        # Admitted by the operator, which keeps it off the nodes that rejected its
+        # workload: its own rejection counts towards the budget. A pod without this mark
+        # came while the webhook was away; rejected by a node that rejected the workload
+        # already, it is a repeat (controller.redeploy.record.repeats_a_counted_rejection).
+        patch["metadata"]["annotations"][redeploy.ANN_WORKLOAD] = redeploy.workload_key(body)
     if avoid:
         spec = redeploy.with_node_avoidance(dict(body.get("spec") or {}), avoid)
         if spec.get("affinity") != (body.get("spec") or {}).get("affinity"):

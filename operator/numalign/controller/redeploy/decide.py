@@ -31,6 +31,7 @@ from .record import (
     controller_ref,
     is_replacement_of,
     iso,
+    repeats_a_counted_rejection,
     replacement_name,
     workload_key,
 )
@@ -124,6 +125,30 @@ def _give_up_name_taken(pod: Mapping[str, Any], decision: Mapping[str, Any],
                  f"that is not its replacement; {name} is kept", now)
 
 
+def _clear_repeat(pod: Mapping[str, Any], st: WorkloadState, data: dict[str, str],
+                  rv: str | None, now: float) -> None:
+    """Delete a controller's pod whose rejection repeats one already counted
+    (:func:`~.record.repeats_a_counted_rejection`) without spending an attempt: its
+    controller has replaced it already, and that replacement is kept off the node."""
+    meta = pod.get("metadata") or {}
+    name, uid = str(meta["name"]), str(meta["uid"])
+    node = str((pod.get("spec") or {}).get("nodeName") or "")
+    decision = {"action": "delete", "attempt": st.attempts, "node": node, "at": iso(now),
+                "pod": name, "avoid": [], "replacement": None, "repeat": True}
+    st.handled = {**(st.handled or {}), uid: decision}
+    st.rejections = {**(st.rejections or {}), node: iso(now)}
+    st.last = iso(now)
+    data[workload_key(pod)] = st.dump()
+    save_state(str(meta["namespace"]), data, rv)  # durable before acting
+    _finish(pod, decision)
+    metrics.REDEPLOYS.labels(outcome="repeat").inc()
+    kube.event(pod, "Normal", reason="RedeployRepeat",
+               message=f"deleted without spending a redeploy attempt ({st.attempts}/"
+                       f"{st.budget} spent): {node} had rejected this workload already, "
+                       f"and {name} was created while the operator could not keep it off "
+                       f"that node")
+
+
 def step(pod: Mapping[str, Any], first_seen: float, now: float | None = None) -> float | None:
     """One pass over a rejected pod: None when done, else seconds to wait."""
     now = time.time() if now is None else now
@@ -159,6 +184,9 @@ def step(pod: Mapping[str, Any], first_seen: float, now: float | None = None) ->
     replicas, owner = owner_replicas(pod)
     budget = settings.max_attempts * replicas
     st.budget = budget
+    if repeats_a_counted_rejection(pod, st, node, now):
+        _clear_repeat(pod, st, data, rv, now)
+        return None
     if st.attempts >= budget:
         st.gave_up = {**(st.gave_up or {}), uid: iso(now)}
         st.last = iso(now)

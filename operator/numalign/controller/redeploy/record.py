@@ -182,6 +182,23 @@ class WorkloadState:
         return [n for _, n in sorted(recent, key=lambda tn: (-tn[0], tn[1]))]
 
 
+def repeats_a_counted_rejection(pod: Mapping[str, Any], st: WorkloadState, node: str,
+                                now: float) -> bool:
+    """Whether the rejection of ``pod`` on ``node`` only repeats one the workload's record
+    already counted: a controller's pod that the operator's webhook never admitted (no
+    :data:`ANN_WORKLOAD`: created while the operator or its webhook was away) rejected by
+    a node that rejected the workload within :data:`AVOID_FOR_S`. A ReplicaSet replaces a
+    Failed pod at once, so while nobody keeps its replacements off the rejecting node they
+    land there again and again; counting each would spend the budget without one
+    replacement that avoids the node ever being tried. Pods the webhook admitted (marked
+    under a policy that redeploys) always count."""
+    if not node or controller_ref(pod) is None:
+        return False
+    if ANN_WORKLOAD in ((pod.get("metadata") or {}).get("annotations") or {}):
+        return False
+    return node in st.avoid_nodes(now)
+
+
 def _pinned(term: Mapping[str, Any]) -> set[str] | None:
     """The node names a nodeSelectorTerm allows by ``metadata.name In`` (None: any)."""
     pins: set[str] | None = None
