@@ -48,7 +48,7 @@ MACHINES: tuple[tuple[str, int], ...] = (
 # want pool=gpu, which the group4-gpu nodes (NVLink pairs) form.
 NODE_LABELS: dict[str, dict[str, str]] = {"group4-gpu": {"pool": "gpu"}}
 SETTLE_TIMEOUT = 120.0
-STORY_REASONS = (REJECT_REASON, "Redeploy", "RedeployGaveUp",
+STORY_REASONS = (REJECT_REASON, "Redeploy", "RedeployGaveUp", "RedeployRepeat",
                  "InvalidTopologyOverride")
 
 
