@@ -376,10 +376,28 @@ def _beside_an_emulated_node(k8s_client: Any, kubeconfig: Path, namespace: str,
                 "numalign.io", "v1alpha1", "nodetopologies", emulated)
 
 
+def _real_node_can_take(core: client.CoreV1Api, devices: int) -> None:
+    """Wait until the scheduler sees room on the real node for a 1-CPU pod with
+    ``devices`` sample devices: its device plugin registered again after a kubelet restart
+    (allocatable devices back) and no pod bound to it. Otherwise the scheduler rightly
+    places the pod elsewhere and the kubelet never gets to reject it."""
+    def free() -> bool:
+        node = core.read_node("localhost")
+        alloc = node.status.allocatable or {}
+        ready = any(c.type == "Ready" and c.status == "True"
+                    for c in node.status.conditions or [])
+        bound = core.list_pod_for_all_namespaces(
+            field_selector="spec.nodeName=localhost").items
+        return ready and int(alloc.get(DEVICE, "0")) >= devices and not bound
+
+    wait_for(free, 120, f"the real node Ready, {devices} devices allocatable and no pods")
+
+
 def _prefers_the_real_node(k8s_client: Any, namespace: str, label: dict[str, str]) -> None:
     """A Deployment of one pod (1 CPU, 2 sample devices) that prefers the real node: its
     kubelet rejects it under single-numa-node (one free CPU, its two devices on different
     NUMA nodes)."""
+    _real_node_can_take(client.CoreV1Api(k8s_client), 2)
     pod = _pod("rr", extra={DEVICE: "2"})
     pod["metadata"] = {"labels": {"app": "rr"}}
     pod["spec"]["nodeSelector"] = label
