@@ -121,6 +121,15 @@ def running(kubelet_dir: Path) -> Iterator[Any]:
         r.close()
 
 
+def _registered(r: Running, times: int) -> None:
+    """Wait until the plugin has counted ``times`` completed registrations (it counts one
+    once the kubelet has answered every resource's Register call), then check the count."""
+    deadline = time.monotonic() + TIMEOUT
+    while r.plugin.registrations < times and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert r.plugin.registrations == times
+
+
 def _stub(kubelet_dir: Path, endpoint: str) -> tuple[grpc.Channel, Any]:
     channel = grpc.insecure_channel(f"unix://{kubelet_dir / 'device-plugins' / endpoint}")
     return channel, pb_grpc.DevicePluginStub(channel)
@@ -241,6 +250,9 @@ def test_waits_for_the_kubelet_and_registers_again_after_its_restart(
     kubelet.start()
     try:
         first = kubelet.next_request()
+        # the kubelet's answer reached the plugin (stopping the kubelet before that fails
+        # the call, which the plugin retries: a registration of its own, not a restart)
+        _registered(r, 1)
         kubelet.stop()  # the kubelet restarts: its socket and the plugins' sockets go
         restarted = FakeKubelet(plugin_dir)
         restarted.start()
@@ -251,7 +263,7 @@ def test_waits_for_the_kubelet_and_registers_again_after_its_restart(
             channel, stub = _stub(kubelet_dir, again.endpoint)
             with channel:  # served again on a new socket
                 assert set(_advertised(stub)) == {"gpu0", "gpu1", "gpu2", "gpu3"}
-            assert r.plugin.registrations == 2
+            _registered(r, 2)
         finally:
             restarted.stop()
     finally:
