@@ -44,7 +44,7 @@ def node_bin_dir() -> Path:
                     "this branch: containerd v2 is built there")
     if not nodebuild.is_node_built():
         pytest.skip(f"containerd v2 is not built in {nodebuild.node_bin_dir()} "
-                    "(python -m numalign.devcluster.nodebuild builds it)")
+                    "(numalign dev build --real-node builds it)")
     return Path(nodebuild.node_bin_dir())
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -196,16 +195,3 @@ def ensure_node_built(version: str = KUBERNETES_VERSION, log: Log | None = None)
     say(f"real node built in {time.monotonic() - t0:.0f}s into {root}")
     return root
 
-
-def main() -> int:
-    try:
-        d = ensure_node_built(log=lambda m: print(m, file=sys.stderr, flush=True))
-    except BuildError as e:
-        print(f"numalign: {e}", file=sys.stderr)
-        return 1
-    print(d)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
