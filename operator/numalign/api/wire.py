@@ -41,6 +41,10 @@ ANN_ALLOCATION = "numalign.io/allocation"  # agent: what the pod got
 ANN_GPUS = GPU_ANNOTATION  # user: GPU requests (the engine reads it)
 LABEL_MACHINE = "numalign.io/machine"  # node: its machine file
 LABEL_EMULATED = "numalign.io/emulated"  # node: run by the emulating agent
+# node: numalign places its containers through the runtime's NRI (the kubelet's CPU, memory
+# and Topology managers at `none`); the value names the mechanism.
+LABEL_MANAGED = "numalign.io/managed"
+MANAGED_NRI = "nri"
 
 # The kubelet's rejection: reason, and the message (the engine's; the status message
 # carries the prefix, the event's text is the same).
