@@ -22,6 +22,7 @@ from kubernetes.client.exceptions import ApiException
 
 from e2e_helpers import MACHINES, AgentProcess, node_topology, wait_for
 from numalign.agent.podresources import PodResourcesError
+from numalign.api.wire import LABEL_MANAGED
 from numalign.devcluster.images import WORKLOAD_IMAGE
 from numalign.devcluster.realnode_config import TAINT
 from operator_helpers import delete_policy, operator, policy
@@ -123,6 +124,8 @@ def test_a_guaranteed_pod_runs_pinned_by_the_static_cpu_manager(
     core.create_namespaced_pod(namespace, _pod("pinned"))
     pod = _wait_running(core, namespace, "pinned")
     assert pod.spec.node_name == "localhost"
+    # Kubelet-managed: the Node does not say numalign manages it (dev up --real-node --nri).
+    assert LABEL_MANAGED not in (core.read_node("localhost").metadata.labels or {})
     state = _cpu_manager_state(real_node)
     assert state["policyName"] == "static"
     assigned = state["entries"][pod.metadata.uid]["work"]

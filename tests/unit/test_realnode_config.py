@@ -12,17 +12,19 @@ import yaml
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
+from numalign.api.wire import LABEL_MANAGED, MANAGED_NRI
+from numalign.commands import dev
 from numalign.devcluster import certs
 from numalign.devcluster.cluster import DevCluster
 from numalign.devcluster.images import PAUSE_IMAGE
 from numalign.devcluster.realnode import RealNode, RealNodeError
-from numalign.devcluster.realnode_config import TAINT
+from numalign.devcluster.realnode_config import MODE_KUBELET, MODE_NRI, TAINT, node_labels
 
 
-def _node(tmp_path: Path) -> RealNode:
+def _node(tmp_path: Path, mode: str = MODE_KUBELET) -> RealNode:
     cluster = DevCluster(tmp_path / "state", name="t")
     certs.generate(cluster.pki.dir)
-    node = RealNode(cluster, None)
+    node = RealNode(cluster, None, mode=mode)
     node.dir.mkdir(parents=True)
     return node
 
@@ -46,6 +48,7 @@ def test_containerd_config_keeps_everything_under_the_state_dir(tmp_path: Path) 
     assert runc["options"]["BinaryName"].endswith("/runc")
     nri = plugins["io.containerd.nri.v1.nri"]
     assert nri["disable"] is False and nri["socket_path"].startswith(base)
+    assert nri["socket_path"] == str(node.nri_socket)  # where the agent registers
     assert plugins["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"] == PAUSE_IMAGE
     assert plugins["io.containerd.grpc.v1.cri"]["stream_server_address"] == "127.0.0.1"
     cni = json.loads((node.containerd_dir / "cni/conf/10-numalign.conflist").read_text())
@@ -114,3 +117,90 @@ def test_a_failed_start_keeps_only_the_logs(tmp_path: Path) -> None:
     assert node.down(keep_logs=True) is True
     assert sorted(p.name for p in node.dir.iterdir()) == ["logs"]
     assert (node.dir / "logs" / "kubelet.log").read_text() == "why it failed\n"
+
+
+def test_nri_mode_leaves_the_kubelets_managers_at_none(tmp_path: Path) -> None:
+    node = _node(tmp_path, MODE_NRI)
+    node._write_kubelet_files({"kubelet": 40001, "healthz": 40002}, "none", "container", "0")
+    cfg = yaml.safe_load(node.kubelet_config.read_text())
+    assert cfg["cpuManagerPolicy"] == "none"
+    assert cfg["memoryManagerPolicy"] == "None"
+    assert cfg["topologyManagerPolicy"] == "none"
+    # The reserved CPU stays out of allocatable; the agent reads it from this file.
+    assert cfg["reservedSystemCPUs"] == "0"
+    assert cfg["registerWithTaints"] == [TAINT]
+    # The kubelet-managed mode keeps its static CPU manager and no memory manager setting.
+    kubelet = _node(tmp_path / "k")
+    kubelet._write_kubelet_files({"kubelet": 1, "healthz": 2}, "best-effort", "pod", "0")
+    cfg = yaml.safe_load(kubelet.kubelet_config.read_text())
+    assert (cfg["cpuManagerPolicy"], cfg["topologyManagerPolicy"]) == ("static", "best-effort")
+    assert "memoryManagerPolicy" not in cfg
+
+
+def test_only_nri_mode_labels_the_node_managed() -> None:
+    assert node_labels(MODE_NRI) == {LABEL_MANAGED: MANAGED_NRI} == {"numalign.io/managed": "nri"}
+    assert node_labels(MODE_KUBELET) == {}
+    with pytest.raises(ValueError, match="mode 'nris': expected one of kubelet, nri"):
+        node_labels("nris")
+
+
+@pytest.mark.parametrize(("mode", "supports", "flag"), [
+    (MODE_NRI, True, True),      # the agent registers with containerd's NRI socket
+    (MODE_NRI, False, False),    # an agent without the flag is started as before
+    (MODE_KUBELET, True, False),  # the kubelet places: no plugin
+])
+def test_the_agent_gets_the_nri_socket_only_in_nri_mode_where_it_has_the_flag(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, supports: bool,
+        flag: bool) -> None:
+    node = _node(tmp_path, mode)
+    asked: list[str] = []
+
+    def has(*args: str, needle: str) -> bool:
+        asked.append(needle)
+        return supports
+
+    monkeypatch.setattr(node, "_supports", has)
+    said: list[str] = []
+    argv = node._agent_argv(said.append)
+    assert argv[argv.index("--node") + 1] == "localhost"
+    assert argv[argv.index("--kubelet-config") + 1] == str(node.kubelet_config)
+    if flag:
+        assert argv[argv.index("--nri-socket") + 1] == str(node.nri_socket)
+    else:
+        assert "--nri-socket" not in argv
+    if mode == MODE_NRI and not supports:
+        assert any("no NRI plugin (--nri-socket)" in m for m in said), said
+    assert ("--nri-socket" in asked) == (mode == MODE_NRI)
+
+
+def test_a_bad_mode_and_a_topology_policy_in_nri_mode_are_refused(tmp_path: Path) -> None:
+    cluster = DevCluster(tmp_path / "m")
+    with pytest.raises(RealNodeError, match="real node mode 'static': expected one of"):
+        RealNode(cluster, None, mode="static")
+    with pytest.raises(RealNodeError, match="in nri mode it is none"):
+        RealNode(cluster, None, policy="single-numa-node", mode=MODE_NRI)
+
+
+def test_dev_up_nri_needs_the_real_node_and_no_topology_policy(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    state = ["--state-dir", str(tmp_path / "s")]
+    assert dev.main(["up", *state, "--nri"]) == 2
+    assert "--nri is a mode of the real node: add --real-node" in capsys.readouterr().err
+    assert dev.main(["up", *state, "--real-node", "--nri", "--topology-policy",
+                     "restricted"]) == 2
+    assert "--topology-policy sets the kubelet's Topology Manager" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()  # refused before anything started
+
+
+@pytest.mark.parametrize(("mode", "says"), [
+    (MODE_NRI, "real node localhost: mode nri (numalign-managed"),
+    (MODE_KUBELET, "real node localhost: mode kubelet (the kubelet places containers: "
+                   "static CPU manager, Topology Manager policy restricted, scope pod)"),
+])
+def test_dev_status_shows_the_real_nodes_mode(tmp_path: Path, mode: str, says: str,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    node = _node(tmp_path, mode)
+    node._save_state({"name": "localhost", "mode": mode, "policy": "restricted",
+                      "scope": "pod"})
+    assert dev.main(["status", "--state-dir", str(node.cluster.state_dir)]) == 1  # no cluster
+    assert says in capsys.readouterr().out

@@ -5,6 +5,7 @@
     numalign dev up [--machine FILE[=COUNT]]... [--state-dir DIR]
     numalign dev up --demo [--state-dir DIR]  # + emulated nodes and the sample workloads
     numalign dev up --real-node [FILE]       # + a real kubelet and containerd (root)
+    numalign dev up --real-node --nri        # ... numalign-managed: it places containers (NRI)
     numalign dev kubeconfig                  # print the kubeconfig path
     numalign dev status
     numalign dev down
@@ -31,6 +32,7 @@ from ..devcluster.demo import REPO, SAMPLES, Demo, DemoResult, Kubectl, pods_of,
 from ..devcluster.nodebuild import ensure_node_built
 from ..devcluster.oracle_build import ensure_oracle_built
 from ..devcluster.realnode import PROCESSES, RealNode, cannot_run_containers
+from ..devcluster.realnode_config import MODE_KUBELET, MODE_NRI
 from ..topology.errors import MachineError
 
 REAL_NODE_MACHINE = SAMPLES / "realnode" / "realnode-2numa.yaml"
@@ -81,6 +83,11 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--topology-policy", default=None, metavar="POLICY",
                     help="with --real-node: the kubelet's Topology Manager policy (default: "
                          "the node's NodeTopology default, else single-numa-node)")
+    up.add_argument("--nri", action="store_true",
+                    help="with --real-node: numalign-managed -- the kubelet's CPU, memory and "
+                         "Topology managers at none, the Node labelled numalign.io/managed=nri "
+                         "and numalign's agent placing each container under its pod's "
+                         "resolved policy through containerd's NRI socket")
     up.add_argument("--no-operator", action="store_true",
                     help="do not start the numalign operator even when it is available")
     up.add_argument("--timeout", type=float, default=180.0, metavar="SECONDS",
@@ -155,6 +162,14 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     if args.action == "device-plugin":
         return _device_plugin(args)
+    if args.action == "up" and args.nri:
+        if args.real_node is None and (not args.demo or args.no_real_node):
+            _log("error: --nri is a mode of the real node: add --real-node")
+            return 2
+        if args.topology_policy is not None:
+            _log("error: --topology-policy sets the kubelet's Topology Manager, which --nri "
+                 "leaves at none (each pod's TopologyPolicy decides): drop one of them")
+            return 2
     cluster = _cluster(args)
     if args.action == "up" and args.demo:
         return _demo(args, cluster)
@@ -163,7 +178,8 @@ def _run(args: argparse.Namespace) -> int:
         cluster.up(machines=machines, operator=not args.no_operator, log=_log,
                    timeout=args.timeout)
         if args.real_node is not None:
-            RealNode(cluster, args.real_node, policy=args.topology_policy).up(
+            RealNode(cluster, args.real_node, policy=args.topology_policy,
+                     mode=MODE_NRI if args.nri else MODE_KUBELET).up(
                 log=_log, timeout=max(args.timeout, 240.0))
         print(cluster.kubeconfig)
         return 0
@@ -187,6 +203,8 @@ def _run(args: argparse.Namespace) -> int:
             print(f"  {name:<24} {'running' if alive else 'stopped'}"
                   f"  log {cluster.log_file(name)}")
         real = RealNode(cluster)
+        if real.state().get("name"):
+            print(f"  real node {real.name}: {_mode_text(real.state())}")
         for name in PROCESSES:
             if real.process(name).pid is not None:
                 alive = real.process(name).is_running()
@@ -194,6 +212,15 @@ def _run(args: argparse.Namespace) -> int:
                       f"  log {real.log_file(name)}")
         return 0 if running else 1
     raise AssertionError(args.action)
+
+
+def _mode_text(state: dict[str, object]) -> str:
+    """The real node's mode as ``dev status`` prints it."""
+    if state.get("mode", MODE_KUBELET) == MODE_NRI:
+        return ("mode nri (numalign-managed: the agent places containers through NRI; "
+                "the kubelet's CPU, memory and Topology managers are none)")
+    return (f"mode kubelet (the kubelet places containers: static CPU manager, Topology "
+            f"Manager policy {state.get('policy')}, scope {state.get('scope')})")
 
 
 def _device_plugin(args: argparse.Namespace) -> int:
@@ -243,7 +270,8 @@ def _demo_real_node(args: argparse.Namespace, cluster: DevCluster) -> None:
         return
     t0 = time.monotonic()
     ensure_node_built(log=_log)
-    RealNode(cluster, args.real_node or REAL_NODE_MACHINE, policy=args.topology_policy).up(
+    RealNode(cluster, args.real_node or REAL_NODE_MACHINE, policy=args.topology_policy,
+             mode=MODE_NRI if args.nri else MODE_KUBELET).up(
         log=_log, timeout=max(args.timeout, 240.0))
     _log(f"demo: real node 'localhost' ready in {time.monotonic() - t0:.1f}s "
          "(a kubelet and containerd; see README 'A real node')")

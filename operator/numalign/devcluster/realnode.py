@@ -1,7 +1,8 @@
 """A real node in the dev cluster: containerd (with runc, the CNI plugins and NRI) and a
 kubelet that sees a machine file's NUMA layout, registered with the local API server.
 
-    node = RealNode(cluster, machine_file)
+    node = RealNode(cluster, machine_file)               # the kubelet's managers place
+    node = RealNode(cluster, machine_file, mode="nri")   # numalign places, through NRI
     node.up(log=print)     # build (cached), configure, start, wait until the Node is Ready
     node.down()            # stop it and remove its containers, mounts, cgroups and netns
 
@@ -13,6 +14,11 @@ state, config and socket), ``images/`` (the OCI archives imported into container
 is laid over ``/sys/devices/system/{node,cpu}``; its root dir is a shared mount, so the
 volumes it mounts there reach containerd. It listens on 127.0.0.1 only; the API server
 reaches it by its Hostname address, the node name ``localhost``.
+
+In ``nri`` mode (:mod:`numalign.devcluster.realnode_config`) the kubelet's CPU, memory and
+Topology managers are ``none``, the Node is labelled ``numalign.io/managed=nri`` and the
+agent is started with containerd's NRI socket (``containerd/nri.sock``), where this
+numalign's agent has ``--nri-socket``.
 """
 
 from __future__ import annotations
@@ -43,9 +49,13 @@ from .nodebuild import ensure_node_built, node_bin_dir
 from .processes import Process, free_ports
 from .realnode_config import (
     CONTAINERD_DIRS,
+    MODE_KUBELET,
+    MODE_NRI,
+    MODES,
     cni_conflist,
     containerd_config,
     kubelet_configuration,
+    node_labels,
 )
 from .realnode_config import TAINT as TAINT  # the node's taint, for callers of this module
 from .sysfsview import SysfsViewError, map_onto, usable_cpus, write_sysfs_view
@@ -109,11 +119,19 @@ def _cgroup_hierarchies() -> list[Path]:
 
 class RealNode:
     def __init__(self, cluster: DevCluster, machine_file: Path | None = None, *,
-                 policy: str | None = None, scope: str | None = None) -> None:
+                 policy: str | None = None, scope: str | None = None,
+                 mode: str = MODE_KUBELET) -> None:
+        if mode not in MODES:
+            raise RealNodeError(f"real node mode {mode!r}: expected one of {', '.join(MODES)}")
+        if mode == MODE_NRI and (policy is not None or scope is not None):
+            raise RealNodeError("a topology policy/scope sets the kubelet's Topology Manager; "
+                                "in nri mode it is none and each pod's resolved policy "
+                                "decides (a TopologyPolicy, the pod's override)")
         self.cluster = cluster
         self.machine_file = machine_file
         self.policy = policy
         self.scope = scope
+        self.mode = mode
         self.dir = cluster.state_dir / "realnode"
         self.name = NODE_NAME
         digest = hashlib.sha1(str(cluster.state_dir.resolve()).encode()).hexdigest()[:8]
@@ -138,6 +156,11 @@ class RealNode:
     @property
     def containerd_socket(self) -> Path:
         return self.containerd_dir / "containerd.sock"
+
+    @property
+    def nri_socket(self) -> Path:
+        """containerd's NRI socket, where an NRI plugin registers."""
+        return self.containerd_dir / "nri.sock"
 
     @property
     def pod_resources_socket(self) -> Path:
@@ -200,17 +223,19 @@ class RealNode:
         except SysfsViewError as e:
             raise RealNodeError(f"{self.machine_file}: {e}") from None
         cpus = sorted(mapped.cpus)
-        policy, scope = self._policy(say)
+        policy, scope = self._policy(say) if self.mode == MODE_KUBELET else ("none",
+                                                                            "container")
         ports = dict(zip(("kubelet", "healthz"), free_ports(2), strict=True))
-        self._save_state({"name": self.name, "machine": str(self.machine_file),
+        self._save_state({"name": self.name, "mode": self.mode,
+                          "machine": str(self.machine_file),
                           "bridge": self.bridge, "cgroupRoot": self.cgroup_root,
                           "ports": ports, "policy": policy, "scope": scope,
                           "reservedCPUs": str(cpus[0])})
         self._make_cgroups()
         self._write_containerd_config()
         self._write_kubelet_files(ports, policy, scope, str(cpus[0]))
-        say(f"real node configured: {machine.name} on CPUs {cpus}, policy {policy}, "
-            f"scope {scope} ({time.monotonic() - t:.1f}s)")
+        say(f"real node configured: {machine.name} on CPUs {cpus}, {self.mode} mode, "
+            f"Topology Manager policy {policy}, scope {scope} ({time.monotonic() - t:.1f}s)")
         deadline = time.monotonic() + timeout
         try:
             t = time.monotonic()
@@ -221,6 +246,7 @@ class RealNode:
             say(f"images imported ({time.monotonic() - t:.1f}s)")
             t = time.monotonic()
             self._start_kubelet(deadline)
+            self._label()
             say(f"kubelet registered node {self.name}, Ready ({time.monotonic() - t:.1f}s)")
             self._start_helpers(say, deadline)
         except BaseException:
@@ -267,7 +293,8 @@ class RealNode:
             (d / sub).mkdir(parents=True, exist_ok=True)
         conflist = cni_conflist(self.bridge, d / "cni" / "ipam")
         (d / "cni/conf/10-numalign.conflist").write_text(json.dumps(conflist, indent=2) + "\n")
-        (d / "config.toml").write_text(containerd_config(d, self.containerd_socket))
+        (d / "config.toml").write_text(containerd_config(d, self.containerd_socket,
+                                                         self.nri_socket))
 
     def _write_kubelet_files(self, ports: dict[str, int], policy: str, scope: str,
                              reserved: str) -> None:
@@ -281,7 +308,8 @@ class RealNode:
         config = kubelet_configuration(
             ports=ports, policy=policy, scope=scope, reserved=reserved,
             cgroup_root=self.cgroup_root, ca_cert=pki.ca.cert,
-            endpoint=f"unix://{self.containerd_socket}", pod_logs=self.dir / "pod-logs")
+            endpoint=f"unix://{self.containerd_socket}", pod_logs=self.dir / "pod-logs",
+            mode=self.mode)
         self.kubelet_config.write_text(yaml.safe_dump(config, sort_keys=False))
 
     def _start_containerd(self, deadline: float) -> None:
@@ -323,6 +351,9 @@ class RealNode:
             f"--hostname-override={self.name}",
             "--v=2",
         ]
+        labels = node_labels(self.mode)
+        if labels:
+            kubelet.append("--node-labels=" + ",".join(f"{k}={v}" for k, v in labels.items()))
         binds = [(f"{view}/node", "/sys/devices/system/node"),
                  (f"{view}/cpu", "/sys/devices/system/cpu"),
                  (str(kdir / "device-plugins"), str(DEVICE_PLUGINS))]
@@ -335,6 +366,17 @@ class RealNode:
             ["unshare", "--mount", "--propagation", "unchanged", "--", "sh", "-c", script,
              "kubelet", *kubelet], program="kubelet")
         self._wait_ready(deadline)
+
+    def _label(self) -> None:
+        """The Node's mode labels as this mode has them, also where the Node outlived an
+        earlier kubelet (--node-labels only label a Node the kubelet creates)."""
+        want: dict[str, str | None] = {k: None for k in node_labels(MODE_NRI)}
+        want.update(node_labels(self.mode))
+        code, body = self.cluster.rest().request(
+            "PATCH", f"/api/v1/nodes/{self.name}", {"metadata": {"labels": want}},
+            content_type="application/merge-patch+json")
+        if code != 200:
+            raise RealNodeError(f"could not label node {self.name} ({code}): {body}")
 
     def _numalign(self) -> list[str]:
         script = Path(sys.executable).with_name("numalign")
@@ -375,13 +417,25 @@ class RealNode:
         else:
             say("this numalign has no 'dev device-plugin': the real node has no devices")
         if self._supports("agent", needle="--pod-resources"):
-            self._start("agent",
-                [*self._numalign(), "agent", "--node", self.name, "--root", str(self.dir),
-                 "--pod-resources", str(self.pod_resources_socket),
-                 "--kubelet-config", str(self.kubelet_config)], env=env, program="numalign")
+            self._start("agent", self._agent_argv(say), env=env, program="numalign")
             say("started the real-node agent")
         else:
             say("this numalign's agent has no real-node mode (--pod-resources): not started")
+
+    def _agent_argv(self, say: Log) -> list[str]:
+        """The real-node agent's command line; in nri mode with containerd's NRI socket,
+        where this numalign's agent can register as an NRI plugin."""
+        argv = [*self._numalign(), "agent", "--node", self.name, "--root", str(self.dir),
+                "--pod-resources", str(self.pod_resources_socket),
+                "--kubelet-config", str(self.kubelet_config)]
+        if self.mode == MODE_NRI:
+            if self._supports("agent", needle="--nri-socket"):
+                argv += ["--nri-socket", str(self.nri_socket)]
+                say(f"the agent places containers through NRI ({self.nri_socket})")
+            else:
+                say("this numalign's agent has no NRI plugin (--nri-socket): nothing places "
+                    "the containers of this nri-mode node")
+        return argv
 
     def _start(self, name: str, argv: list[str], env: dict[str, str] | None = None,
                program: str | None = None) -> None:

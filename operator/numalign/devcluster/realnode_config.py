@@ -1,11 +1,19 @@
 """The real node's configuration files, as data: containerd's (config version 3, with the
-CRI runtime, CNI and NRI), its CNI network, and the KubeletConfiguration."""
+CRI runtime, CNI and NRI), its CNI network, and the KubeletConfiguration.
+
+The node runs in one of two modes (:data:`MODES`): ``kubelet`` (the kubelet's static CPU
+manager and Topology Manager place containers) or ``nri`` (numalign-managed: the kubelet's
+CPU, memory and Topology managers are ``none``, the Node carries the label
+``numalign.io/managed=nri`` and numalign's agent places each container through containerd's
+NRI socket)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import Any
+
+from numalign.api.wire import LABEL_MANAGED, MANAGED_NRI
 
 from .images import PAUSE_IMAGE
 from .nodebuild import cni_bin_dir, node_bin_dir
@@ -14,6 +22,9 @@ POD_SUBNET = "10.244.0.0/24"
 # Pods land on the real node only when they tolerate this (and select it): the cluster's
 # other pods (tests, samples) use images it does not have.
 TAINT = {"key": "numalign.io/real-node", "value": "true", "effect": "NoSchedule"}
+MODE_KUBELET = "kubelet"  # the kubelet's managers place containers
+MODE_NRI = "nri"  # numalign's agent places them, through NRI
+MODES = (MODE_KUBELET, MODE_NRI)
 CONTAINERD_DIRS = ("root", "state", "cni/conf", "cni/ipam", "runc", "cdi", "nri/plugins",
                    "nri/conf", "opt")
 
@@ -31,8 +42,9 @@ def cni_conflist(bridge: str, ipam_dir: Path) -> dict[str, Any]:
     }
 
 
-def containerd_config(d: Path, socket: Path) -> str:
-    """containerd's config.toml for the state folder ``d``, serving CRI on ``socket``."""
+def containerd_config(d: Path, socket: Path, nri_socket: Path) -> str:
+    """containerd's config.toml for the state folder ``d``, serving CRI on ``socket`` and
+    NRI (plugins register there) on ``nri_socket``."""
     q = json.dumps  # TOML basic strings are JSON strings
     rt = "plugins.'io.containerd.cri.v1.runtime'"
     return f"""version = 3
@@ -79,17 +91,37 @@ state = {q(str(d / 'state'))}
 
   [plugins.'io.containerd.nri.v1.nri']
     disable = false
-    socket_path = {q(str(d / 'nri.sock'))}
+    socket_path = {q(str(nri_socket))}
     plugin_path = {q(str(d / 'nri/plugins'))}
     plugin_config_path = {q(str(d / 'nri/conf'))}
 """
 
 
+def node_labels(mode: str) -> dict[str, str]:
+    """The labels the kubelet registers the Node with in ``mode``."""
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r}: expected one of {', '.join(MODES)}")
+    return {LABEL_MANAGED: MANAGED_NRI} if mode == MODE_NRI else {}
+
+
+def managers(mode: str, policy: str, scope: str) -> dict[str, str]:
+    """The kubelet's resource managers in ``mode``: the static CPU manager and the Topology
+    Manager with ``policy`` and ``scope`` (kubelet), or all of them ``none`` (nri)."""
+    if mode == MODE_NRI:
+        return {"cpuManagerPolicy": "none", "memoryManagerPolicy": "None",
+                "topologyManagerPolicy": "none", "topologyManagerScope": "container"}
+    if mode == MODE_KUBELET:
+        return {"cpuManagerPolicy": "static", "topologyManagerPolicy": policy,
+                "topologyManagerScope": scope}
+    raise ValueError(f"mode {mode!r}: expected one of {', '.join(MODES)}")
+
+
 def kubelet_configuration(*, ports: dict[str, int], policy: str, scope: str, reserved: str,
                           cgroup_root: str, ca_cert: Path, endpoint: str,
-                          pod_logs: Path) -> dict[str, Any]:
-    """The KubeletConfiguration: loopback only, static CPU manager, the Topology Manager
-    with ``policy`` and ``scope``, cgroup v1 allowed, the node tainted."""
+                          pod_logs: Path, mode: str = MODE_KUBELET) -> dict[str, Any]:
+    """The KubeletConfiguration: loopback only, the resource managers of ``mode`` (see
+    :func:`managers`), one reserved CPU, cgroup v1 allowed, the node tainted."""
+    m = managers(mode, policy, scope)
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -107,11 +139,15 @@ def kubelet_configuration(*, ports: dict[str, int], policy: str, scope: str, res
         "cgroupRoot": cgroup_root,
         "failCgroupV1": False,  # this kind of machine mounts cgroup v1
         "failSwapOn": False,
-        "cpuManagerPolicy": "static",
+        "cpuManagerPolicy": m["cpuManagerPolicy"],
+        # Reserved in both modes: the kubelet keeps it out of allocatable, numalign's
+        # agent (nri) never gives it exclusively (it reads this file).
         "reservedSystemCPUs": reserved,
         "cpuManagerReconcilePeriod": "5s",
-        "topologyManagerPolicy": policy,
-        "topologyManagerScope": scope,
+        **({"memoryManagerPolicy": m["memoryManagerPolicy"]}
+           if "memoryManagerPolicy" in m else {}),
+        "topologyManagerPolicy": m["topologyManagerPolicy"],
+        "topologyManagerScope": m["topologyManagerScope"],
         "podLogsDirectory": str(pod_logs),
         "imageGCHighThresholdPercent": 100,  # the imported images cannot be pulled again
         "imageGCLowThresholdPercent": 99,
