@@ -227,10 +227,14 @@ class ManagedNode:
         uid = str(pod.uid)
         await self.placer.prepare(pod)
         view = self.index(uid)
-        phase = str((view.pod.get("status") or {}).get("phase") or "") if view else ""
-        if phase in TERMINAL and uid not in self.placer.allocations:
+        status = (view.pod.get("status") or {}) if view is not None else {}
+        phase = str(status.get("phase") or "")
+        if phase in TERMINAL and uid not in self.placer.allocations \
+                and uid not in self.placer.rejected:
             # failed (rejected before this agent started, say) or done: never started again
-            raise Rejected(f"numalign: pod {pod.namespace}/{pod.name} is {phase}")
+            why = f"{status.get('reason')}: {status.get('message')}" \
+                if status.get("reason") else f"numalign: pod {pod.namespace}/{pod.name} is {phase}"
+            raise Rejected(why)
         if view is not None and uid not in self.placer.allocations \
                 and uid not in self.placer.rejected:
             devices = await self._devices(view.pod) if asks_for_devices(view.pod) else None

@@ -255,7 +255,10 @@ class EnginePlacer:
     def synchronize(self, pods: list[Any], containers: list[Any]) -> Mapping[str, CpuSet]:
         """Rebuild from the runtime's state: each running pod's recorded allocation goes
         back in a fresh ledger (one that would take a CPU twice is refused and its
-        containers stay as they are); the shared containers get the pool."""
+        containers join the shared pool); the shared containers get the pool, and each
+        exclusive container its recorded cpuset again (the same for one that kept it; the
+        right one for a container the runtime created while the plugin was away, say
+        because the agent died in the middle of its creation)."""
         self.ledger = self._fresh_ledger()
         self.allocations.clear()
         self.pods.clear()
@@ -275,10 +278,13 @@ class EnginePlacer:
             self.allocations[uid] = view.allocation
             self.pods[uid] = view.pod
         uid_of = {str(p.id): str(p.uid) for p in pods}
+        own: dict[str, CpuSet] = {}
         for ctr in containers:
             owner = uid_of.get(str(ctr.pod_sandbox_id), str(ctr.pod_sandbox_id))
-            if self._container_cpuset(owner, str(ctr.name)) is not None:
+            cpuset = self._container_cpuset(owner, str(ctr.name))
+            if cpuset is not None:
                 self.exclusive[str(ctr.id)] = owner
+                own[str(ctr.id)] = cpuset
             else:
                 self.shared[str(ctr.id)] = owner
-        return self._shared_updates()
+        return {**self._shared_updates(), **own}
