@@ -17,6 +17,7 @@ from numalign.agent.nri.managed import (
     NOT_MANAGED,
     REGISTERED,
     RUNTIME_UNAVAILABLE,
+    STARTING,
     allocation_patch,
     is_managed,
     placement_status,
@@ -214,6 +215,9 @@ def test_the_label_and_the_condition_say_whether_numalign_places() -> None:
     assert (refused.active, refused.reason) == (False, KUBELET_MANAGERS_ON)
     waiting = placement_status(True, None, False, None, sock)
     assert (waiting.active, waiting.reason) == (False, RUNTIME_UNAVAILABLE)
+    # the kubelet's devices not read yet: the plugin waits (recorded allocations name them)
+    early = placement_status(True, None, False, None, sock, devices_known=False)
+    assert (early.active, early.reason) == (False, STARTING) and "PodResources" in early.message
     on = placement_status(True, None, True, ("containerd", "v2.4.2"), sock)
     assert (on.active, on.reason) == (True, REGISTERED) and "containerd v2.4.2" in on.message
 

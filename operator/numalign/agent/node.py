@@ -51,7 +51,7 @@ class RealNode:
                  pod_resources: str | None = None, kubelet_config: str | None = None,
                  refresh: float = 10.0, debounce: float = 0.3,
                  max_backoff: float = 60.0, lease: NodeLease | None = None,
-                 nri_socket: str | None = None, root: str = "/") -> None:
+                 nri_socket: str | None = None) -> None:
         self.kube = kube
         self.lease = lease
         self.base_machine = machine
@@ -83,9 +83,10 @@ class RealNode:
             from .nri.managed import ManagedNode
             from .nri.placer import kernel_memory_nodes
 
+            # cpuset.mems: the memory nodes of the kernel the cgroups belong to (the agent's
+            # own /sys), not those of a view laid over it at --root
             self.managed = ManagedNode(
-                kube, name, machine, Path(nri_socket),
-                memory_nodes=kernel_memory_nodes(Path(root) / "sys"),
+                kube, name, machine, Path(nri_socket), memory_nodes=kernel_memory_nodes(),
                 pod_resources=self.client, on_change=self.wake,
                 on_snapshot=lambda snap: machine_with_devices(self.base_machine,
                                                               snap.allocatable.devices))
@@ -137,6 +138,8 @@ class RealNode:
                 snap = await self.client.snapshot()
                 changed = apply_snapshot(st, self.base_machine, snap, self.config, self.uids,
                                          admitted)
+                if managed is not None:  # the devices the kubelet reports, for the engine
+                    managed.kubelet_machine(st.machine)
             except PodResourcesError as e:
                 problem = str(e)
             except Exception as e:  # a bad answer must not stop the agent

@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                                pod_resources=args.pod_resources,
                                kubelet_config=args.kubelet_config,
                                refresh=args.refresh_interval, lease=lease,
-                               nri_socket=args.nri_socket, root=args.root).run()
+                               nri_socket=args.nri_socket).run()
         finally:
             await kube.close()
 

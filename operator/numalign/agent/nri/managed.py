@@ -14,7 +14,9 @@ the runtime only while:
 
 The condition ``NRIPlacement`` says which: ``True``/``Registered``, or ``False`` with reason
 ``NotManaged`` (no label), ``KubeletManagersOn`` (refused), ``RuntimeUnavailable`` (no
-runtime on the socket yet) or ``Starting``.
+runtime on the socket yet) or ``Starting`` (the Node's labels, or the kubelet's devices, not
+read yet: the pods' recorded allocations name those devices, so the plugin registers only
+once the node's machine has them).
 
 While registered, each pod bound to the node is decided once, at its first container:
 
@@ -107,7 +109,8 @@ def refusal(config: KubeletConfig | None) -> str | None:
 
 
 def placement_status(labelled: bool | None, refused: str | None, connected: bool,
-                     runtime: tuple[str, str] | None, socket_path: Path) -> PlacementStatus:
+                     runtime: tuple[str, str] | None, socket_path: Path,
+                     devices_known: bool = True) -> PlacementStatus:
     if labelled is None:
         return PlacementStatus(False, STARTING, "reading the Node's labels")
     if not labelled:
@@ -117,6 +120,10 @@ def placement_status(labelled: bool | None, refused: str | None, connected: bool
                                "with the runtime")
     if refused is not None:
         return PlacementStatus(False, KUBELET_MANAGERS_ON, refused)
+    if not devices_known:
+        return PlacementStatus(False, STARTING,
+                               "waiting for the kubelet's devices (PodResources API): the "
+                               "pods' recorded allocations name them")
     if not connected:
         return PlacementStatus(False, RUNTIME_UNAVAILABLE,
                                f"waiting for the container runtime's NRI socket {socket_path}")
@@ -164,6 +171,9 @@ class ManagedNode:
         self.refused: str | None = None
         self.config: KubeletConfig | None = None
         self.pods_listed = asyncio.Event()  # the pod watch delivered its first list
+        # the node's machine has the kubelet's devices (read once before registering, so
+        # that the recorded allocations naming them go back into the ledger)
+        self.devices_known = pod_resources is None
         self.recorded: set[str] = set()  # uids whose allocation is written on the pod
         self.reported: set[str] = set()  # uids whose rejection is written on the pod
         self.status = placement_status(None, None, False, None, socket_path)
@@ -183,6 +193,13 @@ class ManagedNode:
         needs the pods' recorded allocations)."""
         if not self.pods_listed.is_set():
             self.pods_listed.set()
+            self._wake.set()
+
+    def kubelet_machine(self, machine: Machine) -> None:
+        """The node's machine with the devices the kubelet reports (PodResources)."""
+        self.placer.set_machine(machine)
+        if not self.devices_known:
+            self.devices_known = True
             self._wake.set()
 
     def on_node(self, node: Mapping[str, Any] | None) -> None:
@@ -273,7 +290,7 @@ class ManagedNode:
             raise Rejected(f"numalign: cannot read the devices the kubelet assigned to pod "
                            f"{key[0]}/{key[1]}: {exc}") from None
         if self.on_snapshot is not None:
-            self.placer.set_machine(self.on_snapshot(snap))
+            self.kubelet_machine(self.on_snapshot(snap))
         for kp in snap.pods:
             if (kp.namespace, kp.name) == key:
                 return assigned_of(kp)
@@ -344,7 +361,7 @@ class ManagedNode:
     def _update_status(self) -> None:
         connected = self.plugin._client is not None and self.plugin.synchronized.is_set()
         status = placement_status(self.labelled, self.refused, connected,
-                                  self.plugin.runtime, self.socket_path)
+                                  self.plugin.runtime, self.socket_path, self.devices_known)
         if status != self.status:
             self.status = status
             self.on_change()
@@ -387,7 +404,7 @@ class ManagedNode:
         try:
             while True:
                 want = bool(self.labelled) and self.refused is None \
-                    and self.pods_listed.is_set()
+                    and self.pods_listed.is_set() and self.devices_known
                 if want and self._task is None:
                     log.info("node %s: registering numalign's NRI plugin on %s", self.name,
                              self.socket_path)
