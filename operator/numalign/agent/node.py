@@ -5,6 +5,10 @@ socket (and its configuration file), it reports the kubelet's, as the PodResourc
 says them (agent/realnode.py), refreshed on every event of a pod bound to the node and
 every ``refresh`` seconds; when the socket cannot be read it says so (status condition
 Ready False, ``status.kubelet.podResources``, a log line) and retries with backoff.
+
+Given the runtime's NRI socket (``nri_socket``), on a node labelled
+``numalign.io/managed=nri`` numalign places the containers instead (agent/nri/managed.py):
+``status.admitted`` then shows numalign's decisions, with the condition NRIPlacement.
 """
 
 from __future__ import annotations
@@ -231,6 +235,8 @@ class RealNode:
             try:
                 items, rv = await self.kube.list_all(path, selector)
                 self.uids.clear()
+                if self.managed is not None:  # pods deleted while not watching are gone
+                    self.managed.index.pods.clear()
                 for pod in items:
                     self.on_pod("ADDED", pod)
                 if self.managed is not None:
