@@ -6,11 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
-import re
-import time
-import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,25 +15,15 @@ import grpc
 import pytest
 
 from containerd_helpers import Containerd
+from cri_helpers import Cri, cgroup_cpuset, parse_list, status_cpus, wait_until
 from numalign.agent.nri.placer import EnginePlacer, PodView, kernel_memory_nodes
 from numalign.agent.nri.plugin import CpuSet, NriPlugin, Placement, Rejected
 from numalign.api.wire import Allocation, Resolved
-from numalign.devcluster.images import WORKLOAD_IMAGE
 from numalign.kubeletapi.runtime_v1 import api_pb2 as cri
-from numalign.kubeletapi.runtime_v1 import api_pb2_grpc as cri_grpc
 from numalign.topology.machine import machine_from_dict
 
 EXCLUSIVE = "numalign.io/test-exclusive"
 REJECT = "numalign.io/test-reject"
-
-
-def parse_list(text: str) -> set[int]:
-    out: set[int] = set()
-    for part in text.strip().split(","):
-        if part:
-            lo, _, hi = part.partition("-")
-            out |= set(range(int(lo), int(hi or lo) + 1))
-    return out
 
 
 def fmt(cpus: set[int]) -> str:
@@ -96,74 +82,6 @@ class TestPlacer:
         return self.shared_updates()
 
 
-def _cgroup_cpuset(pid: int) -> tuple[set[int], set[int]]:
-    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "cpuset" in controllers.split(",") or controllers == "":
-            base = Path("/sys/fs/cgroup/cpuset") if controllers else Path("/sys/fs/cgroup")
-            d = base / path.lstrip("/")
-            if (d / "cpuset.cpus").exists():
-                eff = d / "cpuset.cpus"
-                return (parse_list(eff.read_text()),
-                        parse_list((d / "cpuset.mems").read_text()))
-    raise AssertionError(f"no cpuset cgroup for pid {pid}")
-
-
-def _status_cpus(pid: int) -> set[int]:
-    m = re.search(r"^Cpus_allowed_list:\s*(\S+)$", Path(f"/proc/{pid}/status").read_text(), re.M)
-    assert m
-    return parse_list(m.group(1))
-
-
-async def _wait(cond: Any, what: str, timeout: float = 30) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-class Cri:
-    def __init__(self, channel: grpc.aio.Channel, logs: Path, cgroup_parent: str) -> None:
-        self.rt = cri_grpc.RuntimeServiceStub(channel)
-        self.logs = logs
-        self.cgroup_parent = cgroup_parent
-
-    async def sandbox(self, name: str, uid: str = "") -> tuple[str, Any]:
-        config = cri.PodSandboxConfig(
-            metadata=cri.PodSandboxMetadata(name=name, uid=uid or str(uuid.uuid4()),
-                                            namespace="t"),
-            log_directory=str(self.logs / name))
-        config.linux.cgroup_parent = f"{self.cgroup_parent}/{name}"
-        config.linux.security_context.namespace_options.network = cri.NODE
-        (self.logs / name).mkdir(parents=True, exist_ok=True)
-        resp = await self.rt.RunPodSandbox(cri.RunPodSandboxRequest(config=config), timeout=60)
-        return resp.pod_sandbox_id, config
-
-    async def container(self, pod: tuple[str, Any], name: str,
-                        annotations: dict[str, str] | None = None) -> str:
-        config = cri.ContainerConfig(
-            metadata=cri.ContainerMetadata(name=name), image=cri.ImageSpec(image=WORKLOAD_IMAGE),
-            log_path=f"{name}.log", annotations=annotations or {})
-        resp = await self.rt.CreateContainer(cri.CreateContainerRequest(
-            pod_sandbox_id=pod[0], config=config, sandbox_config=pod[1]), timeout=60)
-        await self.rt.StartContainer(cri.StartContainerRequest(container_id=resp.container_id),
-                                     timeout=60)
-        return str(resp.container_id)
-
-    async def pid(self, cid: str) -> int:
-        st = await self.rt.ContainerStatus(cri.ContainerStatusRequest(container_id=cid,
-                                                                      verbose=True), timeout=30)
-        return int(json.loads(st.info["info"])["pid"])
-
-    def printed_cpus(self, pod_name: str, name: str) -> set[int] | None:
-        log = self.logs / pod_name / f"{name}.log"
-        m = re.search(r"Cpus_allowed_list:\s*(\S+)", log.read_text()) if log.exists() else None
-        return parse_list(m.group(1)) if m else None
-
-
 async def test_plugin_sets_cpusets_and_survives_a_runtime_restart(containerd: Containerd,
                                                                   tmp_path: Path) -> None:
     cpus = os.sched_getaffinity(0)
@@ -188,14 +106,14 @@ async def test_plugin_sets_cpusets_and_survives_a_runtime_restart(containerd: Co
         excl = {max(cpus)}
         rest = set(cpus) - excl
         # the workload prints its own Cpus_allowed_list: the plugin's decision
-        assert await _wait(lambda: c.printed_cpus("p1", "pinned"), "pinned's output") == excl
+        assert await wait_until(lambda: c.printed_cpus("p1", "pinned"), "pinned's output") == excl
         pinned_pid, shared_pid = await c.pid(pinned), await c.pid(shared)
-        assert _cgroup_cpuset(pinned_pid) == (excl, parse_list(mems))
-        assert _status_cpus(pinned_pid) == excl
+        assert cgroup_cpuset(pinned_pid) == (excl, parse_list(mems))
+        assert status_cpus(pinned_pid) == excl
         # the shared container was created on the whole pool, then updated to exclude it
         assert c.printed_cpus("p1", "shared") == set(cpus)
-        assert _cgroup_cpuset(shared_pid)[0] == rest
-        assert _status_cpus(shared_pid) == rest
+        assert cgroup_cpuset(shared_pid)[0] == rest
+        assert status_cpus(shared_pid) == rest
 
         # a rejected container is never created
         with pytest.raises(grpc.aio.AioRpcError) as refused:
@@ -207,17 +125,17 @@ async def test_plugin_sets_cpusets_and_survives_a_runtime_restart(containerd: Co
         # containerd restarted: its containers keep running, the plugin registers again and
         # rebuilds its ledger from the runtime's state (synchronize)
         await asyncio.to_thread(containerd.stop)
-        await _wait(lambda: plugin._client is None, "the plugin to see the runtime gone")
+        await wait_until(lambda: plugin._client is None, "the plugin to see the runtime gone")
         placer.exclusive.clear()
         await asyncio.to_thread(containerd.start)
-        await _wait(lambda: plugin.registrations == 2, "re-registration")
+        await wait_until(lambda: plugin.registrations == 2, "re-registration")
         await asyncio.wait_for(plugin.synchronized.wait(), 30)
         assert {shared, pinned} <= set(placer.synced)
         assert placer.exclusive == {pinned: max(cpus)}
         later = await c.container(pod, "later")
-        assert await _wait(lambda: c.printed_cpus("p1", "later"), "later's output") == rest
-        assert _cgroup_cpuset(await c.pid(later))[0] == rest
-        assert _cgroup_cpuset(pinned_pid)[0] == excl
+        assert await wait_until(lambda: c.printed_cpus("p1", "later"), "later's output") == rest
+        assert cgroup_cpuset(await c.pid(later))[0] == rest
+        assert cgroup_cpuset(pinned_pid)[0] == excl
     finally:
         with contextlib.suppress(Exception):
             sandboxes = await c.rt.ListPodSandbox(cri.ListPodSandboxRequest(), timeout=30)
@@ -270,10 +188,10 @@ async def test_the_engine_places_containers_under_each_pods_policy(containerd: C
         g = await c.container(await c.sandbox("g", "u-g"), "main")
         (mine,) = placer.allocations["u-g"].containers["main"].cpus
         assert mine != cpus[0]  # never the reserved CPU
-        assert await _wait(lambda: c.printed_cpus("g", "main"), "g's output") == {mine}
-        g_cpus, g_mems = _cgroup_cpuset(await c.pid(g))
+        assert await wait_until(lambda: c.printed_cpus("g", "main"), "g's output") == {mine}
+        g_cpus, g_mems = cgroup_cpuset(await c.pid(g))
         assert g_cpus == {mine} and g_mems <= kernel_memory_nodes()
-        assert _cgroup_cpuset(await c.pid(be))[0] == set(cpus) - {mine}
+        assert cgroup_cpuset(await c.pid(be))[0] == set(cpus) - {mine}
 
         big = await c.sandbox("big", "u-big")
         with pytest.raises(grpc.aio.AioRpcError) as refused:
@@ -301,7 +219,7 @@ async def test_the_engine_places_containers_under_each_pods_policy(containerd: C
             await c.container(g2, "main")
             (other,) = placer.allocations["u-g2"].containers["main"].cpus
             assert other not in (mine, cpus[0])
-        assert _cgroup_cpuset(await c.pid(g))[0] == {mine}
+        assert cgroup_cpuset(await c.pid(g))[0] == {mine}
     finally:
         with contextlib.suppress(Exception):
             sandboxes = await c.rt.ListPodSandbox(cri.ListPodSandboxRequest(), timeout=30)

@@ -47,7 +47,11 @@ def test_kubelet_flags_are_for_real_nodes(tmp_path: Path, capsys: pytest.Capture
                                           ) -> None:
     assert main(["--emulate", str(MACHINES / "seed-figure1.yaml"), "--pod-resources",
                  str(tmp_path / "kubelet.sock")]) == 2
-    assert "--pod-resources and --kubelet-config are for --node" in capsys.readouterr().err
+    assert "--pod-resources, --kubelet-config and --nri-socket are for --node" in \
+        capsys.readouterr().err
+    assert main(["--emulate", str(MACHINES / "seed-figure1.yaml"), "--nri-socket",
+                 str(tmp_path / "nri.sock")]) == 2
+    assert "--nri-socket are for --node" in capsys.readouterr().err
 
 
 def test_bad_kubelet_config_is_one_line_naming_the_field(

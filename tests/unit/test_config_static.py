@@ -456,3 +456,40 @@ def test_kubelet_resources_is_a_read_only_switch(tmp_path: Path) -> None:
     # config/default stays non-root and reads no pods
     [plain] = of_kind(kustomize(CONFIG / "default"), "DaemonSet")
     assert pod_spec(plain)["securityContext"]["runAsNonRoot"] is True
+
+
+def test_nri_component_places_containers_with_only_what_it_writes(tmp_path: Path) -> None:
+    """The component for numalign-managed nodes, with kubelet-resources: --nri-socket and a
+    read-only mount of the runtime's socket folder, no capability; its role adds exactly
+    the writes of a placing agent (pod status, events), each covered by the node
+    restriction policies."""
+    objs = _overlay(tmp_path, components=[
+        os.path.relpath(CONFIG / "kubelet-resources", tmp_path),
+        os.path.relpath(CONFIG / "nri", tmp_path)])
+    [ds] = of_kind(objs, "DaemonSet")
+    spec = pod_spec(ds)
+    [c] = spec["containers"]
+    assert "--nri-socket=/var/run/nri/nri.sock" in c["args"]
+    assert "--kubelet-config=/var/lib/kubelet/config.yaml" in c["args"]
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    vols = {v["name"]: v for v in spec["volumes"]}
+    assert mounts["/var/run/nri"]["readOnly"] is True
+    assert vols[mounts["/var/run/nri"]["name"]]["hostPath"]["path"] == "/var/run/nri"
+    sc = c["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    role = _named(objs, "ClusterRole", "numalign-agent-nri")
+    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"]
+               for r in rule["resources"] for v in rule["verbs"]}
+    assert granted == {("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch"),
+                       ("", "pods/status", "patch"), ("", "events", "create"),
+                       ("", "nodes", "list"), ("", "nodes", "watch")}
+    binding = _named(objs, "ClusterRoleBinding", "numalign-agent-nri")
+    assert (binding["subjects"][0]["name"], binding["subjects"][0]["namespace"]) == (
+        "numalign-agent", "numalign-system")
+    covered = set()
+    for name in ("numalign-agent-node-restriction", "numalign-agent-events"):
+        vap = _named(objs, "ValidatingAdmissionPolicy", name)
+        for rule in vap["spec"]["matchConstraints"]["resourceRules"]:
+            covered |= {(g, r) for g in rule["apiGroups"] for r in rule["resources"]}
+    assert {("", "pods/status"), ("", "events")} <= covered

@@ -63,11 +63,13 @@ def _annotated(held: ContainerAllocation, numa: list[int] | None) -> AnnotatedCo
 
 
 def admit(machine: Machine, ledger: Ledger, pod: Mapping[str, Any], resolved: Resolved,
-          uid: str) -> EngineResult:
-    """Admit ``pod`` with ``resolved``; on success the ledger holds its allocation."""
+          uid: str, devices: Sequence[DeviceOverride] = ()) -> EngineResult:
+    """Admit ``pod`` with ``resolved``; on success the ledger holds its allocation.
+    ``devices``: overrides for device resources someone else already assigned (a real
+    node's device manager), taken before the default ones."""
     model = pod_from_dict(pod)
     try:
-        overrides = _overrides(machine, model)
+        overrides = [*devices, *_overrides(machine, model)]
     except TopologyError as e:
         # The user's mistake: refuse the pod (as the kubelet refuses one it cannot admit)
         # rather than run it without the GPU placement it asked for.

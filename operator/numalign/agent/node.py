@@ -5,6 +5,10 @@ socket (and its configuration file), it reports the kubelet's, as the PodResourc
 says them (agent/realnode.py), refreshed on every event of a pod bound to the node and
 every ``refresh`` seconds; when the socket cannot be read it says so (status condition
 Ready False, ``status.kubelet.podResources``, a log line) and retries with backoff.
+
+Given the runtime's NRI socket (``nri_socket``), on a node labelled
+``numalign.io/managed=nri`` numalign places the containers instead (agent/nri/managed.py):
+``status.admitted`` then shows numalign's decisions, with the condition NRIPlacement.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ import contextlib
 import logging
 import os
 from collections.abc import Mapping
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from numalign.api.wire import LABEL_MACHINE, REJECT_REASON
 from numalign.topology.errors import TopologyError
@@ -25,8 +30,11 @@ from .kubelet_config import KubeletConfig, load_kubelet_config
 from .lease import NodeLease
 from .podresources import PodResourcesClient, PodResourcesError
 from .publish import Publisher
-from .realnode import apply_snapshot, kubelet_settings
+from .realnode import apply_snapshot, kubelet_settings, machine_with_devices
 from .state import NodeState
+
+if TYPE_CHECKING:
+    from .nri.managed import ManagedNode
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +54,8 @@ class RealNode:
                  resync: float = 300.0, publish_nrt: bool = False,
                  pod_resources: str | None = None, kubelet_config: str | None = None,
                  refresh: float = 10.0, debounce: float = 0.3,
-                 max_backoff: float = 60.0, lease: NodeLease | None = None) -> None:
+                 max_backoff: float = 60.0, lease: NodeLease | None = None,
+                 nri_socket: str | None = None) -> None:
         self.kube = kube
         self.lease = lease
         self.base_machine = machine
@@ -72,6 +81,19 @@ class RealNode:
         self._wake = asyncio.Event()
         self._problem: str | None = None
         self.refreshes = 0
+        # with the runtime's NRI socket: numalign places containers when the node says so
+        self.managed: ManagedNode | None = None
+        if nri_socket:
+            from .nri.managed import ManagedNode
+            from .nri.placer import kernel_memory_nodes
+
+            # cpuset.mems: the memory nodes of the kernel the cgroups belong to (the agent's
+            # own /sys), not those of a view laid over it at --root
+            self.managed = ManagedNode(
+                kube, name, machine, Path(nri_socket), memory_nodes=kernel_memory_nodes(),
+                pod_resources=self.client, on_change=self.wake,
+                on_snapshot=lambda snap: machine_with_devices(self.base_machine,
+                                                              snap.allocatable.devices))
 
     # -- the kubelet's view (PodResources, configuration) ---------------------------
 
@@ -94,6 +116,8 @@ class RealNode:
             self._config_problem = problem
             return
         if config != self.config:
+            if self.managed is not None:
+                self.managed.set_config(config)
             log.info("node %s: kubelet topologyManagerPolicy %s, scope %s, cpuManagerPolicy %s",
                      self.state.name, config.topology_manager_policy,
                      config.topology_manager_scope, config.cpu_manager_policy)
@@ -104,19 +128,39 @@ class RealNode:
     async def refresh(self) -> bool:
         """Read the kubelet's configuration and allocations once and mark the status for
         writing when they changed; False when the PodResources API could not be read."""
-        if self.client is None:
+        managed = self.managed
+        if self.client is None and managed is None:
             return True
         self._read_config()
         st = self.state
         problem: str | None = None
         changed = False
-        try:
-            snap = await self.client.snapshot()
-            changed = apply_snapshot(st, self.base_machine, snap, self.config, self.uids)
-        except PodResourcesError as e:
-            problem = str(e)
-        except Exception as e:  # a bad answer must not stop the agent
-            problem = f"{self.client.socket}: cannot use the answer: {type(e).__name__}: {e}"
+        # a numalign-managed node: the pods numalign placed, not the kubelet's
+        admitted = managed.admitted() if managed is not None else None
+        if self.client is not None:
+            try:
+                snap = await self.client.snapshot()
+                changed = apply_snapshot(st, self.base_machine, snap, self.config, self.uids,
+                                         admitted)
+                if managed is not None:  # the devices the kubelet reports, for the engine
+                    managed.kubelet_machine(st.machine)
+            except PodResourcesError as e:
+                problem = str(e)
+            except Exception as e:  # a bad answer must not stop the agent
+                problem = (f"{self.client.socket}: cannot use the answer: "
+                           f"{type(e).__name__}: {e}")
+        elif admitted is not None and admitted != st.admitted:
+            st.admitted = admitted
+            st.decided = {k: True for k in admitted}
+            st.version += 1
+            changed = True
+        if managed is not None:
+            s = managed.status
+            placement = (s.active, s.reason, s.message)
+            if placement != st.placement:
+                st.placement = placement
+                st.version += 1
+                changed = True
         self.refreshes += 1
         if problem != self._problem:
             if problem is not None:
@@ -128,6 +172,11 @@ class RealNode:
         ready = problem is None
         if problem is not None:
             message = f"the agent cannot read the kubelet's allocations: {problem}"
+        elif managed is not None and managed.status.active:
+            message = ("the agent publishes this node's topology and places its containers "
+                       "(NRI)")
+        elif self.client is None:
+            message = "the agent publishes this node's topology"
         else:
             message = ("the agent publishes this node's topology and the kubelet's "
                        "allocations (PodResources)")
@@ -174,6 +223,8 @@ class RealNode:
             status = pod.get("status") or {}
             if status.get("phase") == "Failed" and status.get("reason") == REJECT_REASON:
                 self.rejected.add(uid)
+        if self.managed is not None:
+            self.managed.on_pod(typ, pod)
         self.wake()
 
     async def _watch_pods(self) -> None:
@@ -184,8 +235,12 @@ class RealNode:
             try:
                 items, rv = await self.kube.list_all(path, selector)
                 self.uids.clear()
+                if self.managed is not None:  # pods deleted while not watching are gone
+                    self.managed.index.pods.clear()
                 for pod in items:
                     self.on_pod("ADDED", pod)
+                if self.managed is not None:
+                    self.managed.pods_synced()
                 async for ev in self.kube.watch(path, {**selector, "resourceVersion": rv}):
                     obj = ev.get("object") or {}
                     if ev.get("type") == "ERROR":
@@ -205,6 +260,8 @@ class RealNode:
         if typ == "DELETED":
             self.publisher.mark(self.state.name)
             return
+        if self.managed is not None:
+            self.managed.on_node_spec(obj.get("spec"))
         if self.state.set_spec(obj.get("spec")):
             self.publisher.mark(self.state.name)
 
@@ -246,14 +303,25 @@ class RealNode:
             self.state.restore(existing, [])
             self._rejected_before = self.state.rejected_total
         tasks = [asyncio.create_task(self._tick())]
-        if self.client is not None:
+        watching = self.client is not None or self.managed is not None
+        if self.managed is not None:
+            self.managed.on_node_spec((existing or {}).get("spec"))
+            if self.kubelet_config_path is None:
+                log.warning("node %s: no --kubelet-config: numalign cannot check that the "
+                            "kubelet's CPU, memory and Topology managers are off, nor avoid "
+                            "its reserved CPUs", name)
+            self._read_config()
+            self.managed.set_config(self.config)
+        if watching:
             tasks.append(asyncio.create_task(self._watch_pods()))
             await self.refresh()
         self.publisher.mark(name)
         await self.publisher.flush()
         tasks.append(asyncio.create_task(self.publisher.run()))
-        if self.client is not None:
+        if watching:
             tasks.append(asyncio.create_task(self._refresh_loop()))
+        if self.managed is not None:
+            tasks.append(asyncio.create_task(self.managed.run(), name="nri"))
         try:
             while True:
                 try:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from numalign.api.common import API_VERSION
-from numalign.api.nodetopology import KIND, POLICY_APPLIED, READY
+from numalign.api.nodetopology import KIND, NRI_PLACEMENT, POLICY_APPLIED, READY
 from numalign.api.wire import Admitted
 from numalign.topology.cputopo import cpu_topology_json
 from numalign.topology.machine import Machine
@@ -188,6 +188,8 @@ def build_status(state: NodeState, previous: Mapping[str, Any] | None = None,
                     "devices": f"{len(devices) - n_used}/{len(devices)}",
                     "pods": len(admitted)},
     }
+    if state.placement is not None:
+        status["conditions"].append(cond(NRI_PLACEMENT, *state.placement))
     if distances is not None:
         status["distances"] = distances
     if state.observed_generation is not None:

@@ -133,11 +133,15 @@ def _uid_key(uid: str, pod: KubeletPod) -> str:
 
 def apply_snapshot(state: NodeState, base: Machine, snap: Snapshot,
                    config: KubeletConfig | None,
-                   uids: Mapping[tuple[str, str], str]) -> bool:
+                   uids: Mapping[tuple[str, str], str],
+                   placed: Mapping[str, AdmittedPod] | None = None) -> bool:
     """Make ``state`` show what the kubelet reports; True when anything changed.
 
     ``base`` is the discovered machine, ``uids`` the pods' uids by (namespace, name) as
     the API server has them (a pod the API server does not show yet gets an empty uid).
+    ``placed``: on a numalign-managed node, the pods numalign placed (by uid), shown
+    instead of the kubelet's (whose managers are ``none``); devices and allocatable are
+    still the kubelet's.
     """
     machine = machine_with_devices(base, snap.allocatable.devices)
     changed = False
@@ -145,8 +149,8 @@ def apply_snapshot(state: NodeState, base: Machine, snap: Snapshot,
         state.machine = machine
         changed = True
     resolved = resolved_of(config)
-    admitted: dict[str, AdmittedPod] = {}
-    for pod in snap.pods:
+    admitted: dict[str, AdmittedPod] = dict(placed or {})
+    for pod in snap.pods if placed is None else ():
         uid = uids.get((pod.namespace, pod.name), "")
         admitted[_uid_key(uid, pod)] = AdmittedPod(pod.namespace, pod.name, uid, resolved,
                                                    pod_allocation(machine, pod))

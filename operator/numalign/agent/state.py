@@ -96,6 +96,9 @@ class NodeState:
         self.kubelet: dict[str, Any] | None = None
         self.ready = True
         self.ready_message = ""
+        # A numalign-managed real node (agent/nri/managed.py): the condition NRIPlacement,
+        # (placing?, reason, message); None elsewhere.
+        self.placement: tuple[bool, str, str] | None = None
 
     # -- policy pushed by the operator ------------------------------------------------
 

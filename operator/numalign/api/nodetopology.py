@@ -35,6 +35,8 @@ SHORT_NAMES = ("nt",)
 # Condition types in status.conditions.
 READY = "Ready"  # the agent publishes this node's topology and admits its pods
 POLICY_APPLIED = "PolicyApplied"  # status.observedPolicyGeneration == spec.policyGeneration
+# real nodes started with the runtime's NRI socket: numalign places the containers
+NRI_PLACEMENT = "NRIPlacement"
 
 ResourceList = dict[str, Quantity]
 

@@ -6,6 +6,9 @@
   a real node; discovery and NodeTopology publishing (the node's kubelet admits its pods).
   With the kubelet's pod-resources socket, the status shows the kubelet's allocations
   (PodResources API) and, with its configuration file, its Topology Manager policy.
+  With ``--nri-socket PATH`` (the container runtime's NRI socket), on a node labelled
+  ``numalign.io/managed=nri`` whose kubelet's CPU, memory and Topology managers are off,
+  numalign places the containers itself: each pod under its own resolved policy.
 """
 
 from __future__ import annotations
@@ -45,6 +48,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="--node: the kubelet's configuration file (KubeletConfiguration): "
                         "its Topology Manager policy, scope and options, CPU and memory "
                         "manager policies, reserved CPUs (default: the kubelet's defaults)")
+    p.add_argument("--nri-socket", metavar="SOCKET",
+                   help="--node: the container runtime's NRI socket (e.g. "
+                        "/var/run/nri/nri.sock): on a node labelled numalign.io/managed=nri, "
+                        "register numalign as an NRI plugin and set each container's cpuset "
+                        "under its pod's resolved policy (the kubelet's CPU, memory and "
+                        "Topology managers must be off there)")
     p.add_argument("--refresh-interval", type=float, default=10.0,
                    help="--node with --pod-resources: seconds between readings besides "
                         "those on pod events (default 10)")
@@ -118,9 +127,10 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from numalign.agent.kube import Kube, load_config
 
-    if args.emulate and (args.pod_resources or args.kubelet_config):
-        print(f"{PROG}: error: --pod-resources and --kubelet-config are for --node (a real "
-              "node's kubelet); emulated nodes hold their own allocations", file=sys.stderr)
+    if args.emulate and (args.pod_resources or args.kubelet_config or args.nri_socket):
+        print(f"{PROG}: error: --pod-resources, --kubelet-config and --nri-socket are for "
+              "--node (a real node's kubelet and runtime); emulated nodes hold their own "
+              "allocations", file=sys.stderr)
         return 2
     try:
         if args.emulate:
@@ -177,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
                 await RealNode(kube, name, machine, publish_nrt=args.publish_nrt,
                                pod_resources=args.pod_resources,
                                kubelet_config=args.kubelet_config,
-                               refresh=args.refresh_interval, lease=lease).run()
+                               refresh=args.refresh_interval, lease=lease,
+                               nri_socket=args.nri_socket).run()
         finally:
             await kube.close()
 

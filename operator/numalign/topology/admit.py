@@ -85,7 +85,9 @@ class OverrideAllocation:
 
 
 class DeviceOverride(Protocol):
-    """Replaces the device manager for the resources it names."""
+    """Replaces the device manager for the resources it names. ``allocate`` is asked once,
+    for the first container requesting one of them, unless the override has a true
+    ``per_container`` attribute (then for every container requesting one)."""
 
     resources: tuple[str, ...]
 
@@ -322,7 +324,8 @@ class _Run:
         for res, ov in self.overrides.items():
             if id(ov) in self.override_done or res not in c.requests:
                 continue
-            self.override_done.add(id(ov))
+            if not getattr(ov, "per_container", False):  # GPU groups: all to the first
+                self.override_done.add(id(ov))
             req = OverrideRequest(machine, pod, res, (c,), int(c.request(res)),
                                   free_sets.get(res, frozenset()), free_sets)
             try:

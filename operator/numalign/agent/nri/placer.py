@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from numalign.agent import engine
+from numalign.agent.nri.devices import Assigned, assigned_overrides
 from numalign.agent.nri.plugin import CpuSet, Placement, Rejected
 from numalign.api.wire import REJECT_REASON, Allocation, Resolved
 from numalign.topology.errors import TopologyError
@@ -119,6 +120,7 @@ class EnginePlacer:
         self.on_reject = on_reject  # (uid, reason, message): the agent fails the pod
         self.ledger = self._fresh_ledger()
         self.allocations: dict[str, Allocation] = {}  # pod uid -> its allocation
+        self.pods: dict[str, Mapping[str, Any]] = {}  # pod uid -> the admitted Pod
         self.rejected: dict[str, str] = {}  # pod uid -> why
         self.shared: dict[str, str] = {}  # container id -> pod uid, in the shared pool
         self.exclusive: dict[str, str] = {}  # container id -> pod uid, own CPUs
@@ -169,6 +171,35 @@ class EnginePlacer:
             log.info("NRI: pod %s/%s (%s) is unknown: its containers share the pool",
                      pod.namespace, pod.name, uid)
 
+    def decide(self, uid: str, devices: Assigned | None = None) -> bool | None:
+        """Admit the pod ``uid`` now, unless it is decided already or unknown (None): True
+        when admitted, False when rejected. ``devices``: what the kubelet's device manager
+        assigned to its containers (fixed hints)."""
+        if uid in self.allocations or uid in self.rejected:
+            return None
+        view = self.lookup(uid)
+        if view is None:
+            return None
+        try:
+            self._admit(uid, view, devices)
+        except Rejected:
+            return False
+        return True
+
+    def set_machine(self, machine: Machine) -> None:
+        """The node's machine changed (devices the kubelet reports): the ledger is rebuilt
+        on it with every allocation held."""
+        if machine == self.machine:
+            return
+        self.machine = machine
+        self.ledger = self._fresh_ledger()
+        for uid, alloc in list(self.allocations.items()):
+            try:
+                engine.commit(machine, self.ledger, uid, self.pods.get(uid) or {}, alloc)
+            except (engine.RestoreConflict, LedgerError) as exc:
+                log.warning("NRI: pod %s's allocation does not fit the node's new machine: "
+                            "%s", uid, exc)
+
     def create(self, pod: Any, container: Any) -> Placement:
         uid = str(pod.uid)
         if uid in self.rejected:
@@ -184,9 +215,11 @@ class EnginePlacer:
         self.exclusive[str(container.id)] = uid
         return Placement(cpuset, self._shared_updates())
 
-    def _admit(self, uid: str, view: PodView) -> None:
+    def _admit(self, uid: str, view: PodView, devices: Assigned | None = None) -> None:
         try:
-            result = engine.admit(self.machine, self.ledger, view.pod, view.resolved, uid)
+            overrides = assigned_overrides(self.machine, devices) if devices else []
+            result = engine.admit(self.machine, self.ledger, view.pod, view.resolved, uid,
+                                  overrides)
         except TopologyError as exc:  # a pod no placement can ever satisfy
             result = engine.EngineResult(False, reason=REJECT_REASON, message=str(exc))
         if not result.admit or result.allocation is None:
@@ -198,6 +231,7 @@ class EnginePlacer:
                 self.on_reject(uid, reason, message)
             raise Rejected(why)
         self.allocations[uid] = result.allocation
+        self.pods[uid] = view.pod
         if self.on_admit is not None:
             self.on_admit(uid, result.allocation)
 
@@ -211,6 +245,7 @@ class EnginePlacer:
         for table in (self.shared, self.exclusive):
             for cid in [c for c, u in table.items() if u == uid]:
                 del table[cid]
+        self.pods.pop(uid, None)
         if self.allocations.pop(uid, None) is None:
             return {}
         before = self.pool()
@@ -220,9 +255,13 @@ class EnginePlacer:
     def synchronize(self, pods: list[Any], containers: list[Any]) -> Mapping[str, CpuSet]:
         """Rebuild from the runtime's state: each running pod's recorded allocation goes
         back in a fresh ledger (one that would take a CPU twice is refused and its
-        containers stay as they are); the shared containers get the pool."""
+        containers join the shared pool); the shared containers get the pool, and each
+        exclusive container its recorded cpuset again (the same for one that kept it; the
+        right one for a container the runtime created while the plugin was away, say
+        because the agent died in the middle of its creation)."""
         self.ledger = self._fresh_ledger()
         self.allocations.clear()
+        self.pods.clear()
         self.rejected.clear()
         self.shared.clear()
         self.exclusive.clear()
@@ -237,11 +276,15 @@ class EnginePlacer:
                 log.warning("NRI: pod %s's recorded allocation conflicts: %s", uid, exc)
                 continue
             self.allocations[uid] = view.allocation
+            self.pods[uid] = view.pod
         uid_of = {str(p.id): str(p.uid) for p in pods}
+        own: dict[str, CpuSet] = {}
         for ctr in containers:
             owner = uid_of.get(str(ctr.pod_sandbox_id), str(ctr.pod_sandbox_id))
-            if self._container_cpuset(owner, str(ctr.name)) is not None:
+            cpuset = self._container_cpuset(owner, str(ctr.name))
+            if cpuset is not None:
                 self.exclusive[str(ctr.id)] = owner
+                own[str(ctr.id)] = cpuset
             else:
                 self.shared[str(ctr.id)] = owner
-        return self._shared_updates()
+        return {**self._shared_updates(), **own}

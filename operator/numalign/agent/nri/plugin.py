@@ -80,7 +80,8 @@ class Rejected(Exception):
 
 class Placer(Protocol):
     """The decisions: what numalign wants each container's cpuset to be. A placer may also
-    have ``async def prepare(pod)``, awaited before :meth:`create`."""
+    have ``async def prepare(pod)``, awaited before :meth:`create` (it may raise
+    :class:`Rejected` too)."""
 
     def synchronize(self, pods: list[Any], containers: list[Any]) -> Mapping[str, CpuSet]: ...
 
@@ -176,9 +177,9 @@ class NriPlugin:
 
     async def _create(self, req: Any) -> Any:
         prepare = getattr(self.placer, "prepare", None)
-        if prepare is not None:  # an async hook: the placer may need to wait for the pod
-            await prepare(req.pod)
         try:
+            if prepare is not None:  # an async hook: the placer may wait for the pod, decide
+                await prepare(req.pod)  # and record its decision before the answer
             placement = self.placer.create(req.pod, req.container)
         except Rejected as exc:
             raise ttrpc.TtrpcError(ttrpc.UNKNOWN, str(exc)) from None

@@ -1,0 +1,424 @@
+"""A numalign-managed real node: the agent places its containers through the runtime's NRI.
+
+Started by the real-node agent when it is given the runtime's NRI socket
+(``numalign agent --node NAME --nri-socket PATH``). It registers numalign's NRI plugin with
+the runtime only while:
+
+- the Node carries the label ``numalign.io/managed=nri`` (watched: the plugin registers
+  when the label appears and disconnects when it goes; containers placed so far keep their
+  cpusets), and
+- the kubelet does not place containers itself: its configuration file must say
+  ``cpuManagerPolicy: none``, ``topologyManagerPolicy: none`` and a memory manager policy
+  other than ``Static`` (two placers would fight over the same cgroups); otherwise the agent
+  refuses, with a log line and the NodeTopology status condition ``NRIPlacement``.
+
+The condition ``NRIPlacement`` says which: ``True``/``Registered``, or ``False`` with reason
+``NotManaged`` (no label), ``KubeletManagersOn`` (refused), ``RuntimeUnavailable`` (no
+runtime on the socket yet) or ``Starting`` (the Node's labels, or the kubelet's devices, not
+read yet: the pods' recorded allocations name those devices, so the plugin registers only
+once the node's machine has them).
+
+While registered, each pod bound to the node is decided once, at its first container:
+
+- the engine admits it under its resolved policy and scope (:class:`PodIndex`: the pod's
+  ``numalign.io/resolved``, else the node default of its NodeTopology spec), with the
+  devices the kubelet's device manager assigned (PodResources) as fixed hints
+  (:mod:`.devices`), never on the kubelet's reserved CPUs;
+- admitted: its ``numalign.io/allocation`` is written on the pod *before* the runtime gets
+  the answer, so that an agent restarted mid-creation finds it (NRI synchronize and the
+  pods' recorded allocations rebuild the ledger) and a retried creation is not decided
+  again; when it cannot be written the creation fails (the kubelet retries);
+- rejected: every container of the pod fails to be created, and the pod gets the kubelet's
+  status (``Failed``, reason ``TopologyAffinityError``, the kubelet's message) and a Warning
+  event; the kubelet then keeps the terminal phase and removes the pod's sandbox, and the
+  operator redeploys the pod like any other rejection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from numalign.agent.kube import ApiError, Kube, pod_path, q
+from numalign.agent.kubelet_config import KubeletConfig
+from numalign.agent.kubelet_status import pod_event, rejected_status, scheduled_at
+from numalign.agent.nri.devices import Assigned, asks_for_devices, assigned_of
+from numalign.agent.nri.placer import EnginePlacer, cpulist
+from numalign.agent.nri.plugin import CpuSet, NriPlugin, Placement, Rejected
+from numalign.agent.nri.pods import PodIndex
+from numalign.agent.podresources import PodResourcesClient, PodResourcesError, Snapshot
+from numalign.agent.state import AdmittedPod
+from numalign.api.wire import (
+    ANN_ALLOCATION,
+    LABEL_MANAGED,
+    MANAGED_NRI,
+    REJECTED_PREFIX,
+    node_default,
+)
+from numalign.topology.machine import Machine
+
+log = logging.getLogger(__name__)
+
+MERGE_PATCH = "application/merge-patch+json"
+TERMINAL = ("Failed", "Succeeded")
+
+REGISTERED = "Registered"
+NOT_MANAGED = "NotManaged"
+KUBELET_MANAGERS_ON = "KubeletManagersOn"
+RUNTIME_UNAVAILABLE = "RuntimeUnavailable"
+STARTING = "Starting"
+
+
+@dataclass(frozen=True)
+class PlacementStatus:
+    """The NodeTopology condition NRIPlacement."""
+
+    active: bool
+    reason: str
+    message: str
+
+
+def is_managed(node: Mapping[str, Any] | None) -> bool:
+    """Whether a Node object says it is numalign-managed (``numalign.io/managed=nri``)."""
+    labels = ((node or {}).get("metadata") or {}).get("labels") or {}
+    return bool(labels.get(LABEL_MANAGED) == MANAGED_NRI)
+
+
+def refusal(config: KubeletConfig | None) -> str | None:
+    """Why numalign must not place containers on a node whose kubelet does (None: it may)."""
+    if config is None:
+        return None
+    on: list[str] = []
+    if config.cpu_manager_policy != "none":
+        on.append(f"cpuManagerPolicy {config.cpu_manager_policy}")
+    if config.topology_manager_policy != "none":
+        on.append(f"topologyManagerPolicy {config.topology_manager_policy}")
+    if config.memory_manager_policy == "Static":
+        on.append("memoryManagerPolicy Static")
+    if not on:
+        return None
+    return (f"the kubelet places containers itself ({', '.join(on)}); numalign does not "
+            "place them as well (two placers would fight): set cpuManagerPolicy none, "
+            "topologyManagerPolicy none and memoryManagerPolicy None on a numalign-managed "
+            "node")
+
+
+def placement_status(labelled: bool | None, refused: str | None, connected: bool,
+                     runtime: tuple[str, str] | None, socket_path: Path,
+                     devices_known: bool = True) -> PlacementStatus:
+    if labelled is None:
+        return PlacementStatus(False, STARTING, "reading the Node's labels")
+    if not labelled:
+        return PlacementStatus(False, NOT_MANAGED,
+                               f"the Node has no label {LABEL_MANAGED}={MANAGED_NRI}: the "
+                               "kubelet places its containers, numalign does not register "
+                               "with the runtime")
+    if refused is not None:
+        return PlacementStatus(False, KUBELET_MANAGERS_ON, refused)
+    if not devices_known:
+        return PlacementStatus(False, STARTING,
+                               "waiting for the kubelet's devices (PodResources API): the "
+                               "pods' recorded allocations name them")
+    if not connected:
+        return PlacementStatus(False, RUNTIME_UNAVAILABLE,
+                               f"waiting for the container runtime's NRI socket {socket_path}")
+    who = f"{runtime[0]} {runtime[1]}" if runtime else "the runtime"
+    return PlacementStatus(True, REGISTERED,
+                           f"numalign places this node's containers through the NRI of {who}")
+
+
+def allocation_patch(uid: str, annotation: str) -> dict[str, Any]:
+    """The pod status patch recording an allocation (the uid: a precondition)."""
+    return {"metadata": {"uid": uid, "annotations": {ANN_ALLOCATION: annotation}}}
+
+
+def rejection_patch(pod: Mapping[str, Any], reason: str, message: str) -> dict[str, Any]:
+    """The pod status patch of a rejection, as the kubelet writes it."""
+    uid = str((pod.get("metadata") or {}).get("uid") or "")
+    return {"metadata": {"uid": uid},
+            "status": rejected_status(pod, reason, message, scheduled_at(pod))}
+
+
+class ManagedNode:
+    """The NRI side of a real node's agent; :meth:`run` until cancelled."""
+
+    def __init__(self, kube: Kube, name: str, machine: Machine, socket_path: Path, *,
+                 memory_nodes: set[int], pod_resources: PodResourcesClient | None = None,
+                 on_change: Callable[[], None] = lambda: None,
+                 on_snapshot: Callable[[Snapshot], Machine] | None = None,
+                 plugin_index: str = "50", retry_s: float = 1.0, wait_s: float = 5.0,
+                 poll_s: float = 2.0) -> None:
+        self.kube = kube
+        self.name = name
+        self.socket_path = socket_path
+        self.index = PodIndex()
+        self.rejections: dict[str, tuple[str, str]] = {}  # uid -> (reason, message)
+        self.placer = EnginePlacer(machine, self.index, memory_nodes=memory_nodes,
+                                   on_reject=self._on_reject, wait_for=self.index.wait_for,
+                                   wait_s=wait_s)
+        self.plugin = NriPlugin(self, name="numalign", index=plugin_index,
+                                socket_path=socket_path, retry_s=retry_s)
+        self.pod_resources = pod_resources
+        self.on_snapshot = on_snapshot  # a PodResources reading -> the node's machine
+        self.on_change = on_change  # the status (condition, admitted pods) changed
+        self.poll_s = poll_s
+        self.labelled: bool | None = None
+        self.refused: str | None = None
+        self.config: KubeletConfig | None = None
+        self.pods_listed = asyncio.Event()  # the pod watch delivered its first list
+        # the node's machine has the kubelet's devices (read once before registering, so
+        # that the recorded allocations naming them go back into the ledger)
+        self.devices_known = pod_resources is None
+        self.recorded: set[str] = set()  # uids whose allocation is written on the pod
+        self.reported: set[str] = set()  # uids whose rejection is written on the pod
+        self.status = placement_status(None, None, False, None, socket_path)
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+
+    # -- inputs -----------------------------------------------------------------------------
+
+    def on_pod(self, typ: str, pod: Mapping[str, Any]) -> None:
+        self.index.on_pod(typ, pod)
+
+    def on_node_spec(self, spec: Mapping[str, Any] | None) -> None:
+        self.index.on_node_spec(spec)
+
+    def pods_synced(self) -> None:
+        """The pod watch listed the node's pods: the plugin may register (NRI synchronize
+        needs the pods' recorded allocations)."""
+        if not self.pods_listed.is_set():
+            self.pods_listed.set()
+            self._wake.set()
+
+    def kubelet_machine(self, machine: Machine) -> None:
+        """The node's machine with the devices the kubelet reports (PodResources)."""
+        self.placer.set_machine(machine)
+        if not self.devices_known:
+            self.devices_known = True
+            self._wake.set()
+
+    def on_node(self, node: Mapping[str, Any] | None) -> None:
+        labelled = is_managed(node)
+        if labelled != self.labelled:
+            log.info("node %s: %s", self.name,
+                     f"labelled {LABEL_MANAGED}={MANAGED_NRI}: numalign places its containers"
+                     if labelled else f"no label {LABEL_MANAGED}={MANAGED_NRI}: numalign "
+                     "does not place its containers")
+        self.labelled = labelled
+        self._wake.set()
+
+    def set_config(self, config: KubeletConfig | None) -> None:
+        """The kubelet's configuration (read again when its file changes): its reserved CPUs
+        (taken at the next registration) and whether numalign may place at all."""
+        self.config = config
+        refused = refusal(config)
+        if refused != self.refused and refused is not None:
+            log.warning("node %s: not placing containers: %s", self.name, refused)
+        self.refused = refused
+        reserved = set(config.reserved_system_cpus) if config else set()
+        unknown = reserved - set(self.placer.machine.cpus)
+        if unknown:
+            log.warning("node %s: reservedSystemCPUs %s are not CPUs of this machine; "
+                        "ignored", self.name, cpulist(unknown))
+            reserved -= unknown
+        self.placer.reserved = reserved
+        self._wake.set()
+
+    def _on_reject(self, uid: str, reason: str, message: str) -> None:
+        self.rejections[uid] = (reason, message)
+
+    # -- the Placer the plugin calls ----------------------------------------------------------
+
+    def synchronize(self, pods: list[Any], containers: list[Any]) -> Mapping[str, CpuSet]:
+        updates = self.placer.synchronize(pods, containers)
+        self.recorded = set(self.placer.allocations)
+        self.on_change()
+        return updates
+
+    async def prepare(self, pod: Any) -> None:
+        uid = str(pod.uid)
+        await self.placer.prepare(pod)
+        view = self.index(uid)
+        status = (view.pod.get("status") or {}) if view is not None else {}
+        phase = str(status.get("phase") or "")
+        if phase in TERMINAL and uid not in self.placer.allocations \
+                and uid not in self.placer.rejected:
+            # failed (rejected before this agent started, say) or done: never started again
+            why = f"{status.get('reason')}: {status.get('message')}" \
+                if status.get("reason") else f"numalign: pod {pod.namespace}/{pod.name} is {phase}"
+            raise Rejected(why)
+        if view is not None and uid not in self.placer.allocations \
+                and uid not in self.placer.rejected:
+            devices = await self._devices(view.pod) if asks_for_devices(view.pod) else None
+            if self.placer.decide(uid, devices) is not None:
+                self.on_change()
+        if uid in self.placer.allocations and uid not in self.recorded:
+            await self._record(uid)
+        if uid in self.placer.rejected and uid not in self.reported:
+            await self._report(uid)
+
+    def create(self, pod: Any, container: Any) -> Placement:
+        return self.placer.create(pod, container)
+
+    def released(self, pod: Any, container: Any | None) -> Mapping[str, CpuSet]:
+        updates = self.placer.released(pod, container)
+        if container is None:
+            uid = str(pod.uid)
+            self.recorded.discard(uid)
+            self.reported.discard(uid)
+            self.rejections.pop(uid, None)
+            self.on_change()
+        return updates
+
+    # -- the pod's records ----------------------------------------------------------------------
+
+    async def _devices(self, pod: Mapping[str, Any]) -> Assigned | None:
+        """What the kubelet's device manager assigned to ``pod`` (PodResources), the node's
+        machine updated with the devices the kubelet reports."""
+        if self.pod_resources is None:
+            return None
+        meta = pod.get("metadata") or {}
+        key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        try:
+            snap = await self.pod_resources.snapshot()
+        except PodResourcesError as exc:
+            raise Rejected(f"numalign: cannot read the devices the kubelet assigned to pod "
+                           f"{key[0]}/{key[1]}: {exc}") from None
+        if self.on_snapshot is not None:
+            self.kubelet_machine(self.on_snapshot(snap))
+        for kp in snap.pods:
+            if (kp.namespace, kp.name) == key:
+                return assigned_of(kp)
+        return None
+
+    async def _record(self, uid: str) -> None:
+        alloc = self.placer.allocations[uid]
+        pod = self.placer.pods.get(uid) or {}
+        meta = pod.get("metadata") or {}
+        ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        try:
+            await self.kube.patch(pod_path(ns, name, "status"),
+                                  allocation_patch(uid, alloc.to_annotation()), MERGE_PATCH,
+                                  decode=False)
+        except ApiError as exc:
+            # not recorded, not answered: the creation fails and the kubelet retries it (the
+            # decision is kept, so the retry gets the same answer)
+            raise Rejected(f"numalign: cannot record the allocation of pod {ns}/{name}: "
+                           f"{exc}") from None
+        except Exception as exc:  # connection trouble: the same
+            raise Rejected(f"numalign: cannot record the allocation of pod {ns}/{name}: "
+                           f"{type(exc).__name__}: {exc}") from None
+        self.recorded.add(uid)
+
+    async def _report(self, uid: str) -> None:
+        view = self.index(uid)
+        if view is None:
+            return
+        pod = view.pod
+        meta = pod.get("metadata") or {}
+        ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        reason, message = self.rejections.get(uid, ("", ""))
+        if not reason:
+            return
+        try:
+            await self.kube.patch(pod_path(ns, name, "status"),
+                                  rejection_patch(pod, reason, message), MERGE_PATCH,
+                                  decode=False)
+        except Exception as exc:
+            # the creation fails all the same; the next container's creation tries again
+            log.warning("pod %s/%s: rejection status write failed: %s", ns, name, exc)
+            return
+        self.reported.add(uid)
+        try:
+            await self.kube.create(f"/api/v1/namespaces/{q(ns)}/events",
+                                   pod_event(pod, self.name, "Warning", reason,
+                                             message.removeprefix(REJECTED_PREFIX)))
+        except Exception as exc:  # events are best effort
+            log.warning("pod %s/%s: event: %s", ns, name, exc)
+
+    # -- what NodeTopology status shows ------------------------------------------------------
+
+    def admitted(self) -> dict[str, AdmittedPod]:
+        """The pods numalign placed, with what their containers' cgroups got."""
+        out: dict[str, AdmittedPod] = {}
+        for uid, alloc in self.placer.allocations.items():
+            view = self.index(uid)
+            pod = view.pod if view is not None else self.placer.pods.get(uid) or {}
+            meta = pod.get("metadata") or {}
+            resolved = view.resolved if view is not None else node_default(
+                self.index.node_spec)
+            out[uid] = AdmittedPod(str(meta.get("namespace") or ""),
+                                   str(meta.get("name") or ""), uid, resolved, alloc)
+        return out
+
+    # -- running --------------------------------------------------------------------------------
+
+    def _update_status(self) -> None:
+        connected = self.plugin._client is not None and self.plugin.synchronized.is_set()
+        status = placement_status(self.labelled, self.refused, connected,
+                                  self.plugin.runtime, self.socket_path, self.devices_known)
+        if status != self.status:
+            self.status = status
+            self.on_change()
+
+    async def _watch_node(self) -> None:
+        path = "/api/v1/nodes"
+        selector = {"fieldSelector": f"metadata.name={self.name}"}
+        backoff = 1.0
+        while True:
+            try:
+                items, rv = await self.kube.list_all(path, selector)
+                self.on_node(items[0] if items else None)
+                async for ev in self.kube.watch(path, {**selector, "resourceVersion": rv}):
+                    obj = ev.get("object") or {}
+                    typ = ev.get("type")
+                    if typ == "ERROR":
+                        raise RuntimeError(str(obj.get("message")))
+                    if typ == "DELETED":
+                        self.on_node(None)
+                    elif typ != "BOOKMARK":
+                        self.on_node(obj)
+                backoff = 1.0
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # list again
+                log.warning("watch Node %s: %s; listing again in %.0fs", self.name, exc,
+                            backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(30.0, backoff * 2)
+
+    async def _stop_plugin(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def run(self) -> None:
+        watcher = asyncio.create_task(self._watch_node(), name="nri-node")
+        try:
+            while True:
+                want = bool(self.labelled) and self.refused is None \
+                    and self.pods_listed.is_set() and self.devices_known
+                if want and self._task is None:
+                    log.info("node %s: registering numalign's NRI plugin on %s", self.name,
+                             self.socket_path)
+                    self._task = asyncio.create_task(self.plugin.run(), name="nri-plugin")
+                elif not want and self._task is not None:
+                    log.info("node %s: disconnecting numalign's NRI plugin (%s)", self.name,
+                             "refused" if self.refused else "not managed")
+                    await self._stop_plugin()
+                self._update_status()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.poll_s)
+                self._wake.clear()
+        finally:
+            watcher.cancel()
+            await self._stop_plugin()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher

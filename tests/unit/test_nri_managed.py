@@ -1,0 +1,280 @@
+"""agent.nri.managed and agent.nri.devices (the pure parts): the devices the kubelet's device
+manager assigned are fixed hints for the engine, a pod that cannot be aligned with them is
+rejected with the kubelet's status, the agent refuses to place where the kubelet's managers
+are on, and the label says whether a node is numalign-managed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from numalign.agent.kubelet_config import KubeletConfig, parse_kubelet_config
+from numalign.agent.nri.devices import AssignedDevices, asks_for_devices, assigned_of
+from numalign.agent.nri.managed import (
+    KUBELET_MANAGERS_ON,
+    NOT_MANAGED,
+    REGISTERED,
+    RUNTIME_UNAVAILABLE,
+    STARTING,
+    allocation_patch,
+    is_managed,
+    placement_status,
+    refusal,
+    rejection_patch,
+)
+from numalign.agent.nri.placer import EnginePlacer, PodView, parse_cpulist
+from numalign.agent.nri.plugin import Rejected
+from numalign.agent.podresources import DeviceSet, KubeletContainer, KubeletPod
+from numalign.agent.publish import build_status
+from numalign.agent.state import NodeState
+from numalign.api.wire import (
+    ANN_ALLOCATION,
+    LABEL_MANAGED,
+    MANAGED_NRI,
+    REJECT_MESSAGE,
+    REJECT_REASON,
+    TOPOLOGY_MESSAGE,
+    Resolved,
+    parse_allocation,
+)
+from numalign.nriapi.v1alpha1 import api_pb2
+from numalign.topology.errors import TopologyError
+from numalign.topology.machine import machine_from_dict
+
+DEV = "example.com/nic"
+# 2 NUMA nodes of 2 CPUs, one device on each
+MACHINE = machine_from_dict({
+    "name": "2x2-nics",
+    "numaNodes": [{"id": 0, "cpus": "0-1", "memory": "4Gi"},
+                  {"id": 1, "cpus": "2-3", "memory": "4Gi"}],
+    "devices": [{"resource": DEV, "id": "nic-0", "numaNode": 0},
+                {"resource": DEV, "id": "nic-1", "numaNode": 1}],
+})
+
+
+def k8s_pod(uid: str, cpu: str, devices: int = 0,
+            containers: tuple[str, ...] = ("main",)) -> dict[str, Any]:
+    res: dict[str, str] = {"cpu": cpu, "memory": "256Mi"}
+    if devices:
+        res[DEV] = str(devices)
+    return {"metadata": {"name": uid, "namespace": "ns", "uid": uid},
+            "spec": {"containers": [{"name": c, "resources": {"requests": res, "limits": res}}
+                                    for c in containers]}}
+
+
+def nri_pod(uid: str) -> Any:
+    return api_pb2.PodSandbox(id=f"sb-{uid}", uid=uid, name=uid, namespace="ns")
+
+
+def nri_ctr(uid: str, name: str) -> Any:
+    return api_pb2.Container(id=f"{uid}-{name}", pod_sandbox_id=f"sb-{uid}", name=name)
+
+
+class Pods:
+    def __init__(self) -> None:
+        self.views: dict[str, PodView] = {}
+
+    def add(self, pod: dict[str, Any], policy: str) -> str:
+        uid = str(pod["metadata"]["uid"])
+        self.views[uid] = PodView(pod, Resolved(policy=policy, scope="container"))
+        return uid
+
+    def __call__(self, uid: str) -> PodView | None:
+        return self.views.get(uid)
+
+
+def placer_with(pods: Pods, reserved: tuple[int, ...] = ()) -> EnginePlacer:
+    return EnginePlacer(MACHINE, pods, reserved_cpus=reserved, memory_nodes=[0])
+
+
+@pytest.mark.parametrize(("nic", "numa_cpus"), [("nic-0", {0, 1}), ("nic-1", {2, 3})])
+def test_the_assigned_device_decides_the_numa_node_of_the_cpus(nic: str,
+                                                               numa_cpus: set[int]) -> None:
+    pods = Pods()
+    placer = placer_with(pods)
+    uid = pods.add(k8s_pod("p", "1", devices=1), "single-numa-node")
+    assert placer.decide(uid, {"main": {DEV: [nic]}}) is True
+    alloc = placer.allocations[uid]
+    # the device is the kubelet's, not one the engine picked; the CPU is next to it
+    assert alloc.containers["main"].devices == {DEV: [nic]}
+    assert set(alloc.containers["main"].cpus) <= numa_cpus
+    placement = placer.create(nri_pod(uid), nri_ctr(uid, "main"))
+    assert placement.cpuset is not None
+    assert parse_cpulist(placement.cpuset.cpus) == set(alloc.containers["main"].cpus)
+    # decided once: asking again changes nothing
+    assert placer.decide(uid, {"main": {DEV: ["nic-0" if nic == "nic-1" else "nic-1"]}}) is None
+    assert placer.allocations[uid] is alloc
+
+
+def test_cpus_that_cannot_be_aligned_with_the_devices_reject_under_single_numa_node() -> None:
+    pods = Pods()
+    placer = placer_with(pods, reserved=(0,))
+    # NUMA node 0 has one CPU left (0 is reserved): 2 CPUs next to nic-0 cannot be had
+    strict = pods.add(k8s_pod("strict", "2", devices=1), "single-numa-node")
+    assert placer.decide(strict, {"main": {DEV: ["nic-0"]}}) is False
+    with pytest.raises(Rejected) as refused:
+        placer.create(nri_pod(strict), nri_ctr(strict, "main"))
+    assert str(refused.value) == f"{REJECT_REASON}: {REJECT_MESSAGE}"
+    assert strict not in placer.allocations
+    # without the device's hint the same pod fits NUMA node 1: the hint is what rejected it
+    alone = pods.add(k8s_pod("alone", "2"), "single-numa-node")
+    assert placer.decide(alone) is True
+    assert placer.allocations[alone].cpus == [2, 3]
+    # best-effort admits where single-numa-node rejects: the CPUs are wherever they fit
+    placer2 = placer_with(pods, reserved=(0,))
+    loose = pods.add(k8s_pod("loose", "2", devices=1), "best-effort")
+    assert placer2.decide(loose, {"main": {DEV: ["nic-0"]}}) is True
+    assert placer2.allocations[loose].containers["main"].devices == {DEV: ["nic-0"]}
+
+
+def test_each_container_keeps_the_devices_it_was_assigned() -> None:
+    pods = Pods()
+    placer = placer_with(pods)
+    uid = pods.add(k8s_pod("two", "1", devices=1, containers=("a", "b")), "single-numa-node")
+    assert placer.decide(uid, {"a": {DEV: ["nic-1"]}, "b": {DEV: ["nic-0"]}}) is True
+    alloc = placer.allocations[uid]
+    assert alloc.containers["a"].devices == {DEV: ["nic-1"]}
+    assert alloc.containers["b"].devices == {DEV: ["nic-0"]}
+    assert set(alloc.containers["a"].cpus) <= {2, 3}
+    assert set(alloc.containers["b"].cpus) <= {0, 1}
+
+
+def test_device_hints_are_the_kubelets_for_allocated_devices() -> None:
+    from numalign.topology.admit import OverrideRequest
+    from numalign.topology.pod import pod_from_dict
+
+    pod = pod_from_dict(k8s_pod("p", "1", devices=2))
+    ov = AssignedDevices(MACHINE, DEV, {"main": {DEV: ["nic-0", "nic-1"]}})
+
+    def req(count: int) -> OverrideRequest:
+        return OverrideRequest(MACHINE, pod, DEV, tuple(pod.containers), count,
+                               frozenset(), {})
+
+    # two devices on two NUMA nodes: only the mask of both holds them, and it is the
+    # narrowest any two devices of the resource fit in: preferred
+    hints = ov.hints(req(2))
+    assert [(h.mask, h.preferred) for h in hints or []] == [(0b11, True)]
+    # one of them: each node alone is preferred, both together not
+    hints = ov.hints(req(1))
+    assert [(h.mask, h.preferred) for h in hints or []] == [(0b01, True), (0b10, True),
+                                                            (0b11, False)]
+    # devices without a NUMA node: no preference
+    flat = machine_from_dict({"name": "flat", "numaNodes": [
+        {"id": 0, "cpus": "0-1", "memory": "1Gi"}],
+        "devices": [{"resource": DEV, "id": "x"}]})
+    assert AssignedDevices(flat, DEV, {"main": {DEV: ["x"]}}).hints(req(1)) is None
+    # a device the node does not report is an error naming it
+    with pytest.raises(TopologyError, match="nic-9"):
+        AssignedDevices(MACHINE, DEV, {"main": {DEV: ["nic-9"]}})
+
+
+def test_the_kubelets_assignment_and_which_pods_ask_for_devices() -> None:
+    kp = KubeletPod("ns", "p", (
+        KubeletContainer("a", (1,), (DeviceSet(DEV, ("nic-1",), (1,)),)),
+        KubeletContainer("b"),
+    ))
+    assert assigned_of(kp) == {"a": {DEV: ["nic-1"]}}
+    assert asks_for_devices(k8s_pod("p", "1", devices=1))
+    assert not asks_for_devices(k8s_pod("p", "1"))
+    hp = k8s_pod("p", "1")
+    hp["spec"]["containers"][0]["resources"]["limits"]["hugepages-2Mi"] = "2Mi"
+    assert not asks_for_devices(hp)
+
+
+def config(**kw: str) -> KubeletConfig:
+    return parse_kubelet_config({"kind": "KubeletConfiguration", **kw})
+
+
+def test_the_agent_refuses_to_place_where_the_kubelet_places() -> None:
+    assert refusal(None) is None
+    assert refusal(config()) is None
+    assert refusal(config(memoryManagerPolicy="BestEffort")) is None
+    static = refusal(config(cpuManagerPolicy="static"))
+    assert static is not None and "cpuManagerPolicy static" in static
+    topo = refusal(config(topologyManagerPolicy="single-numa-node"))
+    assert topo is not None and "topologyManagerPolicy single-numa-node" in topo
+    mem = refusal(config(memoryManagerPolicy="Static"))
+    assert mem is not None and "memoryManagerPolicy Static" in mem
+    both = refusal(config(cpuManagerPolicy="static", topologyManagerPolicy="restricted"))
+    assert both is not None and "static" in both and "restricted" in both
+
+
+def test_the_label_and_the_condition_say_whether_numalign_places() -> None:
+    node = {"metadata": {"name": "n", "labels": {LABEL_MANAGED: MANAGED_NRI}}}
+    assert is_managed(node)
+    assert not is_managed({"metadata": {"name": "n", "labels": {LABEL_MANAGED: "kubelet"}}})
+    assert not is_managed({"metadata": {"name": "n"}})
+    assert not is_managed(None)
+    sock = Path("nri.sock")
+    off = placement_status(False, None, True, None, sock)
+    assert (off.active, off.reason) == (False, NOT_MANAGED)
+    assert f"{LABEL_MANAGED}={MANAGED_NRI}" in off.message
+    refused = placement_status(True, "the kubelet places containers itself", True, None, sock)
+    assert (refused.active, refused.reason) == (False, KUBELET_MANAGERS_ON)
+    waiting = placement_status(True, None, False, None, sock)
+    assert (waiting.active, waiting.reason) == (False, RUNTIME_UNAVAILABLE)
+    # the kubelet's devices not read yet: the plugin waits (recorded allocations name them)
+    early = placement_status(True, None, False, None, sock, devices_known=False)
+    assert (early.active, early.reason) == (False, STARTING) and "PodResources" in early.message
+    on = placement_status(True, None, True, ("containerd", "v2.4.2"), sock)
+    assert (on.active, on.reason) == (True, REGISTERED) and "containerd v2.4.2" in on.message
+
+    # NodeTopology status carries it as the condition NRIPlacement
+    st = NodeState("n", MACHINE, admits=False)
+    st.placement = (off.active, off.reason, off.message)
+    conds = {c["type"]: c for c in build_status(st)["conditions"]}
+    assert conds["NRIPlacement"]["status"] == "False"
+    assert conds["NRIPlacement"]["reason"] == NOT_MANAGED
+    assert "NRIPlacement" not in {c["type"] for c in build_status(
+        NodeState("m", MACHINE, admits=False))["conditions"]}
+
+
+def test_the_rejection_is_written_as_the_kubelet_writes_it() -> None:
+    pod = k8s_pod("big", "4")
+    pod["spec"]["nodeName"] = "n"
+    pod["status"] = {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
+    body = rejection_patch(pod, REJECT_REASON, REJECT_MESSAGE)
+    assert body["metadata"] == {"uid": "big"}  # a precondition: never another pod's status
+    status = body["status"]
+    assert status["phase"] == "Failed"
+    assert status["reason"] == "TopologyAffinityError"
+    assert status["message"] == ("Pod was rejected: Resources cannot be allocated with "
+                                 "Topology locality")
+    assert status["message"].endswith(TOPOLOGY_MESSAGE)
+    assert status["qosClass"] == "Guaranteed"
+    assert status["conditions"][0]["lastTransitionTime"] == "2026-01-01T00:00:00Z"
+
+
+def test_the_allocation_record_round_trips() -> None:
+    pods = Pods()
+    placer = placer_with(pods)
+    uid = pods.add(k8s_pod("p", "1", devices=1), "single-numa-node")
+    assert placer.decide(uid, {"main": {DEV: ["nic-1"]}})
+    body = allocation_patch(uid, placer.allocations[uid].to_annotation())
+    assert body["metadata"]["uid"] == uid
+    back = parse_allocation(body["metadata"]["annotations"][ANN_ALLOCATION])
+    assert back.containers["main"].cpus == placer.allocations[uid].containers["main"].cpus
+    assert back.containers["main"].devices == {DEV: ["nic-1"]}
+
+
+def test_a_new_machine_keeps_every_allocation() -> None:
+    pods = Pods()
+    bare = machine_from_dict({"name": "2x2", "numaNodes": [
+        {"id": 0, "cpus": "0-1", "memory": "4Gi"}, {"id": 1, "cpus": "2-3", "memory": "4Gi"}]})
+    placer = EnginePlacer(bare, pods, memory_nodes=[0])
+    first = pods.add(k8s_pod("first", "2"), "single-numa-node")
+    assert placer.decide(first)
+    held = set(placer.allocations[first].cpus)
+    # the device plugin registered: the kubelet now reports devices; the ledger is rebuilt
+    placer.set_machine(MACHINE)
+    assert placer.machine is MACHINE
+    held_nic, free_nic = ("nic-0", "nic-1") if held == {0, 1} else ("nic-1", "nic-0")
+    second = pods.add(k8s_pod("second", "2", devices=1), "single-numa-node")
+    assert placer.decide(second, {"main": {DEV: [free_nic]}}) is True
+    assert not held & set(placer.allocations[second].cpus)
+    # the first pod's CPUs are still held in the rebuilt ledger: none left next to held_nic
+    third = pods.add(k8s_pod("third", "1", devices=1), "single-numa-node")
+    assert placer.decide(third, {"main": {DEV: [held_nic]}}) is False
