@@ -35,6 +35,7 @@ from numalign.agent.node import RealNode
 from numalign.agent.nri.managed import KUBELET_MANAGERS_ON, NOT_MANAGED, ManagedNode
 from numalign.api.wire import (
     ANN_ALLOCATION,
+    ANN_REJECTION,
     ANN_RESOLVED,
     LABEL_MANAGED,
     MANAGED_NRI,
@@ -148,7 +149,11 @@ async def test_the_agent_places_rejects_and_survives_a_restart_mid_creation(
         listed = await c.rt.ListContainers(cri.ListContainersRequest(
             filter=cri.ContainerFilter(pod_sandbox_id=big_sb[0])), timeout=30)
         assert list(listed.containers) == []
-        status = (await get_pod("big"))["status"]
+        big_pod = await get_pod("big")
+        status = big_pod["status"]
+        # also on the metadata: that change is what makes a real kubelet sync the pod while
+        # the API shows the terminal phase (its status manager would write Pending back)
+        assert big_pod["metadata"]["annotations"][ANN_REJECTION] == "TopologyAffinityError"
         assert status["phase"] == "Failed"
         assert status["reason"] == "TopologyAffinityError"
         assert status["message"] == REJECT_MESSAGE

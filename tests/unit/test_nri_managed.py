@@ -18,6 +18,7 @@ from numalign.agent.nri.managed import (
     REGISTERED,
     RUNTIME_UNAVAILABLE,
     STARTING,
+    ManagedNode,
     allocation_patch,
     is_managed,
     placement_status,
@@ -31,6 +32,7 @@ from numalign.agent.publish import build_status
 from numalign.agent.state import NodeState
 from numalign.api.wire import (
     ANN_ALLOCATION,
+    ANN_REJECTION,
     LABEL_MANAGED,
     MANAGED_NRI,
     REJECT_MESSAGE,
@@ -278,3 +280,52 @@ def test_a_new_machine_keeps_every_allocation() -> None:
     # the first pod's CPUs are still held in the rebuilt ledger: none left next to held_nic
     third = pods.add(k8s_pod("third", "1", devices=1), "single-numa-node")
     assert placer.decide(third, {"main": {DEV: [held_nic]}}) is False
+
+
+class RecordingKube:
+    """Records the agent's writes (path, body); answers nothing else."""
+
+    def __init__(self) -> None:
+        self.writes: list[tuple[str, dict[str, Any]]] = []
+
+    async def patch(self, path: str, body: dict[str, Any], *_a: Any, **_k: Any) -> None:
+        self.writes.append((path, body))
+
+    async def create(self, path: str, body: dict[str, Any], *_a: Any, **_k: Any) -> None:
+        self.writes.append((path, body))
+
+
+async def test_a_rejection_the_kubelet_reverted_is_written_again_a_bounded_number_of_times(
+        ) -> None:
+    import asyncio
+
+    from numalign.agent.nri import managed
+
+    kube = RecordingKube()
+    node = ManagedNode(kube, "n", MACHINE, Path("nri.sock"), memory_nodes={0})  # type: ignore[arg-type]
+    pod = k8s_pod("big", "4")
+    pod["spec"]["nodeName"] = "n"
+    pod["status"] = {"phase": "Pending"}
+    node.on_pod("ADDED", pod)
+    node.rejections["big"] = (REJECT_REASON, REJECT_MESSAGE)
+    await node._report("big")
+    paths = [p for p, _ in kube.writes]
+    # the status, then the metadata (what makes the kubelet's pod worker see it), the event
+    assert paths == ["/api/v1/namespaces/ns/pods/big/status", "/api/v1/namespaces/ns/pods/big",
+                     "/api/v1/namespaces/ns/events"]
+    assert kube.writes[1][1]["metadata"] == {"uid": "big",
+                                             "annotations": {ANN_REJECTION: REJECT_REASON}}
+
+    async def settle() -> None:
+        for _ in range(20):
+            await asyncio.sleep(0)
+
+    failed = dict(pod, status={"phase": "Failed", "reason": REJECT_REASON})
+    node.on_pod("MODIFIED", failed)  # it held: nothing more
+    await settle()
+    assert len(kube.writes) == 3
+    for _ in range(managed.MAX_REASSERTS + 2):  # the kubelet wrote Pending back, each time
+        node.on_pod("MODIFIED", pod)
+        await settle()
+    statuses = [p for p, _ in kube.writes if p.endswith("/status")]
+    assert len(statuses) == 1 + managed.MAX_REASSERTS

@@ -38,6 +38,7 @@ ANN_POLICY = "numalign.io/policy"  # user: policy override
 ANN_SCOPE = "numalign.io/scope"  # user: scope override
 ANN_RESOLVED = "numalign.io/resolved"  # operator: the resolved policy
 ANN_ALLOCATION = "numalign.io/allocation"  # agent: what the pod got
+ANN_REJECTION = "numalign.io/rejection"  # agent (NRI-managed node): why it refused the pod
 ANN_GPUS = GPU_ANNOTATION  # user: GPU requests (the engine reads it)
 LABEL_MACHINE = "numalign.io/machine"  # node: its machine file
 LABEL_EMULATED = "numalign.io/emulated"  # node: run by the emulating agent

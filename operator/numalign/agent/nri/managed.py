@@ -39,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,7 @@ from numalign.agent.podresources import PodResourcesClient, PodResourcesError, S
 from numalign.agent.state import AdmittedPod
 from numalign.api.wire import (
     ANN_ALLOCATION,
+    ANN_REJECTION,
     LABEL_MANAGED,
     MANAGED_NRI,
     REJECTED_PREFIX,
@@ -66,6 +67,7 @@ log = logging.getLogger(__name__)
 
 MERGE_PATCH = "application/merge-patch+json"
 TERMINAL = ("Failed", "Succeeded")
+MAX_REASSERTS = 5  # a rejection written again when the kubelet reverted it
 
 REGISTERED = "Registered"
 NOT_MANAGED = "NotManaged"
@@ -137,6 +139,11 @@ def allocation_patch(uid: str, annotation: str) -> dict[str, Any]:
     return {"metadata": {"uid": uid, "annotations": {ANN_ALLOCATION: annotation}}}
 
 
+def rejection_annotation_patch(uid: str, reason: str) -> dict[str, Any]:
+    """The pod metadata patch that records a rejection (the uid: a precondition)."""
+    return {"metadata": {"uid": uid, "annotations": {ANN_REJECTION: reason}}}
+
+
 def rejection_patch(pod: Mapping[str, Any], reason: str, message: str) -> dict[str, Any]:
     """The pod status patch of a rejection, as the kubelet writes it."""
     uid = str((pod.get("metadata") or {}).get("uid") or "")
@@ -176,6 +183,8 @@ class ManagedNode:
         self.devices_known = pod_resources is None
         self.recorded: set[str] = set()  # uids whose allocation is written on the pod
         self.reported: set[str] = set()  # uids whose rejection is written on the pod
+        self.reasserted: dict[str, int] = {}  # uid -> rejections written again
+        self._tasks: set[asyncio.Task[None]] = set()
         self.status = placement_status(None, None, False, None, socket_path)
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -184,6 +193,9 @@ class ManagedNode:
 
     def on_pod(self, typ: str, pod: Mapping[str, Any]) -> None:
         self.index.on_pod(typ, pod)
+        if typ != "DELETED" and self._reasserts(pod):
+            uid = str((pod.get("metadata") or {}).get("uid") or "")
+            self._background(self._report(uid))
 
     def on_node_spec(self, spec: Mapping[str, Any] | None) -> None:
         self.index.on_node_spec(spec)
@@ -272,6 +284,7 @@ class ManagedNode:
             self.recorded.discard(uid)
             self.reported.discard(uid)
             self.rejections.pop(uid, None)
+            self.reasserted.pop(uid, None)
             self.on_change()
         return updates
 
@@ -334,12 +347,53 @@ class ManagedNode:
             log.warning("pod %s/%s: rejection status write failed: %s", ns, name, exc)
             return
         self.reported.add(uid)
+        await self._nudge(ns, name, uid, reason)
         try:
             await self.kube.create(f"/api/v1/namespaces/{q(ns)}/events",
                                    pod_event(pod, self.name, "Warning", reason,
                                              message.removeprefix(REJECTED_PREFIX)))
         except Exception as exc:  # events are best effort
             log.warning("pod %s/%s: event: %s", ns, name, exc)
+
+    def _background(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` on the loop, keeping a reference until it ends (watch callbacks are
+        synchronous)."""
+        try:
+            task = asyncio.get_running_loop().create_task(coro)
+        except RuntimeError:  # no loop: nothing to write with
+            coro.close()
+            return
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _nudge(self, ns: str, name: str, uid: str, reason: str) -> None:
+        """Make the kubelet see the terminal phase now. Its status manager writes back the
+        status it last generated (Pending) on its next reconcile, and only a pod worker
+        sync that finds the API's phase terminal keeps it (``generateAPIPodStatus``) and
+        stops the pod; a status change alone triggers no sync before that, a metadata
+        change does. So the rejection is also recorded on the pod's metadata."""
+        try:
+            await self.kube.patch(pod_path(ns, name),
+                                  rejection_annotation_patch(uid, reason), MERGE_PATCH,
+                                  decode=False)
+        except Exception as exc:  # the phase is written; the next sync will keep it
+            log.warning("pod %s/%s: rejection annotation: %s", ns, name, exc)
+
+    def _reasserts(self, pod: Mapping[str, Any]) -> bool:
+        """Whether ``pod``, rejected and reported, shows a non-terminal phase again (the
+        kubelet's status manager won the race): its rejection is written once more, a
+        bounded number of times."""
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        if uid not in self.reported or uid not in self.rejections:
+            return False
+        if str((pod.get("status") or {}).get("phase") or "") in TERMINAL:
+            return False
+        n = self.reasserted.get(uid, 0)
+        if n >= MAX_REASSERTS:
+            return False
+        self.reasserted[uid] = n + 1
+        self.reported.discard(uid)
+        return True
 
     # -- what NodeTopology status shows ------------------------------------------------------
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from numalign.api.wire import ANN_ALLOCATION, ANN_RESOLVED, REJECT_REASON
+from numalign.api.wire import ANN_ALLOCATION, ANN_REJECTION, ANN_RESOLVED, REJECT_REASON
 from numalign.topology import jsontext
 
 ANN_REDEPLOY_OF = "numalign.io/redeploy-of"
@@ -248,7 +248,7 @@ def with_node_avoidance(spec: Mapping[str, Any], avoid: list[str]) -> dict[str, 
     return out
 
 
-_DROP_ANNOTATIONS = (ANN_RESOLVED, ANN_ALLOCATION,
+_DROP_ANNOTATIONS = (ANN_RESOLVED, ANN_ALLOCATION, ANN_REJECTION,
                      "kubectl.kubernetes.io/last-applied-configuration")
 
 
