@@ -314,8 +314,9 @@ def main(argv: list[str]) -> int:
 def _report(results: dict[str, dict[str, list[float]]], modes: list[str],
             elapsed: float) -> None:
     n = len(results[WITHOUT]["pod start"])
+    ways = "each way, alternating rounds" if len(modes) > 1 else "without the plugin"
     print(f"Pod start on the real node (realnode-2numa, nri mode), {n} guaranteed 1-CPU pods "
-          f"each way, one at a time, alternating rounds ({elapsed:.0f} s)")
+          f"{ways}, one at a time ({elapsed:.0f} s)")
     for metric in ("pod start", "container creation"):
         print(f"  {metric}:")
         for mode in modes:
