@@ -43,8 +43,14 @@ class Running:
 def app_containers(node: Any, **labels: str) -> list[str]:
     """Ids of the application containers (not sandboxes) containerd holds, with
     ``labels`` (``pod_uid=...`` or ``namespace=...``), running or not."""
+    return containers(node, "container", **labels)
+
+
+def containers(node: Any, kind: str | None = None, **labels: str) -> list[str]:
+    """Ids of the containers containerd holds for the CRI, of ``kind`` (``sandbox`` or
+    ``container``; None: both), with ``labels`` (``pod_uid=...`` or ``namespace=...``)."""
     keys = {"pod_uid": POD_UID, "namespace": POD_NAMESPACE}
-    sel = ",".join([f'labels."{KIND}"==container',
+    sel = ",".join([*([f'labels."{KIND}"=={kind}'] if kind else []),
                     *(f'labels."{keys[k]}"=={v}' for k, v in labels.items())])
     proc = node.ctr("containers", "list", "--quiet", sel, timeout=30)
     assert proc.returncode == 0, proc.stderr

@@ -38,6 +38,7 @@ from nri_helpers import (
     allocation,
     app_containers,
     container_id,
+    containers,
     cpus,
     exclusive,
     expected_mems,
@@ -159,14 +160,22 @@ def test_nri_mode_brings_the_node_up_managed_by_numalign(
 
 @pytest.fixture
 def namespace(namespace: str, nri_node: Any, core: client.CoreV1Api) -> Iterator[str]:
-    """The test's namespace; its pods deleted after it and their containers gone from
-    containerd, so that the next test finds CPU 1 and the devices free."""
+    """The test's namespace; its pods (and what would recreate them) deleted after it,
+    and their containers and sandboxes gone from containerd -- the kubelet removes them at
+    its next garbage collection, within a minute; numalign gives a pod's CPUs back when its
+    sandbox goes -- so that the next test finds CPU 1 and the devices free."""
     yield namespace
+    apps = client.AppsV1Api(core.api_client)
+    for d in apps.list_namespaced_deployment(namespace).items:
+        apps.delete_namespaced_deployment(d.metadata.name, namespace)
+    for rs in apps.list_namespaced_replica_set(namespace).items:
+        apps.delete_namespaced_replica_set(rs.metadata.name, namespace)
     for pod in core.list_namespaced_pod(namespace).items:
         core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
     wait_for(lambda: not core.list_namespaced_pod(namespace).items
-             and not app_containers(nri_node, namespace=namespace), 120,
-             "the test's pods gone from the API and from containerd")
+             and not containers(nri_node, namespace=namespace), 150,
+             "the test's pods gone from the API, their containers and sandboxes from "
+             "containerd")
 
 
 def _exec_status(kubectl: Any, namespace: str, pod: str) -> str:
