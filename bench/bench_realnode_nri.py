@@ -26,7 +26,7 @@ container's creation). Where this numalign's agent has no ``--nri-socket`` only 
 is measured. Needs root, cgroups and the real node's binaries (``numalign dev build
 --real-node``); otherwise it says so and measures nothing.
 
-    python bench/run.py realnode-nri [--quick]
+    python bench/run.py realnode-nri [--quick | --pods=N]
 """
 
 from __future__ import annotations
@@ -293,6 +293,13 @@ def main(argv: list[str]) -> int:
         return 0
     quick = "--quick" in argv
     rounds, per_round = (2, 3) if quick else (4, 10)
+    for arg in argv:  # --pods=N: N pods each way, in 4 rounds
+        if arg.startswith("--pods="):
+            try:
+                rounds, per_round = 4, max(1, int(arg.split("=", 1)[1]) // 4)
+            except ValueError:
+                print(f"realnode-nri: --pods: expected a number of pods, got {arg!r}")
+                return 2
     machine = Path(__file__).resolve().parents[1] / "config/samples/realnode/realnode-2numa.yaml"
     cluster = DevCluster(Path(tempfile.mkdtemp(prefix="nb-rn-")), name="bench", ephemeral=True)
     say: Callable[[str], None] = lambda m: print(f"  [devcluster] {m}", file=sys.stderr)  # noqa: E731
