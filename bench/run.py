@@ -1,7 +1,8 @@
 """Benchmark runner: ``python bench/run.py [NAME...] [--quick]``.
 
-Each benchmark is a module ``bench/bench_NAME.py`` with ``main(argv) -> int``; register
-it in BENCHMARKS. Benchmarks print numbers; they are not tests and assert no timings.
+Each benchmark is a module ``bench/bench_NAME.py`` (dashes in NAME as underscores) with
+``main(argv) -> int``; register it in BENCHMARKS. Benchmarks print numbers; they are not
+tests and assert no timings.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ BENCHMARKS: dict[str, str] = {
     "gpu": "GPU group allocation: allocate and hints per request, 64 GPUs, 3 group levels",
     "nri": "NRI plugin: CRI CreateContainer latency on a private containerd, with and "
            "without the plugin (p50/p99)",
+    "realnode-nri": "pod start and container creation on the NRI-managed real node, with "
+                    "and without numalign's plugin (p50/p99)",
 }
 
 
@@ -35,7 +38,7 @@ def main(argv: list[str]) -> int:
         if name not in BENCHMARKS:
             print(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}", file=sys.stderr)
             return 2
-        module = importlib.import_module(f"bench_{name}")
+        module = importlib.import_module(f"bench_{name.replace('-', '_')}")
         status |= int(module.main(flags))
     return status
 

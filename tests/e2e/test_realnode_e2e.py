@@ -4,28 +4,35 @@ reserved CPU) and the ``single-numa-node`` Topology Manager policy."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
-from e2e_helpers import MACHINES, AgentProcess, node_topology, wait_for
+from e2e_helpers import MACHINES, wait_for
 from numalign.agent.podresources import PodResourcesError
 from numalign.api.wire import LABEL_MANAGED
-from numalign.devcluster.images import WORKLOAD_IMAGE
-from numalign.devcluster.realnode_config import TAINT
 from operator_helpers import delete_policy, operator, policy
+from realnode_helpers import (
+    DEVICE,
+    REDEPLOY,
+    avoids_the_real_node,
+    beside_an_emulated_node,
+    burstable_pod,
+    events_of,
+    prefers_the_real_node,
+    status_line,
+    story,
+    wait_running,
+    workload_pod,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -53,26 +60,7 @@ def real_node(dev_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Ite
         node.down(log=lambda m: print(f"[realnode] {m}", flush=True))
 
 
-DEVICE = "numalign.io/sample-device"
 Allocations = dict[str, dict[str, tuple[str, dict[str, list[str]]]]]
-
-
-def _pod(name: str, cpu: str = "1", memory: str = "64Mi",
-         extra: dict[str, str] | None = None) -> dict[str, Any]:
-    limits = {"cpu": cpu, "memory": memory, **(extra or {})}
-    return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": "localhost"},
-            "tolerations": [{"key": TAINT["key"], "operator": "Exists"}],
-            "terminationGracePeriodSeconds": 2,
-            "automountServiceAccountToken": False,
-            "containers": [{"name": "work", "image": WORKLOAD_IMAGE,
-                            "imagePullPolicy": "Never",
-                            "resources": {"limits": limits, "requests": limits}}],
-        },
-    }
 
 
 @pytest.fixture
@@ -83,46 +71,15 @@ def namespace(namespace: str, real_node: Any, core: client.CoreV1Api) -> Iterato
     _delete_and_forget(core, real_node, namespace)
 
 
-def _burstable(name: str, extra: dict[str, str] | None = None) -> dict[str, Any]:
-    """A burstable pod with no CPU request: it fits beside a guaranteed 1-CPU pod on the
-    node's one allocatable CPU, and runs in the shared pool."""
-    pod = _pod(name, extra=extra)
-    pod["spec"]["containers"][0]["resources"] = {
-        "limits": {"memory": "64Mi", **(extra or {})},
-        "requests": {"memory": "32Mi", **(extra or {})}}
-    return pod
-
-
-def _wait_running(core: client.CoreV1Api, ns: str, name: str, timeout: float = 180) -> Any:
-    def running() -> Any:
-        pod = core.read_namespaced_pod(name, ns)
-        if pod.status.phase in ("Failed", "Succeeded"):
-            raise AssertionError(f"pod {name} is {pod.status.phase}: {pod.status.reason} "
-                                 f"{pod.status.message}")
-        return pod if pod.status.phase == "Running" else None
-
-    try:
-        return wait_for(running, timeout, f"pod {name} Running on the real node")
-    except AssertionError:
-        events = core.list_namespaced_event(ns).items
-        raise AssertionError("; ".join(f"{e.reason}: {e.message}" for e in events)) from None
-
-
 def _cpu_manager_state(node: Any) -> dict[str, Any]:
     state: dict[str, Any] = json.loads((node.kubelet_dir / "cpu_manager_state").read_text())
     return state
 
 
-def _status_line(text: str, key: str) -> str:
-    m = re.search(rf"^{key}:\s*(\S+)\s*$", text, re.M)
-    assert m, f"no {key} line in:\n{text}"
-    return m.group(1)
-
-
 def test_a_guaranteed_pod_runs_pinned_by_the_static_cpu_manager(
         real_node: Any, core: client.CoreV1Api, namespace: str, kubectl: Any) -> None:
-    core.create_namespaced_pod(namespace, _pod("pinned"))
-    pod = _wait_running(core, namespace, "pinned")
+    core.create_namespaced_pod(namespace, workload_pod("pinned"))
+    pod = wait_running(core, namespace, "pinned")
     assert pod.spec.node_name == "localhost"
     # Kubelet-managed: the Node does not say numalign manages it (dev up --real-node --nri).
     assert LABEL_MANAGED not in (core.read_node("localhost").metadata.labels or {})
@@ -139,18 +96,18 @@ def test_a_guaranteed_pod_runs_pinned_by_the_static_cpu_manager(
         return out.stdout if "Cpus_allowed_list" in out.stdout else None
 
     logs = wait_for(logged, 60, "the workload's first lines")
-    assert _status_line(logs, "Cpus_allowed_list") == assigned
+    assert status_line(logs, "Cpus_allowed_list") == assigned
     # Memory stays the real machine's: the kubelet runs no memory manager here.
-    assert _status_line(logs, "Mems_allowed_list")
+    assert status_line(logs, "Mems_allowed_list")
 
     out = kubectl("exec", "-n", namespace, "pinned", "--", "/workload", "status")
-    assert _status_line(out.stdout, "Cpus_allowed_list") == assigned
+    assert status_line(out.stdout, "Cpus_allowed_list") == assigned
 
 
 def test_a_burstable_pod_shares_the_pool_with_the_reserved_cpu(
         real_node: Any, core: client.CoreV1Api, namespace: str, kubectl: Any) -> None:
-    core.create_namespaced_pod(namespace, _burstable("shared"))
-    got = _wait_running(core, namespace, "shared")
+    core.create_namespaced_pod(namespace, burstable_pod("shared"))
+    got = wait_running(core, namespace, "shared")
     assert got.metadata.uid not in _cpu_manager_state(real_node).get("entries", {})
 
     # Its cpuset is the shared pool (the reserved CPU and every CPU no pinned container
@@ -160,12 +117,10 @@ def test_a_burstable_pod_shares_the_pool_with_the_reserved_cpu(
         out = kubectl("exec", "-n", namespace, "shared", "--", "/workload", "status",
                       check=False).stdout
         return (pool, out) if "Cpus_allowed_list" in out and \
-            _status_line(out, "Cpus_allowed_list") == pool else None
+            status_line(out, "Cpus_allowed_list") == pool else None
 
     pool, _ = wait_for(follows, 60, "the burstable pod's cpuset to be the shared pool")
     assert real_node.state()["reservedCPUs"] in pool
-
-
 
 
 def _podresources(node: Any, namespace: str) -> Allocations:
@@ -239,10 +194,10 @@ def _delete_and_forget(core: client.CoreV1Api, node: Any, namespace: str) -> Non
 def test_pods_with_devices_nodetopology_shows_what_podresources_reports(
         real_node: Any, core: client.CoreV1Api, namespace: str, kubectl: Any,
         k8s_client: Any, kubeconfig: Path) -> None:
-    core.create_namespaced_pod(namespace, _pod("pinned-dev", extra={DEVICE: "1"}))
-    core.create_namespaced_pod(namespace, _burstable("shared-dev", extra={DEVICE: "1"}))
-    pinned = _wait_running(core, namespace, "pinned-dev")
-    _wait_running(core, namespace, "shared-dev")
+    core.create_namespaced_pod(namespace, workload_pod("pinned-dev", extra={DEVICE: "1"}))
+    core.create_namespaced_pod(namespace, burstable_pod("shared-dev", extra={DEVICE: "1"}))
+    pinned = wait_running(core, namespace, "pinned-dev")
+    wait_running(core, namespace, "shared-dev")
 
     kubelet = wait_for(lambda: (lambda pr: pr if len(pr) == 2 else None)(
         _podresources(real_node, namespace)), 60, "PodResources to list both pods")
@@ -263,7 +218,7 @@ def test_pods_with_devices_nodetopology_shows_what_podresources_reports(
     logs = wait_for(lambda: (lambda o: o if "Cpus_allowed_list" in o else None)(
         kubectl("logs", "-n", namespace, "pinned-dev", check=False).stdout), 60,
         "the workload's output")
-    assert _status_line(logs, "Cpus_allowed_list") == cpus
+    assert status_line(logs, "Cpus_allowed_list") == cpus
     assert pinned.spec.node_name == "localhost"
 
     for name in ("pinned-dev", "shared-dev"):
@@ -275,7 +230,7 @@ def test_the_kubelet_rejects_what_single_numa_node_cannot_align(
         real_node: Any, core: client.CoreV1Api, namespace: str, kubeconfig: Path) -> None:
     # One CPU is free (on NUMA node 1: CPU 0 is reserved) but two devices span both
     # NUMA nodes: no single NUMA node has both, and the Topology Manager says so.
-    core.create_namespaced_pod(namespace, _pod("misfit", extra={DEVICE: "2"}))
+    core.create_namespaced_pod(namespace, workload_pod("misfit", extra={DEVICE: "2"}))
 
     def failed() -> Any:
         pod = core.read_namespaced_pod("misfit", namespace)
@@ -296,8 +251,8 @@ def test_the_kubelet_rejects_what_single_numa_node_cannot_align(
 def test_restarts_keep_the_pods_and_the_reported_state(
         real_node: Any, core: client.CoreV1Api, namespace: str, kubectl: Any,
         k8s_client: Any) -> None:
-    core.create_namespaced_pod(namespace, _pod("steady", extra={DEVICE: "1"}))
-    before = _wait_running(core, namespace, "steady")
+    core.create_namespaced_pod(namespace, workload_pod("steady", extra={DEVICE: "1"}))
+    before = wait_running(core, namespace, "steady")
     kubelet = wait_for(lambda: _podresources(real_node, namespace) or None, 60,
                        "PodResources to list the pod")
     wait_for(lambda: _nodetopology(k8s_client, namespace) == kubelet, 60,
@@ -338,80 +293,7 @@ def test_restarts_keep_the_pods_and_the_reported_state(
     wait_for(lambda: _nodetopology(k8s_client, namespace) == kubelet, 60,
              "NodeTopology localhost to show the same allocation")
     out = kubectl("exec", "-n", namespace, "steady", "--", "/workload", "status")
-    assert _status_line(out.stdout, "Cpus_allowed_list") == cpus_before
-
-
-
-REDEPLOY = {"enabled": True, "maxAttempts": 2, "backoffSeconds": 2, "avoidRejectingNodes": True}
-
-
-@contextlib.contextmanager
-def _beside_an_emulated_node(k8s_client: Any, kubeconfig: Path, namespace: str,
-                             tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
-    """An emulated ``sample-devices-2numa`` node (two sample devices on each NUMA node)
-    beside the real node, both labelled for this test: yields its name and the label.
-    Removed after, with the test's Deployments and the real node's label."""
-    core = client.CoreV1Api(k8s_client)
-    apps = client.AppsV1Api(k8s_client)
-    label = {"numalign.io/e2e-real": namespace[-12:]}
-    agent = AgentProcess(kubeconfig, [("sample-devices-2numa", 1)],
-                         900 + uuid.uuid4().int % 90, tmp_path / "agent.log").start()
-    (emulated,) = agent.nodes
-    try:
-        def registered() -> bool:
-            assert agent.alive(), agent.text()[-3000:]
-            nt = node_topology(k8s_client, emulated)
-            return bool(nt and (nt.get("status") or {}).get("zones"))
-
-        wait_for(registered, 90, f"emulated node {emulated} with its NodeTopology")
-        for node in (emulated, "localhost"):
-            core.patch_node(node, {"metadata": {"labels": label}})
-        yield emulated, label
-    finally:
-        for d in apps.list_namespaced_deployment(namespace).items:
-            apps.delete_namespaced_deployment(d.metadata.name, namespace)
-        agent.stop()
-        core.patch_node("localhost", {"metadata": {"labels": {next(iter(label)): None}}})
-        with contextlib.suppress(ApiException):
-            core.delete_node(emulated)
-        with contextlib.suppress(ApiException):
-            client.CustomObjectsApi(k8s_client).delete_cluster_custom_object(
-                "numalign.io", "v1alpha1", "nodetopologies", emulated)
-
-
-def _real_node_can_take(core: client.CoreV1Api, devices: int) -> None:
-    """Wait until the scheduler sees room on the real node for a 1-CPU pod with
-    ``devices`` sample devices: its device plugin registered again after a kubelet restart
-    (allocatable devices back) and no pod bound to it. Otherwise the scheduler rightly
-    places the pod elsewhere and the kubelet never gets to reject it."""
-    def free() -> bool:
-        node = core.read_node("localhost")
-        alloc = node.status.allocatable or {}
-        ready = any(c.type == "Ready" and c.status == "True"
-                    for c in node.status.conditions or [])
-        bound = core.list_pod_for_all_namespaces(
-            field_selector="spec.nodeName=localhost").items
-        return ready and int(alloc.get(DEVICE, "0")) >= devices and not bound
-
-    wait_for(free, 120, f"the real node Ready, {devices} devices allocatable and no pods")
-
-
-def _prefers_the_real_node(k8s_client: Any, namespace: str, label: dict[str, str]) -> None:
-    """A Deployment of one pod (1 CPU, 2 sample devices) that prefers the real node: its
-    kubelet rejects it under single-numa-node (one free CPU, its two devices on different
-    NUMA nodes)."""
-    _real_node_can_take(client.CoreV1Api(k8s_client), 2)
-    pod = _pod("rr", extra={DEVICE: "2"})
-    pod["metadata"] = {"labels": {"app": "rr"}}
-    pod["spec"]["nodeSelector"] = label
-    pod["spec"]["affinity"] = {"nodeAffinity": {
-        "preferredDuringSchedulingIgnoredDuringExecution": [{
-            "weight": 100, "preference": {"matchFields": [{
-                "key": "metadata.name", "operator": "In", "values": ["localhost"]}]}}]}}
-    client.AppsV1Api(k8s_client).create_namespaced_deployment(namespace, {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "rr"},
-        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "rr"}},
-                 "template": {"metadata": pod["metadata"], "spec": pod["spec"]}}})
+    assert status_line(out.stdout, "Cpus_allowed_list") == cpus_before
 
 
 def _kubelet_rejected(p: Any) -> None:
@@ -422,26 +304,6 @@ def _kubelet_rejected(p: Any) -> None:
     assert "Topology" in p.status.message
 
 
-def _story(core: client.CoreV1Api, namespace: str) -> str:
-    state = [(p.metadata.name, p.spec.node_name, p.status.phase, p.status.reason)
-             for p in core.list_namespaced_pod(namespace).items]
-    events = [(ev.reason, ev.message) for ev in core.list_namespaced_event(namespace).items
-              if ev.reason.startswith("Redeploy")]
-    return f"pods {state}; events {events}"
-
-
-def _avoids_the_real_node(pod: Any) -> None:
-    terms = pod.spec.affinity.node_affinity. \
-        required_during_scheduling_ignored_during_execution.node_selector_terms
-    assert all(any(f.key == "metadata.name" and f.operator == "NotIn"
-                   and f.values == ["localhost"] for f in t.match_fields or [])
-               for t in terms), terms
-
-
-def _events(core: client.CoreV1Api, namespace: str, reason: str) -> list[Any]:
-    return [ev for ev in core.list_namespaced_event(namespace).items if ev.reason == reason]
-
-
 def test_a_kubelet_rejection_is_redeployed_to_an_emulated_node_that_fits(
         real_node: Any, core: client.CoreV1Api, namespace: str, k8s_client: Any,
         kubeconfig: Path, tmp_path: Path) -> None:
@@ -449,12 +311,12 @@ def test_a_kubelet_rejection_is_redeployed_to_an_emulated_node_that_fits(
     redeploys it, and the ReplicaSet's replacement avoids the real node and runs on the
     emulated one -- no pile of Failed pods on the way."""
     name = f"rr-{namespace}"[:60]
-    with _beside_an_emulated_node(k8s_client, kubeconfig, namespace, tmp_path) as (
+    with beside_an_emulated_node(k8s_client, kubeconfig, namespace, tmp_path) as (
             emulated, label), operator(kubeconfig, k8s_client, tmp_path / "op.log") as op:
         policy(k8s_client, name, {"policy": "single-numa-node", "namespaces": [namespace],
                                   "redeploy": REDEPLOY})
         try:
-            _prefers_the_real_node(k8s_client, namespace, label)
+            prefers_the_real_node(k8s_client, namespace, label)
             rejected: dict[str, Any] = {}
             most_failed = 0
 
@@ -463,7 +325,7 @@ def test_a_kubelet_rejection_is_redeployed_to_an_emulated_node_that_fits(
                 now = core.list_namespaced_pod(namespace).items
                 failed = [p for p in now if p.status.phase == "Failed"]
                 most_failed = max(most_failed, len(failed))
-                assert len(failed) <= 2, _story(core, namespace)
+                assert len(failed) <= 2, story(core, namespace)
                 rejected.update((p.metadata.uid, p) for p in failed)
                 running = [p for p in now if p.status.phase == "Running"]
                 return running[0] if running else None
@@ -471,19 +333,19 @@ def test_a_kubelet_rejection_is_redeployed_to_an_emulated_node_that_fits(
             try:
                 new = wait_for(placed, 180, "the replacement Running", interval=0.2)
             except AssertionError as e:
-                raise AssertionError(f"{e}: {_story(core, namespace)}; operator log "
+                raise AssertionError(f"{e}: {story(core, namespace)}; operator log "
                                      f"{op.text()[-3000:]}") from None
             print(f"[realnode-redeploy] at most {most_failed} Failed pod(s) at once; "
                   f"{len(rejected)} rejected in all", flush=True)
             assert new.spec.node_name == emulated
-            assert len(rejected) == 1, _story(core, namespace)
+            assert len(rejected) == 1, story(core, namespace)
             for p in rejected.values():
                 _kubelet_rejected(p)
-            redeploys = _events(core, namespace, "Redeploy")
-            assert len(redeploys) == 1, _story(core, namespace)
+            redeploys = events_of(core, namespace, "Redeploy")
+            assert len(redeploys) == 1, story(core, namespace)
             assert "attempt 1/2" in redeploys[0].message
             assert "avoiding localhost" in redeploys[0].message, redeploys[0].message
-            _avoids_the_real_node(new)
+            avoids_the_real_node(new)
             assert "Traceback" not in op.text()
         finally:
             delete_policy(k8s_client, name)
@@ -498,12 +360,12 @@ def test_a_pile_the_kubelet_rejected_while_the_operator_was_away_spends_one_atte
     repeat a counted rejection: deleted, RedeployRepeat), and the replacement runs on the
     emulated node; the budget is not spent on the pile and nothing is gated."""
     name = f"rp-{namespace}"[:60]
-    with _beside_an_emulated_node(k8s_client, kubeconfig, namespace, tmp_path) as (
+    with beside_an_emulated_node(k8s_client, kubeconfig, namespace, tmp_path) as (
             emulated, label):
         policy(k8s_client, name, {"policy": "single-numa-node", "namespaces": [namespace],
                                   "redeploy": REDEPLOY})
         try:
-            _prefers_the_real_node(k8s_client, namespace, label)
+            prefers_the_real_node(k8s_client, namespace, label)
 
             def piled() -> list[Any] | None:
                 failed = [p for p in core.list_namespaced_pod(namespace).items
@@ -525,19 +387,19 @@ def test_a_pile_the_kubelet_rejected_while_the_operator_was_away_spends_one_atte
                                           if p.status.phase == "Failed"], 60,
                              "the pile cleared")
                 except AssertionError as e:
-                    raise AssertionError(f"{e}: {_story(core, namespace)}; operator log "
+                    raise AssertionError(f"{e}: {story(core, namespace)}; operator log "
                                          f"{op.text()[-3000:]}") from None
                 assert new.spec.node_name == emulated
-                _avoids_the_real_node(new)
-                redeploys = _events(core, namespace, "Redeploy")
-                repeats = _events(core, namespace, "RedeployRepeat")
+                avoids_the_real_node(new)
+                redeploys = events_of(core, namespace, "Redeploy")
+                repeats = events_of(core, namespace, "RedeployRepeat")
                 print(f"[realnode-redeploy] a pile of {len(pile)}+ Failed pods: "
                       f"{len(redeploys)} attempt, {len(repeats)} repeats", flush=True)
                 assert len(redeploys) == 1 and "attempt 1/2" in redeploys[0].message, \
-                    _story(core, namespace)
-                assert len(repeats) >= len(pile) - 1, _story(core, namespace)
-                assert not _events(core, namespace, "RedeployGaveUp"), _story(core, namespace)
-                assert not _events(core, namespace, "RedeployExhausted")
+                    story(core, namespace)
+                assert len(repeats) >= len(pile) - 1, story(core, namespace)
+                assert not events_of(core, namespace, "RedeployGaveUp"), story(core, namespace)
+                assert not events_of(core, namespace, "RedeployExhausted")
                 assert "Traceback" not in op.text()
         finally:
             delete_policy(k8s_client, name)

@@ -1,25 +1,73 @@
 """The numalign-managed real node (``numalign dev up --real-node --nri``): the kubelet's
 CPU, memory and Topology managers at ``none``, the Node labelled ``numalign.io/managed=nri``
 and numalign's agent placing each container through containerd's NRI socket, under the
-policy its pod resolves to (issue 13)."""
+policy its pod resolves to (issue 13).
+
+``realnode-2numa`` is this machine's two CPUs as two NUMA nodes of one CPU each, one
+sample device on each; CPU 0 is reserved, so CPU 1 is the one CPU numalign can give a
+container exclusively, and the shared pool is CPU 0 while it does.
+
+The scenarios of issue 13 need an agent that places containers through NRI: where this
+numalign's agent has no ``--nri-socket`` yet they are expected to fail and are not run
+(``pytest --runxfail`` runs them anyway, to see why)."""
 
 from __future__ import annotations
 
 import contextlib
 import io
 import json
+import os
 import shutil
+import signal
 import ssl
+import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 
 from e2e_helpers import MACHINES, node_topology, wait_for
-from numalign.api.wire import LABEL_MANAGED, MANAGED_NRI
+from nri_helpers import (
+    Running,
+    admitted,
+    admitted_container_cpus,
+    allocation,
+    app_containers,
+    container_id,
+    containers,
+    cpus,
+    exclusive,
+    expected_mems,
+    running,
+)
+from numalign.api.wire import (
+    ANN_POLICY,
+    ANN_RESOLVED,
+    LABEL_MANAGED,
+    MANAGED_NRI,
+    REJECT_REASON,
+    TOPOLOGY_MESSAGE,
+)
+from numalign.commands import agent as agent_command
 from numalign.commands import dev
+from operator_helpers import delete_policy, operator, policy
+from realnode_helpers import (
+    DEVICE,
+    REDEPLOY,
+    avoids_the_real_node,
+    beside_an_emulated_node,
+    burstable_pod,
+    events_of,
+    prefers_the_real_node,
+    status_line,
+    story,
+    wait_running,
+    workload_pod,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -66,6 +114,12 @@ def _agent_has_nri(node: Any) -> bool:
     return bool(node._supports("agent", needle="--nri-socket"))
 
 
+# The issue's scenarios: they need the agent's NRI plugin (numalign agent --nri-socket).
+needs_nri_agent = pytest.mark.xfail(
+    "--nri-socket" not in agent_command._parser().format_help(), run=False, strict=True,
+    reason="this numalign's agent has no NRI plugin yet (numalign agent --nri-socket)")
+
+
 def test_nri_mode_brings_the_node_up_managed_by_numalign(
         nri_node: Any, core: client.CoreV1Api, k8s_client: Any) -> None:
     configz = _configz(nri_node)
@@ -99,3 +153,270 @@ def test_nri_mode_brings_the_node_up_managed_by_numalign(
     with contextlib.redirect_stdout(out):
         dev.main(["status", "--state-dir", str(nri_node.cluster.state_dir)])
     assert "real node localhost: mode nri" in out.getvalue()
+
+
+# ----------------------------------------------------------------- the issue's scenarios
+
+
+@pytest.fixture
+def namespace(namespace: str, nri_node: Any, core: client.CoreV1Api) -> Iterator[str]:
+    """The test's namespace; its pods (and what would recreate them) deleted after it,
+    and their containers and sandboxes gone from containerd -- the kubelet removes them at
+    its next garbage collection, within a minute; numalign gives a pod's CPUs back when its
+    sandbox goes -- so that the next test finds CPU 1 and the devices free."""
+    yield namespace
+    apps = client.AppsV1Api(core.api_client)
+    for d in apps.list_namespaced_deployment(namespace).items:
+        apps.delete_namespaced_deployment(d.metadata.name, namespace)
+    for rs in apps.list_namespaced_replica_set(namespace).items:
+        apps.delete_namespaced_replica_set(rs.metadata.name, namespace)
+    for pod in core.list_namespaced_pod(namespace).items:
+        core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
+    wait_for(lambda: not core.list_namespaced_pod(namespace).items
+             and not containers(nri_node, namespace=namespace), 150,
+             "the test's pods gone from the API, their containers and sandboxes from "
+             "containerd")
+
+
+def _exec_status(kubectl: Any, namespace: str, pod: str) -> str:
+    return str(kubectl("exec", "-n", namespace, pod, "--", "/workload", "status").stdout)
+
+
+def _printed(kubectl: Any, namespace: str, pod: str) -> str:
+    """What the workload printed when it started (its /proc/self/status lines)."""
+    return str(wait_for(lambda: (lambda o: o if "Cpus_allowed_list" in o else None)(
+        kubectl("logs", "-n", namespace, pod, check=False).stdout), 60,
+        f"{pod}'s first lines"))
+
+
+def _on_node(core: client.CoreV1Api) -> list[Any]:
+    """Every pod bound to the real node, in every namespace, not finished."""
+    return [p for p in core.list_pod_for_all_namespaces(
+        field_selector="spec.nodeName=localhost").items
+        if p.status.phase not in ("Failed", "Succeeded")]
+
+
+def _no_cpu_twice(node: Any, core: client.CoreV1Api, namespace: str) -> dict[str, Running]:
+    """Every running container of ``namespace`` has the cpuset numalign decided (its
+    exclusive CPUs, else the shared pool: the machine's CPUs no container holds
+    exclusively), in its cgroup and for its process, and no CPU is exclusive to two
+    containers or shared with one that holds it exclusively. Returns them by id."""
+    pods = {p.metadata.uid: p for p in _on_node(core)}
+    held: dict[int, str] = {}  # CPU -> the one container it is exclusive to
+    for pod in pods.values():
+        alloc = allocation(pod)
+        for c in (alloc.containers if alloc is not None else {}):
+            here = f"{pod.metadata.namespace}/{pod.metadata.name}/{c}"
+            for cpu in exclusive(alloc, c):
+                assert cpu not in held, f"CPU {cpu} given to {held[cpu]} and to {here}"
+                held[cpu] = here
+    pool = set(node.machine().cpus) - set(held)
+    assert pool, "the shared pool is empty"
+    got = running(node, namespace=namespace)
+    for r in got.values():
+        pod = pods[r.pod_uid]
+        alloc = allocation(pod)
+        want = exclusive(alloc, r.name) or pool
+        assert r.cgroup_cpus == want, (pod.metadata.name, r.name, r.cgroup_cpus, want, held)
+        assert r.status_cpus == want, (pod.metadata.name, r.name, r.status_cpus, want)
+        assert r.cgroup_mems == expected_mems(alloc, r.name), (pod.metadata.name, r)
+    return got
+
+
+@needs_nri_agent
+def test_two_pods_run_where_their_own_policies_put_them(
+        nri_node: Any, core: client.CoreV1Api, namespace: str, kubectl: Any,
+        k8s_client: Any, kubeconfig: Path, tmp_path: Path) -> None:
+    """One pod under its namespace's TopologyPolicy (single-numa-node), one with the
+    best-effort override: numalign's decision for each is what its container runs with
+    (its printed Cpus_allowed_list, its process and its cgroup), as the pod's allocation
+    and ``kubectl get nt`` say; the shared pool excludes the exclusive CPU."""
+    name = f"nri-{namespace}"[:60]
+    with operator(kubeconfig, k8s_client, tmp_path / "op.log") as op:
+        policy(k8s_client, name, {"policy": "single-numa-node", "namespaces": [namespace],
+                                  "podOverrides": {"allowed": True,
+                                                   "policies": ["best-effort"]}})
+        try:
+            # Shared: burstable, under the namespace's single-numa-node. Nothing is
+            # exclusive yet: its pool is every CPU (the reserved one too).
+            core.create_namespaced_pod(namespace, burstable_pod("shared"))
+            shared = wait_running(core, namespace, "shared")
+            assert json.loads(shared.metadata.annotations[ANN_RESOLVED])["policy"] == \
+                "single-numa-node"
+            all_cpus = set(nri_node.machine().cpus)
+            assert _status_cpus_of(_printed(kubectl, namespace, "shared")) == all_cpus
+
+            # Spread: 1 CPU and both sample devices (one per NUMA node). single-numa-node
+            # cannot align that (the next test); its best-effort override admits it.
+            spread = workload_pod("spread", extra={DEVICE: "2"})
+            spread["metadata"]["annotations"] = {ANN_POLICY: "best-effort"}
+            core.create_namespaced_pod(namespace, spread)
+            spread_pod = wait_running(core, namespace, "spread")
+            resolved = json.loads(spread_pod.metadata.annotations[ANN_RESOLVED])
+            assert (resolved["policy"], resolved["source"]) == ("best-effort", "pod")
+            alloc = wait_for(lambda: allocation(core.read_namespaced_pod("spread", namespace)),
+                             60, "spread's numalign.io/allocation")
+            mine = exclusive(alloc, "work")
+            reserved = int(nri_node.state()["reservedCPUs"])
+            assert len(mine) == 1 and reserved not in mine, alloc
+            assert sorted(alloc.containers["work"].devices[DEVICE]) == ["dev0", "dev1"]
+            assert _status_cpus_of(_printed(kubectl, namespace, "spread")) == mine
+
+            # The shared pod was moved off the exclusive CPU (NRI container update).
+            pool = all_cpus - mine
+            wait_for(lambda: _status_cpus_of(_exec_status(kubectl, namespace, "shared"))
+                     == pool, 60, f"the shared pod's cpuset to become the pool {pool}")
+            got = _no_cpu_twice(nri_node, core, namespace)
+            by_pod = {r.pod_uid: r for r in got.values()}
+            assert by_pod[spread_pod.metadata.uid].cgroup_cpus == mine
+            assert by_pod[shared.metadata.uid].cgroup_cpus == pool
+            assert by_pod[spread_pod.metadata.uid].id == container_id(
+                core.read_namespaced_pod("spread", namespace), "work")
+
+            # kubectl get nt: each pod with its policy and source, the same CPUs.
+            def published() -> dict[str, Any] | None:
+                doc = yaml.safe_load(kubectl("get", "nt", "localhost", "-o", "yaml").stdout)
+                entries = {e["pod"]: e for e in (doc.get("status") or {}).get("admitted") or []
+                           if e.get("namespace") == namespace}
+                return entries if set(entries) == {"shared", "spread"} else None
+
+            entries = wait_for(published, 60, "both pods in NodeTopology localhost status")
+            assert (entries["spread"]["policy"], entries["spread"]["source"]) == (
+                "best-effort", "pod")
+            assert (entries["shared"]["policy"], entries["shared"]["source"]) == (
+                "single-numa-node", f"TopologyPolicy/{name}")
+            assert admitted_container_cpus(entries["spread"], "work") == mine
+            assert admitted_container_cpus(entries["shared"], "work") == set()
+            assert entries["spread"]["uid"] == spread_pod.metadata.uid
+            assert "Traceback" not in op.text()
+        finally:
+            delete_policy(k8s_client, name)
+
+
+def _status_cpus_of(text: str) -> set[int]:
+    return cpus(status_line(text, "Cpus_allowed_list"))
+
+
+@needs_nri_agent
+def test_a_pod_numalign_cannot_align_never_starts_and_is_redeployed(
+        nri_node: Any, core: client.CoreV1Api, namespace: str, k8s_client: Any,
+        kubeconfig: Path, tmp_path: Path) -> None:
+    """1 CPU and both sample devices under single-numa-node (the namespace's policy): the
+    kubelet's managers are none and admit it, numalign's agent rejects it the kubelet's
+    way -- no container of it ever exists in containerd, the pod is Failed /
+    TopologyAffinityError with a Warning event -- and the operator redeploys it to an
+    emulated node where it fits."""
+    name = f"nrr-{namespace}"[:60]
+    seen: set[str] = set()  # uids of the pods that were bound to the real node
+
+    def never_started() -> None:
+        for p in core.list_namespaced_pod(namespace).items:
+            if p.spec.node_name == "localhost":
+                seen.add(p.metadata.uid)
+        started = app_containers(nri_node, namespace=namespace)
+        assert not started, f"containerd holds containers {started}: {story(core, namespace)}"
+
+    with beside_an_emulated_node(k8s_client, kubeconfig, namespace, tmp_path) as (
+            emulated, label), operator(kubeconfig, k8s_client, tmp_path / "op.log") as op:
+        policy(k8s_client, name, {"policy": "single-numa-node", "namespaces": [namespace],
+                                  "redeploy": REDEPLOY})
+        try:
+            prefers_the_real_node(k8s_client, namespace, label)
+            rejected: dict[str, Any] = {}
+
+            def placed() -> Any:
+                never_started()
+                now = core.list_namespaced_pod(namespace).items
+                rejected.update((p.metadata.uid, p) for p in now
+                                if p.status.phase == "Failed")
+                up = [p for p in now if p.status.phase == "Running"]
+                return up[0] if up else None
+
+            try:
+                new = wait_for(placed, 240, "the replacement Running", interval=0.3)
+            except AssertionError as e:
+                raise AssertionError(f"{e}: {story(core, namespace)}; operator log "
+                                     f"{op.text()[-3000:]}") from None
+            never_started()
+            assert new.spec.node_name == emulated
+            avoids_the_real_node(new)
+            assert rejected, story(core, namespace)
+            assert set(rejected) <= seen
+            warnings = {e.involved_object.uid: e for e in events_of(core, namespace,
+                                                                    REJECT_REASON)}
+            for uid, p in rejected.items():
+                assert p.spec.node_name == "localhost"
+                assert p.status.reason == REJECT_REASON, p.status
+                assert TOPOLOGY_MESSAGE in (p.status.message or ""), p.status
+                for st in p.status.container_statuses or []:  # none ever ran
+                    assert not (st.state and st.state.running), st
+                    assert not (st.last_state and st.last_state.terminated), st
+                assert uid in warnings and warnings[uid].type == "Warning", warnings
+                assert allocation(p) is None  # nothing recorded for a rejected pod
+            redeploys = events_of(core, namespace, "Redeploy")
+            assert redeploys and "avoiding localhost" in redeploys[0].message, \
+                story(core, namespace)
+            assert "Traceback" not in op.text()
+        finally:
+            delete_policy(k8s_client, name)
+
+
+@needs_nri_agent
+def test_the_agent_killed_and_restarted_gives_no_cpu_twice(
+        nri_node: Any, core: client.CoreV1Api, namespace: str, kubectl: Any,
+        k8s_client: Any) -> None:
+    """While a pinned pod and a shared one run and a third is being created, the agent
+    is killed (SIGKILL: no goodbye) and started again: it rebuilds its ledger from the
+    runtime and the pods' records -- the running pods keep their containers and
+    cpusets, the new one ends in the shared pool, and no CPU is given twice."""
+    core.create_namespaced_pod(namespace, workload_pod("pinned"))
+    pinned = wait_running(core, namespace, "pinned")
+    core.create_namespaced_pod(namespace, burstable_pod("shared"))
+    shared = wait_running(core, namespace, "shared")
+    mine = exclusive(wait_for(lambda: allocation(core.read_namespaced_pod("pinned", namespace)),
+                              60, "pinned's numalign.io/allocation"), "work")
+    assert len(mine) == 1
+    before = _no_cpu_twice(nri_node, core, namespace)
+    cpusets = {r.pod_uid: (r.id, r.cgroup_cpus) for r in before.values()}
+    assert cpusets[pinned.metadata.uid][1] == mine
+    assert cpusets[shared.metadata.uid][1] == set(nri_node.machine().cpus) - mine
+
+    agent = nri_node.process("agent")
+    pid = agent.pid
+    assert pid is not None and agent.is_running()
+    core.create_namespaced_pod(namespace, burstable_pod("newcomer"))
+    wait_for(lambda: core.read_namespaced_pod("newcomer", namespace).spec.node_name, 60,
+             "the newcomer bound to the real node")
+    os.killpg(pid, signal.SIGKILL)
+    wait_for(lambda: not agent.is_running(), 10, "the agent gone")
+    time.sleep(2)  # the kubelet goes on creating the newcomer meanwhile
+    nri_node.restart("agent")
+
+    newcomer = wait_running(core, namespace, "newcomer", timeout=180)
+
+    def settled() -> dict[str, Running] | None:
+        try:
+            got = _no_cpu_twice(nri_node, core, namespace)
+        except AssertionError:
+            return None
+        return got if len(got) == 3 else None
+
+    try:
+        after = wait_for(settled, 120, "every container's cpuset as numalign decided")
+    except AssertionError:
+        _no_cpu_twice(nri_node, core, namespace)  # says what differs
+        raise
+    by_pod = {r.pod_uid: (r.id, r.cgroup_cpus) for r in after.values()}
+    # The running pods kept their containers and their cpusets.
+    assert by_pod[pinned.metadata.uid] == cpusets[pinned.metadata.uid]
+    assert by_pod[shared.metadata.uid] == cpusets[shared.metadata.uid]
+    assert by_pod[newcomer.metadata.uid][1] == set(nri_node.machine().cpus) - mine
+    for name in ("pinned", "shared"):
+        st = core.read_namespaced_pod(name, namespace).status.container_statuses[0]
+        assert st.restart_count == 0 and st.state.running, st
+    # The restarted agent holds the same record and publishes it.
+    assert exclusive(allocation(core.read_namespaced_pod("pinned", namespace)), "work") == mine
+    wait_for(lambda: admitted_container_cpus(
+        admitted(k8s_client).get((namespace, "pinned"), {}), "work") == mine, 90,
+        "the restarted agent to publish pinned's CPU in NodeTopology localhost")
+    assert _status_cpus_of(_exec_status(kubectl, namespace, "pinned")) == mine
