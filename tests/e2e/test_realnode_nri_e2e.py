@@ -5,11 +5,7 @@ policy its pod resolves to (issue 13).
 
 ``realnode-2numa`` is this machine's two CPUs as two NUMA nodes of one CPU each, one
 sample device on each; CPU 0 is reserved, so CPU 1 is the one CPU numalign can give a
-container exclusively, and the shared pool is CPU 0 while it does.
-
-The scenarios of issue 13 need an agent that places containers through NRI: where this
-numalign's agent has no ``--nri-socket`` yet they are expected to fail and are not run
-(``pytest --runxfail`` runs them anyway, to see why)."""
+container exclusively, and the shared pool is CPU 0 while it does."""
 
 from __future__ import annotations
 
@@ -52,7 +48,6 @@ from numalign.api.wire import (
     REJECT_REASON,
     TOPOLOGY_MESSAGE,
 )
-from numalign.commands import agent as agent_command
 from numalign.commands import dev
 from operator_helpers import delete_policy, operator, policy
 from realnode_helpers import (
@@ -110,14 +105,6 @@ def _configz(node: Any) -> dict[str, Any]:
     return doc
 
 
-def _agent_has_nri(node: Any) -> bool:
-    return bool(node._supports("agent", needle="--nri-socket"))
-
-
-# The issue's scenarios: they need the agent's NRI plugin (numalign agent --nri-socket).
-needs_nri_agent = pytest.mark.xfail(
-    "--nri-socket" not in agent_command._parser().format_help(), run=False, strict=True,
-    reason="this numalign's agent has no NRI plugin yet (numalign agent --nri-socket)")
 
 
 def test_nri_mode_brings_the_node_up_managed_by_numalign(
@@ -140,10 +127,7 @@ def test_nri_mode_brings_the_node_up_managed_by_numalign(
     assert nri_node.process("agent").is_running()
     argv = nri_node.state()["commands"]["agent"]["argv"]
     assert argv[argv.index("--node") + 1] == "localhost"
-    if _agent_has_nri(nri_node):
-        assert argv[argv.index("--nri-socket") + 1] == str(nri_node.nri_socket)
-    else:
-        assert "--nri-socket" not in argv
+    assert argv[argv.index("--nri-socket") + 1] == str(nri_node.nri_socket)
     assert nri_node.nri_socket.is_socket()  # containerd serves NRI there
     wait_for(lambda: ((node_topology(k8s_client, "localhost") or {}).get("status") or {})
              .get("zones"), 90, "the agent to publish NodeTopology localhost")
@@ -223,7 +207,6 @@ def _no_cpu_twice(node: Any, core: client.CoreV1Api, namespace: str) -> dict[str
     return got
 
 
-@needs_nri_agent
 def test_two_pods_run_where_their_own_policies_put_them(
         nri_node: Any, core: client.CoreV1Api, namespace: str, kubectl: Any,
         k8s_client: Any, kubeconfig: Path, tmp_path: Path) -> None:
@@ -297,7 +280,6 @@ def _status_cpus_of(text: str) -> set[int]:
     return cpus(status_line(text, "Cpus_allowed_list"))
 
 
-@needs_nri_agent
 def test_a_pod_numalign_cannot_align_never_starts_and_is_redeployed(
         nri_node: Any, core: client.CoreV1Api, namespace: str, k8s_client: Any,
         kubeconfig: Path, tmp_path: Path) -> None:
@@ -361,7 +343,6 @@ def test_a_pod_numalign_cannot_align_never_starts_and_is_redeployed(
             delete_policy(k8s_client, name)
 
 
-@needs_nri_agent
 def test_the_agent_killed_and_restarted_gives_no_cpu_twice(
         nri_node: Any, core: client.CoreV1Api, namespace: str, kubectl: Any,
         k8s_client: Any) -> None:
