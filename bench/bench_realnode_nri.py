@@ -106,12 +106,18 @@ def _timestamp(day: str, clock: str, offset: str) -> float:
     return t + (float(f"0.{frac}") if frac else 0.0)
 
 
-def _pod(name: str) -> dict[str, Any]:
+def _pod(name: str, unplaced: bool) -> dict[str, Any]:
+    """The guaranteed 1-CPU pod; ``unplaced``: it may start with no NRI plugin registered
+    (the real node's containerd otherwise requires numalign's)."""
+    from numalign.api.wire import ANN_TOLERATE_UNPLACED
     from numalign.devcluster.images import WORKLOAD_IMAGE
     from numalign.devcluster.realnode_config import TAINT
 
     res = {"cpu": "1", "memory": "64Mi"}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+    meta: dict[str, Any] = {"name": name}
+    if unplaced:
+        meta["annotations"] = {ANN_TOLERATE_UNPLACED: "true"}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
             "spec": {"nodeSelector": {"kubernetes.io/hostname": "localhost"},
                      "tolerations": [{"key": TAINT["key"], "operator": "Exists"}],
                      "terminationGracePeriodSeconds": 0,
@@ -180,7 +186,7 @@ class Bench:
         """Create pod ``name``, time it until Running (recorded under ``mode``, unless
         None), delete it and wait until its CPU is free again."""
         t0 = time.time()
-        self.core.create_namespaced_pod(NAMESPACE, _pod(name))
+        self.core.create_namespaced_pod(NAMESPACE, _pod(name, unplaced=mode != WITH))
 
         def running() -> float | None:
             with contextlib.suppress(queue.Empty):

@@ -16,7 +16,6 @@ import os
 import shutil
 import signal
 import ssl
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -365,12 +364,23 @@ def test_the_agent_killed_and_restarted_gives_no_cpu_twice(
     agent = nri_node.process("agent")
     pid = agent.pid
     assert pid is not None and agent.is_running()
-    core.create_namespaced_pod(namespace, burstable_pod("newcomer"))
-    wait_for(lambda: core.read_namespaced_pod("newcomer", namespace).spec.node_name, 60,
-             "the newcomer bound to the real node")
     os.killpg(pid, signal.SIGKILL)
     wait_for(lambda: not agent.is_running(), 10, "the agent gone")
-    time.sleep(2)  # the kubelet goes on creating the newcomer meanwhile
+    core.create_namespaced_pod(namespace, burstable_pod("newcomer"))
+
+    # Meanwhile nothing places containers, and none starts unplaced: containerd requires
+    # numalign's plugin, so the kubelet's creation fails (and is retried).
+    def refused() -> str | None:
+        sts = core.read_namespaced_pod("newcomer", namespace).status.container_statuses or []
+        waiting = sts[0].state.waiting if sts else None
+        return waiting.message if waiting is not None and waiting.message \
+            and "numalign" in waiting.message else None
+
+    why = wait_for(refused, 90, "the newcomer's creation refused while no plugin is there")
+    assert "required plugin" in why, why
+    newcomer_pod = core.read_namespaced_pod("newcomer", namespace)
+    assert app_containers(nri_node, pod_uid=newcomer_pod.metadata.uid) == [], \
+        "a container of the newcomer exists while nothing places it"
     nri_node.restart("agent")
 
     newcomer = wait_running(core, namespace, "newcomer", timeout=180)

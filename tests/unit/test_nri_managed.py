@@ -239,7 +239,8 @@ def test_the_rejection_is_written_as_the_kubelet_writes_it() -> None:
     pod["status"] = {"phase": "Pending", "conditions": [
         {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
     body = rejection_patch(pod, REJECT_REASON, REJECT_MESSAGE)
-    assert body["metadata"] == {"uid": "big"}  # a precondition: never another pod's status
+    # the uid: a precondition, never another pod's status
+    assert body["metadata"] == {"uid": "big", "annotations": {ANN_REJECTION: REJECT_REASON}}
     status = body["status"]
     assert status["phase"] == "Failed"
     assert status["reason"] == "TopologyAffinityError"
@@ -310,11 +311,12 @@ async def test_a_rejection_the_kubelet_reverted_is_written_again_a_bounded_numbe
     node.rejections["big"] = (REJECT_REASON, REJECT_MESSAGE)
     await node._report("big")
     paths = [p for p, _ in kube.writes]
-    # the status, then the metadata (what makes the kubelet's pod worker see it), the event
-    assert paths == ["/api/v1/namespaces/ns/pods/big/status", "/api/v1/namespaces/ns/pods/big",
-                     "/api/v1/namespaces/ns/events"]
-    assert kube.writes[1][1]["metadata"] == {"uid": "big",
-                                             "annotations": {ANN_REJECTION: REJECT_REASON}}
+    # one status patch that also changes the metadata (what makes the kubelet's pod worker
+    # sync while the API shows the terminal phase), then the event
+    assert paths == ["/api/v1/namespaces/ns/pods/big/status", "/api/v1/namespaces/ns/events"]
+    first = kube.writes[0][1]
+    assert first["metadata"] == {"uid": "big", "annotations": {ANN_REJECTION: REJECT_REASON}}
+    assert first["status"]["phase"] == "Failed"
 
     async def settle() -> None:
         for _ in range(20):
@@ -323,9 +325,14 @@ async def test_a_rejection_the_kubelet_reverted_is_written_again_a_bounded_numbe
     failed = dict(pod, status={"phase": "Failed", "reason": REJECT_REASON})
     node.on_pod("MODIFIED", failed)  # it held: nothing more
     await settle()
-    assert len(kube.writes) == 3
+    assert len(kube.writes) == 2
     for _ in range(managed.MAX_REASSERTS + 2):  # the kubelet wrote Pending back, each time
         node.on_pod("MODIFIED", pod)
         await settle()
-    statuses = [p for p, _ in kube.writes if p.endswith("/status")]
+    statuses = [b for p, b in kube.writes if p.endswith("/status")]
     assert len(statuses) == 1 + managed.MAX_REASSERTS
+    # each one changes the metadata again (else the kubelet would not sync); one event
+    notes = [b["metadata"]["annotations"][ANN_REJECTION] for b in statuses]
+    assert len(set(notes)) == len(notes)
+    assert all(b["status"]["phase"] == "Failed" for b in statuses)
+    assert sum(p.endswith("/events") for p, _ in kube.writes) == 1

@@ -137,6 +137,24 @@ def test_nri_mode_leaves_the_kubelets_managers_at_none(tmp_path: Path) -> None:
     assert "memoryManagerPolicy" not in cfg
 
 
+def test_only_nri_mode_makes_containerd_require_numalign_s_plugin(tmp_path: Path) -> None:
+    """In nri mode no container starts unplaced: while numalign's NRI plugin is not
+    registered (the agent restarting, say) containerd's default validator fails every
+    creation except a pod's that tolerates it; the kubelet retries."""
+    nri = _node(tmp_path / "nri", MODE_NRI)
+    nri._write_containerd_config()
+    cfg = tomllib.loads((nri.containerd_dir / "config.toml").read_text())
+    section = cfg["plugins"]["io.containerd.nri.v1.nri"]
+    assert section["default_validator"] == {
+        "enable": True, "required_plugins": ["numalign"],
+        "tolerate_missing_plugins_annotation": "numalign.io/tolerate-unplaced"}
+    assert section["plugin_request_timeout"] == "10s"
+    kubelet = _node(tmp_path / "kubelet")
+    kubelet._write_containerd_config()
+    cfg = tomllib.loads((kubelet.containerd_dir / "config.toml").read_text())
+    assert "default_validator" not in cfg["plugins"]["io.containerd.nri.v1.nri"]
+
+
 def test_only_nri_mode_labels_the_node_managed() -> None:
     assert node_labels(MODE_NRI) == {LABEL_MANAGED: MANAGED_NRI} == {"numalign.io/managed": "nri"}
     assert node_labels(MODE_KUBELET) == {}

@@ -39,6 +39,10 @@ ANN_SCOPE = "numalign.io/scope"  # user: scope override
 ANN_RESOLVED = "numalign.io/resolved"  # operator: the resolved policy
 ANN_ALLOCATION = "numalign.io/allocation"  # agent: what the pod got
 ANN_REJECTION = "numalign.io/rejection"  # agent (NRI-managed node): why it refused the pod
+# pod: may run where numalign's NRI plugin is not registered (the runtime's NRI
+# `tolerate_missing_plugins_annotation` on nodes that require the plugin)
+ANN_TOLERATE_UNPLACED = "numalign.io/tolerate-unplaced"
+NRI_PLUGIN_NAME = "numalign"  # the name the agent registers with the runtime's NRI
 ANN_GPUS = GPU_ANNOTATION  # user: GPU requests (the engine reads it)
 LABEL_MACHINE = "numalign.io/machine"  # node: its machine file
 LABEL_EMULATED = "numalign.io/emulated"  # node: run by the emulating agent

@@ -39,6 +39,7 @@ from typing import Any
 
 import yaml
 
+from numalign.api.wire import NRI_PLUGIN_NAME
 from numalign.topology.machine import Machine, load_machine
 from numalign.topology.policy import POLICIES, SCOPES
 
@@ -293,8 +294,9 @@ class RealNode:
             (d / sub).mkdir(parents=True, exist_ok=True)
         conflist = cni_conflist(self.bridge, d / "cni" / "ipam")
         (d / "cni/conf/10-numalign.conflist").write_text(json.dumps(conflist, indent=2) + "\n")
+        required = NRI_PLUGIN_NAME if self.mode == MODE_NRI else None
         (d / "config.toml").write_text(containerd_config(d, self.containerd_socket,
-                                                         self.nri_socket))
+                                                         self.nri_socket, required))
 
     def _write_kubelet_files(self, ports: dict[str, int], policy: str, scope: str,
                              reserved: str) -> None:
@@ -417,7 +419,9 @@ class RealNode:
         else:
             say("this numalign has no 'dev device-plugin': the real node has no devices")
         if self._supports("agent", needle="--pod-resources"):
-            self._start("agent", self._agent_argv(say), env=env, program="numalign")
+            # one identity across restarts: a restarted agent takes its node's Lease at once
+            self._start("agent", self._agent_argv(say),
+                        env=dict(env, POD_NAME=f"numalign-agent-{self.name}"), program="numalign")
             say("started the real-node agent")
         else:
             say("this numalign's agent has no real-node mode (--pod-resources): not started")

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from numalign.api.wire import LABEL_MANAGED, MANAGED_NRI
+from numalign.api.wire import ANN_TOLERATE_UNPLACED, LABEL_MANAGED, MANAGED_NRI
 
 from .images import PAUSE_IMAGE
 from .nodebuild import cni_bin_dir, node_bin_dir
@@ -42,10 +42,22 @@ def cni_conflist(bridge: str, ipam_dir: Path) -> dict[str, Any]:
     }
 
 
-def containerd_config(d: Path, socket: Path, nri_socket: Path) -> str:
+def containerd_config(d: Path, socket: Path, nri_socket: Path,
+                      required_plugin: str | None = None) -> str:
     """containerd's config.toml for the state folder ``d``, serving CRI on ``socket`` and
-    NRI (plugins register there) on ``nri_socket``."""
+    NRI (plugins register there) on ``nri_socket``. With ``required_plugin`` NRI's default
+    validator fails every container's creation while that plugin is not registered (unless
+    its pod carries ``numalign.io/tolerate-unplaced: "true"``), so that no container starts
+    unplaced while the agent is away; the kubelet retries it."""
     q = json.dumps  # TOML basic strings are JSON strings
+    validator = "" if required_plugin is None else f"""\
+    # the agent's plugin decides within this (its write of the pod's record included)
+    plugin_request_timeout = '10s'
+    [plugins.'io.containerd.nri.v1.nri'.default_validator]
+      enable = true
+      required_plugins = [{q(required_plugin)}]
+      tolerate_missing_plugins_annotation = {q(ANN_TOLERATE_UNPLACED)}
+"""
     rt = "plugins.'io.containerd.cri.v1.runtime'"
     return f"""version = 3
 root = {q(str(d / 'root'))}
@@ -94,7 +106,7 @@ state = {q(str(d / 'state'))}
     socket_path = {q(str(nri_socket))}
     plugin_path = {q(str(d / 'nri/plugins'))}
     plugin_config_path = {q(str(d / 'nri/conf'))}
-"""
+{validator}"""
 
 
 def node_labels(mode: str) -> dict[str, str]:

@@ -58,6 +58,7 @@ from numalign.api.wire import (
     ANN_REJECTION,
     LABEL_MANAGED,
     MANAGED_NRI,
+    NRI_PLUGIN_NAME,
     REJECTED_PREFIX,
     node_default,
 )
@@ -139,15 +140,17 @@ def allocation_patch(uid: str, annotation: str) -> dict[str, Any]:
     return {"metadata": {"uid": uid, "annotations": {ANN_ALLOCATION: annotation}}}
 
 
-def rejection_annotation_patch(uid: str, reason: str) -> dict[str, Any]:
-    """The pod metadata patch that records a rejection (the uid: a precondition)."""
-    return {"metadata": {"uid": uid, "annotations": {ANN_REJECTION: reason}}}
-
-
-def rejection_patch(pod: Mapping[str, Any], reason: str, message: str) -> dict[str, Any]:
-    """The pod status patch of a rejection, as the kubelet writes it."""
+def rejection_patch(pod: Mapping[str, Any], reason: str, message: str,
+                    again: int = 0) -> dict[str, Any]:
+    """The pod status patch of a rejection, as the kubelet writes it, with the uid as a
+    precondition and ``numalign.io/rejection`` on the metadata (``again``: how many times
+    it was written before). The metadata change is what makes a real kubelet sync the pod
+    at once, finding the terminal phase on the API server -- which it then keeps
+    (``generateAPIPodStatus``) and stops the pod; a status change alone lets its status
+    manager write back the ``Pending`` it last generated first."""
     uid = str((pod.get("metadata") or {}).get("uid") or "")
-    return {"metadata": {"uid": uid},
+    note = reason if not again else f"{reason} (written again: {again})"
+    return {"metadata": {"uid": uid, "annotations": {ANN_REJECTION: note}},
             "status": rejected_status(pod, reason, message, scheduled_at(pod))}
 
 
@@ -168,7 +171,7 @@ class ManagedNode:
         self.placer = EnginePlacer(machine, self.index, memory_nodes=memory_nodes,
                                    on_reject=self._on_reject, wait_for=self.index.wait_for,
                                    wait_s=wait_s)
-        self.plugin = NriPlugin(self, name="numalign", index=plugin_index,
+        self.plugin = NriPlugin(self, name=NRI_PLUGIN_NAME, index=plugin_index,
                                 socket_path=socket_path, retry_s=retry_s)
         self.pod_resources = pod_resources
         self.on_snapshot = on_snapshot  # a PodResources reading -> the node's machine
@@ -340,14 +343,16 @@ class ManagedNode:
             return
         try:
             await self.kube.patch(pod_path(ns, name, "status"),
-                                  rejection_patch(pod, reason, message), MERGE_PATCH,
+                                  rejection_patch(pod, reason, message,
+                                                  self.reasserted.get(uid, 0)), MERGE_PATCH,
                                   decode=False)
         except Exception as exc:
             # the creation fails all the same; the next container's creation tries again
             log.warning("pod %s/%s: rejection status write failed: %s", ns, name, exc)
             return
         self.reported.add(uid)
-        await self._nudge(ns, name, uid, reason)
+        if self.reasserted.get(uid, 0):
+            return  # its event is posted already
         try:
             await self.kube.create(f"/api/v1/namespaces/{q(ns)}/events",
                                    pod_event(pod, self.name, "Warning", reason,
@@ -365,19 +370,6 @@ class ManagedNode:
             return
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    async def _nudge(self, ns: str, name: str, uid: str, reason: str) -> None:
-        """Make the kubelet see the terminal phase now. Its status manager writes back the
-        status it last generated (Pending) on its next reconcile, and only a pod worker
-        sync that finds the API's phase terminal keeps it (``generateAPIPodStatus``) and
-        stops the pod; a status change alone triggers no sync before that, a metadata
-        change does. So the rejection is also recorded on the pod's metadata."""
-        try:
-            await self.kube.patch(pod_path(ns, name),
-                                  rejection_annotation_patch(uid, reason), MERGE_PATCH,
-                                  decode=False)
-        except Exception as exc:  # the phase is written; the next sync will keep it
-            log.warning("pod %s/%s: rejection annotation: %s", ns, name, exc)
 
     def _reasserts(self, pod: Mapping[str, Any]) -> bool:
         """Whether ``pod``, rejected and reported, shows a non-terminal phase again (the
