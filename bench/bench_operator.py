@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_agent import node_mix, pct, rss_kib, wait_nodes, watch_pods
-from numalign.agent.kube import ApiError, Kube, load_config
+from numalign.api.kube import ApiError, Kube, load_config
 from numalign.topology.machine import load_machine
 
 NS = "bench-operator"

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from numalign.api.kube import MERGE_PATCH, NT_BASE, ApiError, Kube, nt_path, pod_path, q
 from numalign.api.wire import (
     ANN_ALLOCATION,
     LABEL_MACHINE,
@@ -28,7 +29,6 @@ from numalign.api.wire import (
 from numalign.topology.machine import Machine
 
 from .annotations import resolve_pod
-from .kube import MERGE_PATCH, NT_BASE, ApiError, Kube, nt_path, pod_path, q
 from .kubelet_status import (
     lease_object,
     node_addresses,

@@ -16,11 +16,11 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from numalign.api.kube import NT_BASE, ApiError, Kube, q
 from numalign.api.wire import LABEL_MACHINE, REJECT_REASON
 from numalign.topology.errors import TopologyError
 from numalign.topology.machine import Machine
 
-from .kube import NT_BASE, ApiError, Kube, q
 from .kubelet_config import KubeletConfig, load_kubelet_config
 from .lease import NodeLease
 from .podresources import PodResourcesClient, PodResourcesError
