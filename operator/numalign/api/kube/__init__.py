@@ -8,7 +8,9 @@ from .client import (
     MERGE_PATCH,
     METADATA_ONLY,
     NT_BASE,
+    REQUEST_ERRORS,
     STRATEGIC_PATCH,
+    TRANSPORT_ERRORS,
     ApiError,
     Kube,
     is_status,
@@ -20,7 +22,7 @@ from .config import ConfigError, KubeConfig, kubeconfig_path, load_config
 from .sync import SyncKube
 
 __all__ = [
-    "JSON", "JSON_PATCH", "MERGE_PATCH", "METADATA_ONLY", "NT_BASE", "STRATEGIC_PATCH",
-    "ApiError", "ConfigError", "Kube", "KubeConfig", "SyncKube", "is_status",
-    "kubeconfig_path", "load_config", "nt_path", "pod_path", "q",
+    "JSON", "JSON_PATCH", "MERGE_PATCH", "METADATA_ONLY", "NT_BASE", "REQUEST_ERRORS",
+    "STRATEGIC_PATCH", "TRANSPORT_ERRORS", "ApiError", "ConfigError", "Kube", "KubeConfig",
+    "SyncKube", "is_status", "kubeconfig_path", "load_config", "nt_path", "pod_path", "q",
 ]

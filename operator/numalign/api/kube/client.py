@@ -32,6 +32,8 @@ STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 # Objects as their metadata alone (plain JSON where a server cannot do that).
 METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
 RETRY_STATUSES = (429, 500, 502, 503, 504)
+# What a request raises when the API server cannot be reached (or does not answer in time).
+TRANSPORT_ERRORS = (OSError, TimeoutError, aiohttp.ClientError)
 
 
 class ApiError(Exception):
@@ -57,6 +59,10 @@ class ApiError(Exception):
         if isinstance(self.body, dict):
             return str(self.body.get("message") or "")
         return str(self.body)[:300]
+
+
+# Everything a request may raise: an answer that is an error, or no answer.
+REQUEST_ERRORS = (ApiError, OSError, TimeoutError, aiohttp.ClientError)
 
 
 def is_status(e: BaseException, *codes: int) -> bool:
@@ -167,7 +173,7 @@ class Kube:
             try:
                 return await self.request(method, path, **kw)
             except ApiError as e:
-                if e.status not in (429, 500, 502, 503, 504) or attempt == retries:
+                if e.status not in RETRY_STATUSES or attempt == retries:
                     raise
             except (TimeoutError, aiohttp.ClientError):
                 if attempt == retries:
@@ -240,7 +246,7 @@ class Kube:
         }
         try:
             await self.create(f"/api/v1/namespaces/{q(ns)}/events", body)
-        except (ApiError, TimeoutError, aiohttp.ClientError) as e:
+        except REQUEST_ERRORS as e:
             log.debug(f"cannot post event {reason}: {e}")
             return False
         return True

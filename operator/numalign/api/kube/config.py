@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 IN_CLUSTER_HOST = "KUBERNETES_SERVICE_HOST"
+SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
 class ConfigError(ValueError):
@@ -35,6 +36,7 @@ class KubeConfig:
     token_source: Callable[[], str | None] | None = None  # "Bearer ..." (or "Basic ...")
     username: str | None = None
     password: str | None = None
+    namespace: str | None = None  # the kubeconfig context's (or the pod's) namespace
     extra_headers: dict[str, str] = field(default_factory=dict)
     _ssl: ssl.SSLContext | None = field(default=None, repr=False, compare=False)
 
@@ -99,22 +101,38 @@ def load_config(kubeconfig: str | None = None, context: str | None = None) -> Ku
     conf = kclient.Configuration()
     path = kubeconfig_path(kubeconfig)
     default = os.path.expanduser("~/.kube/config")
+    namespace: str | None = None
     try:
-        if path is not None:
-            kconfig.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=path, context=context, client_configuration=conf)
-        elif os.environ.get(IN_CLUSTER_HOST):
+        if path is None and os.environ.get(IN_CLUSTER_HOST):
             kconfig.load_incluster_config(  # type: ignore[no-untyped-call]
                 client_configuration=conf)
-        elif os.path.exists(default):
-            kconfig.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=default, context=context, client_configuration=conf)
+            try:
+                namespace = Path(SA_NAMESPACE).read_text().strip() or None
+            except OSError:
+                namespace = None
         else:
-            raise ConfigError("no credentials: pass --kubeconfig, set KUBECONFIG, run in a "
-                              "pod, or write ~/.kube/config")
-    except kconfig.ConfigException as e:
+            if path is None and not os.path.exists(default):
+                raise ConfigError("no credentials: pass --kubeconfig, set KUBECONFIG, run "
+                                  "in a pod, or write ~/.kube/config")
+            path = path or default
+            kconfig.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=path, context=context, client_configuration=conf)
+            namespace = _context_namespace(kconfig, path, context)
+    except (kconfig.ConfigException, OSError, ValueError) as e:
+        if isinstance(e, ConfigError):
+            raise
         raise ConfigError(f"kubeconfig {path or default}: {e}") from e
-    return _from_client_configuration(conf)
+    cfg = _from_client_configuration(conf)
+    cfg.namespace = namespace
+    return cfg
+
+
+def _context_namespace(kconfig: Any, path: str, context: str | None) -> str | None:
+    contexts, active = kconfig.list_kube_config_contexts(config_file=path)
+    if context:
+        active = next((c for c in contexts if c.get("name") == context), active)
+    ns = ((active or {}).get("context") or {}).get("namespace")
+    return str(ns) if ns else None
 
 
 def _from_client_configuration(conf: Any) -> KubeConfig:

@@ -14,7 +14,7 @@ from collections.abc import Coroutine, Mapping
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from .client import JSON, MERGE_PATCH, Kube
+from .client import JSON, MERGE_PATCH, REQUEST_ERRORS, Kube
 from .config import KubeConfig
 
 T = TypeVar("T")
@@ -102,6 +102,13 @@ class SyncKube:
 
     def delete(self, path: str, body: JSON | None = None) -> JSON:
         return self.run(self.kube.delete(path, body))
+
+    def get_quiet(self, path: str, timeout: float = 5.0) -> JSON | None:
+        """GET ``path`` once; None on any API or connection error (a poll's "not yet")."""
+        try:
+            return self.request("GET", path, timeout=timeout)
+        except REQUEST_ERRORS:
+            return None
 
     def ok(self, path: str, timeout: float = 5.0) -> bool:
         """Whether GET ``path`` answers 2xx now (False on any error)."""
