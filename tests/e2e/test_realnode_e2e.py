@@ -22,6 +22,12 @@ from kubernetes.client.exceptions import ApiException
 
 from e2e_helpers import MACHINES, AgentProcess, node_topology, wait_for
 from numalign.agent.podresources import PodResourcesError
+from numalign.api.wire import (
+    EVENT_REDEPLOY,
+    EVENT_REDEPLOY_EXHAUSTED,
+    EVENT_REDEPLOY_GAVE_UP,
+    EVENT_REDEPLOY_REPEAT,
+)
 from numalign.devcluster.images import WORKLOAD_IMAGE
 from numalign.devcluster.realnode_config import TAINT
 from operator_helpers import delete_policy, operator, policy
@@ -476,7 +482,7 @@ def test_a_kubelet_rejection_is_redeployed_to_an_emulated_node_that_fits(
             assert len(rejected) == 1, _story(core, namespace)
             for p in rejected.values():
                 _kubelet_rejected(p)
-            redeploys = _events(core, namespace, "Redeploy")
+            redeploys = _events(core, namespace, EVENT_REDEPLOY)
             assert len(redeploys) == 1, _story(core, namespace)
             assert "attempt 1/2" in redeploys[0].message
             assert "avoiding localhost" in redeploys[0].message, redeploys[0].message
@@ -526,15 +532,15 @@ def test_a_pile_the_kubelet_rejected_while_the_operator_was_away_spends_one_atte
                                          f"{op.text()[-3000:]}") from None
                 assert new.spec.node_name == emulated
                 _avoids_the_real_node(new)
-                redeploys = _events(core, namespace, "Redeploy")
-                repeats = _events(core, namespace, "RedeployRepeat")
+                redeploys = _events(core, namespace, EVENT_REDEPLOY)
+                repeats = _events(core, namespace, EVENT_REDEPLOY_REPEAT)
                 print(f"[realnode-redeploy] a pile of {len(pile)}+ Failed pods: "
                       f"{len(redeploys)} attempt, {len(repeats)} repeats", flush=True)
                 assert len(redeploys) == 1 and "attempt 1/2" in redeploys[0].message, \
                     _story(core, namespace)
                 assert len(repeats) >= len(pile) - 1, _story(core, namespace)
-                assert not _events(core, namespace, "RedeployGaveUp"), _story(core, namespace)
-                assert not _events(core, namespace, "RedeployExhausted")
+                assert not _events(core, namespace, EVENT_REDEPLOY_GAVE_UP), _story(core, namespace)
+                assert not _events(core, namespace, EVENT_REDEPLOY_EXHAUSTED)
                 assert "Traceback" not in op.text()
         finally:
             delete_policy(k8s_client, name)

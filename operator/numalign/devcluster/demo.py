@@ -25,7 +25,13 @@ from urllib.parse import quote
 import yaml
 
 from numalign.api.kube import SyncKube
-from numalign.api.wire import REJECT_REASON
+from numalign.api.wire import (
+    EVENT_INVALID_OVERRIDE,
+    EVENT_REDEPLOY,
+    EVENT_REDEPLOY_GAVE_UP,
+    EVENT_REDEPLOY_REPEAT,
+    REJECT_REASON,
+)
 
 from .addons import MachineSpec
 from .cluster import DevCluster, DevClusterError
@@ -48,8 +54,8 @@ MACHINES: tuple[tuple[str, int], ...] = (
 # want pool=gpu, which the group4-gpu nodes (NVLink pairs) form.
 NODE_LABELS: dict[str, dict[str, str]] = {"group4-gpu": {"pool": "gpu"}}
 SETTLE_TIMEOUT = 120.0
-STORY_REASONS = (REJECT_REASON, "Redeploy", "RedeployGaveUp", "RedeployRepeat",
-                 "InvalidTopologyOverride")
+STORY_REASONS = (REJECT_REASON, EVENT_REDEPLOY, EVENT_REDEPLOY_GAVE_UP, EVENT_REDEPLOY_REPEAT,
+                 EVENT_INVALID_OVERRIDE)
 
 
 class DemoError(DevClusterError):

@@ -142,6 +142,12 @@ class Kube:
             raise RuntimeError("Kube client is not open")
         return self._session
 
+    async def _open_session(self) -> aiohttp.ClientSession:
+        """The session, opened on first use (in the event loop that uses it)."""
+        if self._session is None:
+            await self.open()
+        return self.session
+
     async def request(self, method: str, path: str, *, body: Any = None,
                       params: Mapping[str, str] | None = None,
                       content_type: str = "application/json",
@@ -150,7 +156,8 @@ class Kube:
         whose answer is not needed skips parsing the whole object it returns)."""
         data = _dumps(body) if body is not None else None
         self._requests += 1
-        async with self.session.request(
+        session = await self._open_session()
+        async with session.request(
             method, self.config.host + path, params=params, data=data,
             headers=self._headers(content_type if data is not None else None),
             timeout=aiohttp.ClientTimeout(total=timeout),
@@ -263,7 +270,8 @@ class Kube:
         p["timeoutSeconds"] = str(timeout_seconds)
         self._requests += 1
         accept = METADATA_ONLY if metadata_only else "application/json"
-        async with self.session.get(
+        session = await self._open_session()
+        async with session.get(
             self.config.host + path, params=p, headers=self._headers(accept=accept),
             timeout=aiohttp.ClientTimeout(total=timeout_seconds + 30,
                                           sock_read=timeout_seconds + 30),
