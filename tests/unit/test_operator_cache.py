@@ -58,3 +58,22 @@ def test_has_gate() -> None:
     assert has_gate({"spec": {"schedulingGates": [{"name": "numalign.io/redeploy"}]}})
     assert not has_gate({"spec": {"schedulingGates": [{"name": "other"}]}})
     assert not has_gate({})
+
+
+def test_readers_at_once_share_one_list() -> None:
+    """Webhooks arriving together before the first fill make one LIST, not one each."""
+    calls = 0
+
+    async def lister() -> tuple[list[dict[str, Any]], int | None]:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(0.01)
+        return [_obj("a", 1)], 1
+
+    store = Store("t", lister, lambda o: o["metadata"]["name"])
+
+    async def many() -> None:
+        await asyncio.gather(*(store.ensure() for _ in range(20)))
+
+    asyncio.run(many())
+    assert calls == 1 and store.get("a") is not None

@@ -21,6 +21,7 @@ it never acts twice on a copy older than its own write. Newer resourceVersions w
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -62,6 +63,7 @@ class Store:
         self._key = key
         self._items: dict[str, dict[str, Any]] = {}
         self._filled = False
+        self._filling = asyncio.Lock()
         self.filled_at = 0.0
 
     def key_of(self, obj: Mapping[str, Any]) -> str:
@@ -100,8 +102,12 @@ class Store:
         self.filled_at = time.monotonic()
 
     async def ensure(self) -> None:
-        if not self._filled:
-            await self.fill()
+        """Fill it unless filled (callers at once share one LIST)."""
+        if self._filled:
+            return
+        async with self._filling:
+            if not self._filled:
+                await self.fill()
 
     def get(self, key: str) -> dict[str, Any] | None:
         return self._items.get(key)
