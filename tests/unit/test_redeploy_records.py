@@ -137,3 +137,39 @@ def test_a_namespace_with_500_workloads_stays_under_the_configmap_limit(
     kept = api.data("busy")
     assert {f"owner-rs-{w}" for w in range(441, 500)} <= set(kept)
     assert len(kept) <= 61
+
+
+def test_rejected_pods_of_a_namespace_at_once_write_their_record_without_conflicts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """50 workers deciding at once (one event loop): each decision is written once, none
+    meets a stale resourceVersion, and every pod is acted on."""
+    api = FakeApi()
+    monkeypatch.setattr(kube, "client", lambda: api)
+    fresh_stores(monkeypatch)
+    settings = RedeployPolicy.model_construct(max_attempts=100, backoff_seconds=0)
+    monkeypatch.setattr(decide, "governing_settings", lambda pod: ("p", settings))
+    monkeypatch.setattr(decide, "owner_replicas", owner_replicas(1, None))
+    monkeypatch.setattr(decide, "with_unfit", lambda pod, avoid: avoid)
+    puts: list[str] = []
+    conflicts: list[str] = []
+    real_put = api.put
+
+    async def put(path: str, body: dict[str, Any]) -> dict[str, Any]:
+        await asyncio.sleep(0)  # let the others run meanwhile
+        puts.append(path)
+        try:
+            return await real_put(path, body)
+        except ApiError as e:
+            conflicts.append(e.reason)
+            raise
+
+    monkeypatch.setattr(api, "put", put)
+    now = time.time()
+
+    async def run() -> list[float | None]:
+        return await asyncio.gather(*(decide.step(_owned_pod(w, 0), first_seen=now, now=now)
+                                      for w in range(50)))
+
+    assert asyncio.run(run()) == [None] * 50
+    assert conflicts == [] and len(puts) == 49  # the first one creates the ConfigMap
+    assert len(api.data("busy")) == 50 and len(api.deleted) == 50

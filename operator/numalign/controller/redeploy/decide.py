@@ -3,6 +3,7 @@ the decision out; replaying a recorded decision is harmless."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -57,6 +58,33 @@ def _no_checkpoint(point: str) -> None:
 # Called at ``after-record`` (the decision is durable) and ``after-create`` (the
 # replacement exists); the restart tests replace it to crash the process there.
 checkpoint: Callable[[str], None] = _no_checkpoint
+
+
+class RecordLock:
+    """Read-modify-write of one namespace's record, one at a time in this process (the
+    redeploy workers run concurrently on one event loop: unserialized, rejected pods of
+    a namespace would mostly conflict on its ConfigMap and retry). Held from reading the
+    record until the decision is written, not while it is carried out; other replicas
+    still meet the ConfigMap's resourceVersion."""
+
+    _locks: dict[str, asyncio.Lock] = {}
+
+    def __init__(self, namespace: str) -> None:
+        self._lock = self._locks.setdefault(namespace, asyncio.Lock())
+        self._held = False
+
+    async def __aenter__(self) -> RecordLock:
+        await self._lock.acquire()
+        self._held = True
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self._lock.release()
 
 
 def governing_settings(pod: Mapping[str, Any]) -> tuple[str | None, RedeployPolicy]:
@@ -114,12 +142,13 @@ async def give_up(pod: Mapping[str, Any], why: str, now: float) -> None:
     ns, name, uid = str(meta["namespace"]), str(meta["name"]), str(meta["uid"])
     key = workload_key(pod)
     await cache.ready()  # called after API errors: maybe before any pass read the cache
-    data, rv = load_state(ns)
-    st = WorkloadState.parse(data.get(key))
-    st.handled = {k: v for k, v in (st.handled or {}).items() if k != uid}
-    st.gave_up = {**(st.gave_up or {}), uid: iso(now)}
-    data[key] = st.dump()
-    await save_state(ns, data, rv)
+    async with RecordLock(ns):
+        data, rv = load_state(ns)
+        st = WorkloadState.parse(data.get(key))
+        st.handled = {k: v for k, v in (st.handled or {}).items() if k != uid}
+        st.gave_up = {**(st.gave_up or {}), uid: iso(now)}
+        data[key] = st.dump()
+        await save_state(ns, data, rv)
     metrics.REDEPLOYS.labels(outcome="gave_up").inc()
     await kube.event(pod, "Warning", reason=EVENT_REDEPLOY_GAVE_UP,
                      message=f"not redeploying {name}: {why}")
@@ -133,7 +162,7 @@ async def _give_up_name_taken(pod: Mapping[str, Any], decision: Mapping[str, Any
 
 
 async def _clear_repeat(pod: Mapping[str, Any], st: WorkloadState, data: dict[str, str],
-                        rv: str | None, now: float) -> None:
+                        rv: str | None, now: float, held: RecordLock) -> None:
     """Delete a controller's pod whose rejection repeats one already counted
     (:func:`~.record.repeats_a_counted_rejection`) without spending an attempt: its
     controller has replaced it already, and that replacement is kept off the node."""
@@ -147,6 +176,7 @@ async def _clear_repeat(pod: Mapping[str, Any], st: WorkloadState, data: dict[st
     st.last = iso(now)
     data[workload_key(pod)] = st.dump()
     await save_state(str(meta["namespace"]), data, rv)  # durable before acting
+    held.release()
     await _finish(pod, decision)
     metrics.REDEPLOYS.labels(outcome="repeat").inc()
     await kube.event(pod, "Normal", reason=EVENT_REDEPLOY_REPEAT,
@@ -159,7 +189,12 @@ async def _clear_repeat(pod: Mapping[str, Any], st: WorkloadState, data: dict[st
 async def step(pod: Mapping[str, Any], first_seen: float, now: float | None = None
                ) -> float | None:
     """One pass over a rejected pod: None when done, else seconds to wait."""
-    now = time.time() if now is None else now
+    async with RecordLock(str((pod.get("metadata") or {}).get("namespace"))) as held:
+        return await _step(pod, first_seen, time.time() if now is None else now, held)
+
+
+async def _step(pod: Mapping[str, Any], first_seen: float, now: float, held: RecordLock
+                ) -> float | None:
     meta = pod.get("metadata") or {}
     ns, name, uid = str(meta["namespace"]), str(meta["name"]), str(meta["uid"])
     node = str((pod.get("spec") or {}).get("nodeName") or "")
@@ -168,6 +203,7 @@ async def step(pod: Mapping[str, Any], first_seen: float, now: float | None = No
     st = WorkloadState.parse(data.get(key))
     decision = (st.handled or {}).get(uid)
     if decision is not None:
+        held.release()
         if await _finish(pod, decision) == NAME_TAKEN:
             await _give_up_name_taken(pod, decision, now)
         return None
@@ -184,6 +220,7 @@ async def step(pod: Mapping[str, Any], first_seen: float, now: float | None = No
         st.gave_up = {**(st.gave_up or {}), uid: iso(now)}
         data[key] = st.dump()
         await save_state(ns, data, rv)
+        held.release()
         metrics.REDEPLOYS.labels(outcome="gave_up").inc()
         await kube.event(pod, "Warning", reason=EVENT_REDEPLOY_GAVE_UP,
                          message=f"not redeploying {name}: it has no controller, and "
@@ -194,7 +231,7 @@ async def step(pod: Mapping[str, Any], first_seen: float, now: float | None = No
     budget = settings.max_attempts * replicas
     st.budget = budget
     if repeats_a_counted_rejection(pod, st, node, now):
-        await _clear_repeat(pod, st, data, rv, now)
+        await _clear_repeat(pod, st, data, rv, now, held)
         return None
     if st.attempts >= budget:
         st.gave_up = {**(st.gave_up or {}), uid: iso(now)}
@@ -209,6 +246,7 @@ async def step(pod: Mapping[str, Any], first_seen: float, now: float | None = No
                 ANN_RESET, ""))
         data[key] = st.dump()
         await save_state(ns, data, rv)
+        held.release()
         metrics.REDEPLOYS.labels(outcome="gave_up").inc()
         per = f"maxAttempts={settings.max_attempts}" + (
             f" x {replicas} replicas" if replicas != 1 else "")
@@ -240,6 +278,7 @@ async def step(pod: Mapping[str, Any], first_seen: float, now: float | None = No
     st.attempts = attempt
     data[key] = st.dump()
     await save_state(ns, data, rv)  # durable before acting (409 -> retried by the caller)
+    held.release()
     checkpoint("after-record")
     action = await _finish(pod, decision)
     if action == NAME_TAKEN:
