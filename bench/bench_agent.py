@@ -39,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from numalign.agent.kube import ApiError, Kube, load_config
+from numalign.api.kube import ApiError, Kube, load_config
 from numalign.devcluster.cluster import DEFAULT_CLIENT_QPS
 from numalign.topology.machine import load_machine
 

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_agent import node_mix, pct, rss_kib, wait_nodes, watch_pods
-from numalign.agent.kube import ApiError, Kube, load_config
+from numalign.api.kube import ApiError, Kube, load_config
 from numalign.topology.machine import load_machine
 
 NS = "bench-operator"
@@ -133,8 +133,9 @@ async def run_bench(kubeconfig: str, nodes: int, pods: int, count: int, rejects:
         argv += ["--emulate", f"{f}={c}"]
     agent_log = (workdir / "agent.log").open("ab")
     agent = subprocess.Popen(argv, stdout=agent_log, stderr=subprocess.STDOUT)
+    # The pods placed to be rejected first are bare: recreated only with this flag.
     op_argv = [sys.executable, "-m", "numalign.cli", "operator", "--kubeconfig", kubeconfig,
-               "--metrics-port", "0"]
+               "--metrics-port", "0", "--recreate-bare-pods"]
     op_argv += (["--webhook-port", str(_free_port()), "--cert-dir", str(workdir / "certs")]
                 if webhooks else ["--no-webhooks"])
     op_log = (workdir / "operator.log").open("ab")

@@ -17,6 +17,9 @@ BENCHMARKS: dict[str, str] = {
     "operator": "operator + agent: 100 nodes, 2,000 pods in 40 Deployments; resolution and "
                 "redeploy latency p50/p99, operator RSS",
     "gpu": "GPU group allocation: allocate and hints per request, 64 GPUs, 3 group levels",
+    "client": "Kubernetes clients under the agent's load (concurrent pod GETs, status "
+              "PATCHes, a LIST): the one client against the official sync client (and "
+              "kubernetes_asyncio when installed)",
     "nri": "NRI plugin: CRI CreateContainer latency on a private containerd, with and "
            "without the plugin (p50/p99)",
     "realnode-nri": "pod start and container creation on the NRI-managed real node, with "

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 import testdata
+from numalign.api.wire import EVENT_INVALID_GPU
 from numalign.topology.quantity import parse_cpulist
 
 pytestmark = pytest.mark.cluster
@@ -426,14 +427,14 @@ def test_gpu_groups_end_to_end(start_agent: StartAgent, kubectl: Kubectl, namesp
     bad = json.dumps([{"count": 0, "sameGroup": "pcie"}])
     kubectl("-n", ns, "apply", "-f", "-", input=gpu_pod("broken", node, bad))
     broken = wait_phase(kubectl, wait, ns, "broken", "Failed")
-    assert broken["status"]["reason"] == "InvalidGpuRequest"
+    assert broken["status"]["reason"] == EVENT_INVALID_GPU
     assert "numalign.io/gpus[0].count" in broken["status"]["message"]
     assert "numalign.io/allocation" not in broken["metadata"].get("annotations", {})
 
     def warning() -> Any:
         evs = get(kubectl, "-n", ns, "events", "--field-selector",
                   "involvedObject.name=broken,type=Warning")
-        return [e for e in evs["items"] if e["reason"] == "InvalidGpuRequest"]
+        return [e for e in evs["items"] if e["reason"] == EVENT_INVALID_GPU]
 
     (ev,) = wait(warning, 30, "the InvalidGpuRequest event")
     assert "numalign.io/gpus[0].count" in ev["message"]

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from numalign.api.wire import EVENT_REDEPLOY_GAVE_UP
 from operator_helpers import (
     bare_pod,
     delete_policy,
@@ -75,7 +76,7 @@ def test_bare_pod_recreated_once_then_gives_up(kubeconfig: Path, k8s_client: Any
             ["node-a"], ["node-b"]]
         reject(core, namespace, "web-r2", node="node-c")
         events = wait_for(lambda: [e for e in core.list_namespaced_event(namespace).items
-                                   if e.reason == "RedeployGaveUp"], 30, "RedeployGaveUp")
+                                   if e.reason == EVENT_REDEPLOY_GAVE_UP], 30, "RedeployGaveUp")
         assert "maxAttempts=2" in events[0].message
         time.sleep(2)
         assert set(pods_named(core, namespace)) == {"web-r2"}  # left Failed for inspection

@@ -11,6 +11,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from numalign.api.wire import EVENT_INVALID_OVERRIDE
 from operator_helpers import (
     OperatorProcess,
     bare_pod,
@@ -119,7 +120,7 @@ def test_malformed_annotations_never_crash(running_operator: OperatorProcess,
     got = wait_for(lambda: resolved(core, namespace, "odd"), 30, "the backstop's resolution")
     assert got["source"] == "node-default"
     events = wait_for(lambda: [e for e in core.list_namespaced_event(namespace).items
-                               if e.reason == "InvalidTopologyOverride"], 30, "a Warning event")
+                               if e.reason == EVENT_INVALID_OVERRIDE], 30, "a Warning event")
     assert "numalign.io/policy" in events[0].message
     assert running_operator.alive()
 

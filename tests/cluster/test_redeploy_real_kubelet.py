@@ -20,6 +20,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from numalign.api.wire import EVENT_REDEPLOY, EVENT_REDEPLOY_GAVE_UP
 from operator_helpers import bare_pod, delete_policy, operator, pods_named, policy, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -93,7 +94,8 @@ def test_deployment_pod_rejected_by_a_real_kubelet_is_redeployed_off_its_node(
         aff = new.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution
         assert aff.node_selector_terms[0].match_fields[0].to_dict() == {
             "key": "metadata.name", "operator": "NotIn", "values": [real_node]}
-        redeploys = wait_for(lambda: events(core, namespace, "Redeploy"), 30, "a Redeploy event")
+        redeploys = wait_for(lambda: events(core, namespace, EVENT_REDEPLOY), 30,
+                             "a Redeploy event")
         assert redeploys[0].involved_object.name == first
         assert "attempt 1/2" in redeploys[0].message
         assert "Traceback" not in op.text()
@@ -109,13 +111,13 @@ def test_bare_pod_rejected_by_a_real_kubelet_recreated_then_given_up(
         r1 = core.read_namespaced_pod("gpu-r1", namespace)
         terms = r1.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution
         assert terms.node_selector_terms[0].match_fields[0].values == [real_node]
-        msg = wait_for(lambda: events(core, namespace, "Redeploy"), 30, "Redeploy")[0].message
+        msg = wait_for(lambda: events(core, namespace, EVENT_REDEPLOY), 30, "Redeploy")[0].message
         assert f"recreated as gpu-r1, avoiding {real_node}" in msg
         # the budget bounds it: rejected again (attempt 2), then given up
         kubelet_rejects(core, namespace, "gpu-r1", real_node)
         wait_for(lambda: set(pods_named(core, namespace)) == {"gpu-r2"}, 30, "gpu-r2")
         kubelet_rejects(core, namespace, "gpu-r2", real_node)
-        gave_up = wait_for(lambda: events(core, namespace, "RedeployGaveUp"), 30,
+        gave_up = wait_for(lambda: events(core, namespace, EVENT_REDEPLOY_GAVE_UP), 30,
                            "RedeployGaveUp")
         assert "maxAttempts=2" in gave_up[0].message
         assert set(pods_named(core, namespace)) == {"gpu-r2"}

@@ -18,7 +18,13 @@ from kubernetes import client
 
 from e2e_helpers import MACHINES, wait_for
 from numalign.agent.podresources import PodResourcesError
-from numalign.api.wire import LABEL_MANAGED
+from numalign.api.wire import (
+    EVENT_REDEPLOY,
+    EVENT_REDEPLOY_EXHAUSTED,
+    EVENT_REDEPLOY_GAVE_UP,
+    EVENT_REDEPLOY_REPEAT,
+    LABEL_MANAGED,
+)
 from operator_helpers import delete_policy, operator, policy
 from realnode_helpers import (
     DEVICE,
@@ -341,7 +347,7 @@ def test_a_kubelet_rejection_is_redeployed_to_an_emulated_node_that_fits(
             assert len(rejected) == 1, story(core, namespace)
             for p in rejected.values():
                 _kubelet_rejected(p)
-            redeploys = events_of(core, namespace, "Redeploy")
+            redeploys = events_of(core, namespace, EVENT_REDEPLOY)
             assert len(redeploys) == 1, story(core, namespace)
             assert "attempt 1/2" in redeploys[0].message
             assert "avoiding localhost" in redeploys[0].message, redeploys[0].message
@@ -391,15 +397,16 @@ def test_a_pile_the_kubelet_rejected_while_the_operator_was_away_spends_one_atte
                                          f"{op.text()[-3000:]}") from None
                 assert new.spec.node_name == emulated
                 avoids_the_real_node(new)
-                redeploys = events_of(core, namespace, "Redeploy")
-                repeats = events_of(core, namespace, "RedeployRepeat")
+                redeploys = events_of(core, namespace, EVENT_REDEPLOY)
+                repeats = events_of(core, namespace, EVENT_REDEPLOY_REPEAT)
                 print(f"[realnode-redeploy] a pile of {len(pile)}+ Failed pods: "
                       f"{len(redeploys)} attempt, {len(repeats)} repeats", flush=True)
                 assert len(redeploys) == 1 and "attempt 1/2" in redeploys[0].message, \
                     story(core, namespace)
                 assert len(repeats) >= len(pile) - 1, story(core, namespace)
-                assert not events_of(core, namespace, "RedeployGaveUp"), story(core, namespace)
-                assert not events_of(core, namespace, "RedeployExhausted")
+                assert not events_of(core, namespace, EVENT_REDEPLOY_GAVE_UP), \
+                    story(core, namespace)
+                assert not events_of(core, namespace, EVENT_REDEPLOY_EXHAUSTED)
                 assert "Traceback" not in op.text()
         finally:
             delete_policy(k8s_client, name)

@@ -42,6 +42,7 @@ from nri_helpers import (
 from numalign.api.wire import (
     ANN_POLICY,
     ANN_RESOLVED,
+    EVENT_REDEPLOY,
     LABEL_MANAGED,
     MANAGED_NRI,
     REJECT_REASON,
@@ -334,7 +335,7 @@ def test_a_pod_numalign_cannot_align_never_starts_and_is_redeployed(
                     assert not (st.last_state and st.last_state.terminated), st
                 assert uid in warnings and warnings[uid].type == "Warning", warnings
                 assert allocation(p) is None  # nothing recorded for a rejected pod
-            redeploys = events_of(core, namespace, "Redeploy")
+            redeploys = events_of(core, namespace, EVENT_REDEPLOY)
             assert redeploys and "avoiding localhost" in redeploys[0].message, \
                 story(core, namespace)
             assert "Traceback" not in op.text()

@@ -38,6 +38,12 @@ from e2e_helpers import (
     rejected_uids,
     wait_for,
 )
+from numalign.api.wire import (
+    EVENT_REDEPLOY_BACKOFF,
+    EVENT_REDEPLOY_EXHAUSTED,
+    EVENT_REDEPLOY_GAVE_UP,
+    EVENT_REDEPLOY_RELEASED,
+)
 from operator_helpers import delete_policy, operator, policy
 
 pytestmark = pytest.mark.cluster
@@ -182,7 +188,7 @@ def test_no_node_fits_stops_at_max_attempts(kubeconfig: Path, k8s_client: Any,
             core.create_namespaced_pod(ns, guaranteed_pod(
                 "huge", 20, node_selector=_selector(e2e_agent)))
             events = wait_for(lambda: [e for e in core.list_namespaced_event(ns).items
-                                       if e.reason == "RedeployGaveUp"], 120,
+                                       if e.reason == EVENT_REDEPLOY_GAVE_UP], 120,
                               "the RedeployGaveUp Warning event")
             assert events[0].type == "Warning"
             assert "maxAttempts=2" in events[0].message
@@ -286,7 +292,7 @@ def test_no_node_fits_deployment_is_gated_not_piled_up(
                 seen_backoff = seen_backoff or bool(gated())
                 time.sleep(0.25)
             assert seen_backoff or [e for e in core.list_namespaced_event(ns).items
-                                    if e.reason == "RedeployBackoff"]
+                                    if e.reason == EVENT_REDEPLOY_BACKOFF]
             # Pods created while it gave up may not be held; replace them: every new
             # pod is held.
             time.sleep(3)
@@ -310,10 +316,10 @@ def test_no_node_fits_deployment_is_gated_not_piled_up(
             assert rec["attempts"] == 4 and len(rec["handled"]) == 4, rec
             assert rec["exhausted"] and rec["gaveUp"], rec
             events = core.list_namespaced_event(ns).items
-            gave_up = [e for e in events if e.reason == "RedeployGaveUp"]
+            gave_up = [e for e in events if e.reason == EVENT_REDEPLOY_GAVE_UP]
             assert gave_up and "maxAttempts=2 x 2 replicas" in gave_up[0].message
             warned = wait_for(lambda: [e for e in core.list_namespaced_event(ns).items
-                                       if e.reason == "RedeployExhausted"], 30,
+                                       if e.reason == EVENT_REDEPLOY_EXHAUSTED], 30,
                               "the Warning event on a held pod")
             assert warned[0].type == "Warning"
             assert GATE in warned[0].message and "redeploy-reset" in warned[0].message
@@ -333,7 +339,7 @@ def test_no_node_fits_deployment_is_gated_not_piled_up(
             apps.patch_namespaced_replica_set(
                 rs, ns, {"metadata": {"annotations": {"numalign.io/redeploy-reset": "1"}}})
             wait_for(lambda: [e for e in core.list_namespaced_event(ns).items
-                              if e.reason == "RedeployReleased"], 60,
+                              if e.reason == EVENT_REDEPLOY_RELEASED], 60,
                      "the gate removed after the reset")
             assert "Traceback" not in op.text()
     finally:

@@ -30,9 +30,9 @@ import pytest
 
 from containerd_helpers import Containerd
 from cri_helpers import Cri, cgroup_cpuset, wait_until
-from numalign.agent.kube import ApiError, Kube, load_config, pod_path
 from numalign.agent.node import RealNode
 from numalign.agent.nri.managed import KUBELET_MANAGERS_ON, NOT_MANAGED, ManagedNode
+from numalign.api.kube import ApiError, Kube, load_config, pod_path
 from numalign.api.wire import (
     ANN_ALLOCATION,
     ANN_REJECTION,

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from numalign.agent.kube import ApiError
 from numalign.agent.lease import LeaseLost, NodeLease
+from numalign.api.kube import ApiError
 
 
 class LeaseApi:

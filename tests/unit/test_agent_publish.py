@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 import testdata
-from numalign.agent.kube import JSON_PATCH, MERGE_PATCH, ApiError
 from numalign.agent.publish import Publisher, build_status, merge_diff
 from numalign.agent.state import NodeState
+from numalign.api.kube import JSON_PATCH, MERGE_PATCH, ApiError
 from numalign.topology.machine import load_machine
 
 MACHINES = testdata.MACHINES

@@ -17,9 +17,9 @@ import pytest
 import pytest_asyncio
 
 import testdata
-from numalign.agent.kube import JSON_PATCH
 from numalign.agent.kubelet_config import load_kubelet_config, parse_kubelet_config
 from numalign.agent.node import RealNode
+from numalign.api.kube import JSON_PATCH
 from numalign.api.nodetopology import NodeTopologyStatus
 from numalign.kubeletapi.podresources_v1 import api_pb2 as pr
 from numalign.kubeletapi.podresources_v1 import api_pb2_grpc as pr_grpc

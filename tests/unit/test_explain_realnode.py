@@ -60,6 +60,9 @@ class FakeClient:
     def get_nodetopology(self, name: str) -> Any:
         return self.objects.get(f"nt/{name}")
 
+    def close(self) -> None:
+        pass
+
 
 def run(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
         objects: dict[str, Any], name: str, *extra: str) -> dict[str, Any]:

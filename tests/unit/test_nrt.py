@@ -10,9 +10,9 @@ import yaml
 
 import testdata
 from numalign.agent import nrt
-from numalign.agent.kube import ApiError
 from numalign.agent.publish import build_status
 from numalign.agent.state import NodeState
+from numalign.api.kube import ApiError
 from numalign.topology.machine import load_machine
 
 MACHINES = testdata.MACHINES

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from numalign.controller.cache import Store
@@ -14,14 +15,23 @@ def _obj(name: str, rv: int, **extra: Any) -> dict[str, Any]:
 
 def test_store_keeps_the_newest_version() -> None:
     listed: list[dict[str, Any]] = [_obj("a", 5, v=1), _obj("b", 5)]
-    store = Store("t", lambda: (listed, 6), lambda o: o["metadata"]["name"])
-    assert [o["metadata"]["name"] for o in store.values()] == ["a", "b"]  # filled lazily
+
+    async def lister() -> tuple[list[dict[str, Any]], int | None]:
+        return listed, 6
+
+    store = Store("t", lister, lambda o: o["metadata"]["name"])
+    assert not store.filled
+    asyncio.run(store.ensure())  # the first reader fills it
+    assert [o["metadata"]["name"] for o in store.values()] == ["a", "b"]
+    listed.append(_obj("z", 6))
+    asyncio.run(store.ensure())  # filled already: no second LIST
+    assert store.get("z") is None
     store.put(_obj("a", 9, v=2))
     store.put(_obj("a", 7, v=3))  # an older event arriving late changes nothing
     assert store.get("a")["v"] == 2  # type: ignore[index]
     store.put(_obj("c", 10))  # created after the LIST below was taken
     listed[:] = [_obj("a", 5, v=1)]
-    store.fill()  # b is gone; a stays at its newer version; c is newer than the LIST
+    asyncio.run(store.fill())  # b is gone; a stays at its newer version; c is newer than the LIST
     assert sorted(o["metadata"]["name"] for o in store.values()) == ["a", "c"]
     assert store.get("a")["v"] == 2  # type: ignore[index]
     store.remove(_obj("c", 11))
@@ -48,3 +58,22 @@ def test_has_gate() -> None:
     assert has_gate({"spec": {"schedulingGates": [{"name": "numalign.io/redeploy"}]}})
     assert not has_gate({"spec": {"schedulingGates": [{"name": "other"}]}})
     assert not has_gate({})
+
+
+def test_readers_at_once_share_one_list() -> None:
+    """Webhooks arriving together before the first fill make one LIST, not one each."""
+    calls = 0
+
+    async def lister() -> tuple[list[dict[str, Any]], int | None]:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(0.01)
+        return [_obj("a", 1)], 1
+
+    store = Store("t", lister, lambda o: o["metadata"]["name"])
+
+    async def many() -> None:
+        await asyncio.gather(*(store.ensure() for _ in range(20)))
+
+    asyncio.run(many())
+    assert calls == 1 and store.get("a") is not None

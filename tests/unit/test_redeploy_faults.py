@@ -10,10 +10,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 
+from fake_kube import FakeKube
+from numalign.api.kube import ApiError
 from numalign.api.topologypolicy import RedeployPolicy
-from numalign.controller import kube
+from numalign.api.wire import EVENT_REDEPLOY, EVENT_REDEPLOY_GAVE_UP
+from numalign.controller import cache, kube
 from numalign.controller.redeploy import (
     WorkloadState,
     build_replacement,
@@ -23,33 +25,24 @@ from numalign.controller.redeploy import (
 )
 from numalign.controller.redeploy import decide as redeploy
 
+PODS = "/api/v1/namespaces/ns/pods"
 
-class FakeCore:
-    """Pods by name in one namespace; create/read/delete as the API server answers."""
 
-    def __init__(self, pods: dict[str, dict[str, Any]]) -> None:
-        self.pods = pods
-        self.created: list[str] = []
-        self.deleted: list[str] = []
+@pytest.fixture(autouse=True)
+def fresh_cache() -> Iterator[None]:
+    """The operator's stores as a fresh start has them, before and after each test."""
+    cache.clear()
+    yield
+    cache.clear()
 
-    def create_namespaced_pod(self, ns: str, body: dict[str, Any]) -> dict[str, Any]:
-        name = body["metadata"]["name"]
-        if name in self.pods:
-            raise ApiException(status=409, reason="AlreadyExists")
-        self.pods[name] = body
-        self.created.append(name)
-        return body
 
-    def read_namespaced_pod(self, name: str, ns: str) -> dict[str, Any]:
-        if name not in self.pods:
-            raise ApiException(status=404, reason="NotFound")
-        return self.pods[name]
-
-    def delete_namespaced_pod(self, name: str, ns: str, body: Any = None) -> None:
-        if name not in self.pods:
-            raise ApiException(status=404, reason="NotFound")
-        del self.pods[name]
-        self.deleted.append(name)
+def _fake(monkeypatch: pytest.MonkeyPatch, *pods: dict[str, Any]) -> FakeKube:
+    """The API with these pods in namespace ns, as the operator's client."""
+    fake = FakeKube()
+    for pod in pods:
+        fake.add(PODS, pod)
+    monkeypatch.setattr(kube, "client", lambda: fake)
+    return fake
 
 
 def _bare(name: str = "web", uid: str = "uid-web") -> dict[str, Any]:
@@ -61,16 +54,20 @@ def _bare(name: str = "web", uid: str = "uid-web") -> dict[str, Any]:
 
 @pytest.fixture
 def api(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
-    state: dict[str, Any] = {"data": {}, "events": []}
+    state: dict[str, Any] = {"data": {}}
+
+    async def save_state(ns: str, data: dict[str, str], rv: str | None) -> None:
+        state["data"] = dict(data)
+
     monkeypatch.setattr(redeploy, "load_state", lambda ns: (dict(state["data"]), "1"))
-    monkeypatch.setattr(redeploy, "save_state",
-                        lambda ns, data, rv: state.__setitem__("data", dict(data)))
+    monkeypatch.setattr(redeploy, "save_state", save_state)
     monkeypatch.setattr(redeploy, "governing_settings", lambda pod: ("p", RedeployPolicy()))
     monkeypatch.setattr(redeploy, "with_unfit", lambda pod, avoid: avoid)
-    monkeypatch.setattr(kube, "to_dict", lambda obj: obj)
-    monkeypatch.setattr(kube, "event", lambda obj, type_, reason, message:
-                        state["events"].append((reason, message)))
     yield state
+
+
+def run_step(pod: dict[str, Any], now: float) -> float | None:
+    return asyncio.run(step(pod, first_seen=0.0, now=now))
 
 
 def test_a_foreign_pod_under_the_replacement_name_keeps_the_original(
@@ -79,18 +76,18 @@ def test_a_foreign_pod_under_the_replacement_name_keeps_the_original(
     pod = _bare()
     foreign = {"metadata": {"name": "web-r1", "namespace": "ns", "uid": "other",
                             "annotations": {"numalign.io/redeploy-of": "web"}}}
-    core = FakeCore({"web": pod, "web-r1": foreign})
-    monkeypatch.setattr(kube, "core", lambda: core)
-    assert step(pod, first_seen=0.0, now=1000.0) is None
-    assert core.deleted == [] and "web" in core.pods, "the original must be kept"
-    assert core.pods["web-r1"] is foreign
+    fake = _fake(monkeypatch, pod, foreign)
+    assert run_step(pod, 1000.0) is None
+    assert fake.deleted == [] and f"{PODS}/web" in fake.objects, "the original must be kept"
+    assert fake.at(f"{PODS}/web-r1") is foreign
     st = WorkloadState.parse(api["data"][workload_key(pod)])
     assert "uid-web" in (st.gave_up or {}) and "uid-web" not in (st.handled or {})
-    [(reason, message)] = api["events"]
-    assert reason == "RedeployGaveUp" and "web-r1 is taken by a pod that is not its" in message
+    [(reason, message)] = fake.events
+    assert reason == EVENT_REDEPLOY_GAVE_UP
+    assert "web-r1 is taken by a pod that is not its" in message
     # A later pass (a replay) does nothing more.
-    assert step(pod, first_seen=0.0, now=1001.0) is None
-    assert core.deleted == [] and len(api["events"]) == 1
+    assert run_step(pod, 1001.0) is None
+    assert fake.deleted == [] and len(fake.events) == 1
 
 
 def test_our_own_replacement_found_after_a_crash_completes_the_redeploy(
@@ -98,35 +95,21 @@ def test_our_own_replacement_found_after_a_crash_completes_the_redeploy(
     monkeypatch.setattr(redeploy, "RECREATE_BARE_PODS", True)
     pod = _bare()
     ours = build_replacement(pod, "web-r1", [])
-    core = FakeCore({"web": pod, "web-r1": ours})
-    monkeypatch.setattr(kube, "core", lambda: core)
-    assert step(pod, first_seen=0.0, now=1000.0) is None
-    assert core.deleted == ["web"] and core.pods["web-r1"] is ours
-    assert api["events"][0][0] == "Redeploy"
+    fake = _fake(monkeypatch, pod, ours)
+    assert run_step(pod, 1000.0) is None
+    assert fake.deleted == ["web"] and fake.at(f"{PODS}/web-r1") is ours
+    assert fake.events[0][0] == EVENT_REDEPLOY
 
 
 def test_without_the_switch_a_bare_pod_is_kept_with_an_event(
         api: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(redeploy, "RECREATE_BARE_PODS", False)
     pod = _bare()
-    core = FakeCore({"web": pod})
-    monkeypatch.setattr(kube, "core", lambda: core)
-    assert step(pod, first_seen=0.0, now=1000.0) is None
-    assert core.created == [] and core.deleted == []
-    [(reason, message)] = api["events"]
-    assert reason == "RedeployGaveUp" and "--recreate-bare-pods" in message
-
-
-class QuotaCore(FakeCore):
-    """Every replacement is refused (an exhausted quota)."""
-
-    def __init__(self, pods: dict[str, dict[str, Any]]) -> None:
-        super().__init__(pods)
-        self.attempts = 0
-
-    def create_namespaced_pod(self, ns: str, body: dict[str, Any]) -> dict[str, Any]:
-        self.attempts += 1
-        raise ApiException(status=403, reason="Forbidden: exceeded quota")
+    fake = _fake(monkeypatch, pod)
+    assert run_step(pod, 1000.0) is None
+    assert fake.created == [] and fake.deleted == []
+    [(reason, message)] = fake.events
+    assert reason == EVENT_REDEPLOY_GAVE_UP and "--recreate-bare-pods" in message
 
 
 def test_replacement_create_errors_back_off_then_give_up_with_an_event(
@@ -137,9 +120,24 @@ def test_replacement_create_errors_back_off_then_give_up_with_an_event(
     monkeypatch.setattr(redeploy, "governing_settings",
                         lambda pod: ("p", RedeployPolicy.model_construct(backoff_seconds=0)))
     pod = _bare()
-    core = QuotaCore({"web": pod})
-    monkeypatch.setattr(kube, "core", lambda: core)
-    monkeypatch.setattr(handlers, "release_held", lambda ns: None)
+    fake = _fake(monkeypatch, pod)
+    attempts: list[str] = []
+
+    def quota(method: str, path: str, body: dict[str, Any]) -> ApiError | None:
+        """Every replacement is refused (an exhausted quota)."""
+        if method == "POST" and path.startswith(PODS):
+            attempts.append(path)
+            return ApiError(403, {"reason": "Forbidden", "message": "exceeded quota"})
+        return None
+
+    fake.refuse.append(quota)
+
+    async def no_release(ns: str) -> None:
+        pass
+
+    monkeypatch.setattr(handlers, "release_held", no_release)
+    monkeypatch.setattr(handlers.cache, "ready", no_release_all)
+    monkeypatch.setattr(handlers.cache, "know_namespace", no_release)
     sleeps: list[float] = []
     real_sleep = asyncio.sleep
 
@@ -153,23 +151,35 @@ def test_replacement_create_errors_back_off_then_give_up_with_an_event(
         await asyncio.wait_for(handlers._worker(pod, "uid-web", logging.getLogger("t")), 30)
 
     asyncio.run(run())
-    assert core.attempts == handlers.API_GIVE_UP_AFTER
+    assert len(attempts) == handlers.API_GIVE_UP_AFTER
     assert sleeps == [0.01, 0.02, 0.04, 0.04, 0.04, 0.04, 0.04]
-    assert "web" in core.pods and core.deleted == []  # the original is kept
+    assert f"{PODS}/web" in fake.objects and fake.deleted == []  # the original is kept
     st = WorkloadState.parse(api["data"][workload_key(pod)])
     assert "uid-web" in (st.gave_up or {}) and "uid-web" not in (st.handled or {})
-    reason, message = api["events"][-1]
-    assert reason == "RedeployGaveUp" and "403" in message and "exceeded quota" in message
+    reason, message = fake.events[-1]
+    assert reason == EVENT_REDEPLOY_GAVE_UP and "403" in message and "exceeded quota" in message
+
+
+async def no_release_all() -> None:
+    pass
 
 
 def test_pods_waiting_out_a_backoff_hold_no_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     """More rejected pods in backoff than the default executor has threads: a blocking
-    call of the periodic pass still runs at once."""
+    call (certificates, say) still runs at once."""
     pods = {f"p{i}": _bare(f"p{i}", f"uid-{i}") for i in range(100)}
-    core = FakeCore(pods)
-    monkeypatch.setattr(kube, "core", lambda: core)
-    monkeypatch.setattr(kube, "to_dict", lambda obj: obj)
-    monkeypatch.setattr(handlers, "step", lambda pod, first_seen: 3600.0)
+    _fake(monkeypatch, *pods.values())
+
+    async def backoff(pod: dict[str, Any], first_seen: float) -> float:
+        return 3600.0
+
+    monkeypatch.setattr(handlers, "step", backoff)
+    monkeypatch.setattr(handlers.cache, "ready", no_release_all)
+
+    async def known(ns: str) -> None:
+        pass
+
+    monkeypatch.setattr(handlers.cache, "know_namespace", known)
 
     async def run() -> float:
         log = logging.getLogger("t")

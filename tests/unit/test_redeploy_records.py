@@ -4,12 +4,14 @@ kept."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 
+from fake_kube import FakeKube
+from numalign.api.kube import ApiError
 from numalign.api.topologypolicy import RedeployPolicy
 from numalign.controller import cache, kube
 from numalign.controller.redeploy import decide, store
@@ -57,44 +59,42 @@ def test_prune_past_the_size_bound_drops_the_oldest_young_records() -> None:
     assert "owner-099" in data
 
 
-class FakeCore:
-    """ConfigMaps as the API server keeps them (resourceVersion, 1 MiB limit), pods
-    deleted on request."""
+class FakeApi(FakeKube):
+    """ConfigMaps as the API server keeps them (resourceVersion, 1 MiB limit); pods are
+    deleted on request (whether they exist here or not)."""
 
     def __init__(self) -> None:
-        self.maps: dict[str, dict[str, Any]] = {}
-        self.rv = 1
+        super().__init__()
         self.largest = 0
+        self.refuse.append(self._limit)
 
-    def _store(self, ns: str, body: dict[str, Any]) -> dict[str, Any]:
+    def _limit(self, method: str, path: str, body: dict[str, Any]) -> ApiError | None:
         size = sum(len(k) + len(v) for k, v in (body.get("data") or {}).items())
         self.largest = max(self.largest, size)
         if size > LIMIT:
-            raise ApiException(status=422, reason="ConfigMap too long")
-        self.rv += 1
-        body = {**body, "metadata": {**body["metadata"], "resourceVersion": str(self.rv)},
-                "data": dict(body.get("data") or {})}
-        self.maps[ns] = body
-        return body
+            return ApiError(422, {"reason": "Invalid", "message": "ConfigMap too long"})
+        return None
 
-    def create_namespaced_config_map(self, ns: str, body: dict[str, Any]) -> dict[str, Any]:
-        if ns in self.maps:
-            raise ApiException(status=409, reason="AlreadyExists")
-        return self._store(ns, body)
+    def data(self, ns: str) -> dict[str, str]:
+        return dict(self.at(f"/api/v1/namespaces/{ns}/configmaps/numalign-redeploy")["data"])
 
-    def replace_namespaced_config_map(self, name: str, ns: str,
-                                      body: dict[str, Any]) -> dict[str, Any]:
-        if self.maps[ns]["metadata"]["resourceVersion"] != body["metadata"]["resourceVersion"]:
-            raise ApiException(status=409, reason="Conflict")
-        return self._store(ns, body)
+    async def delete(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        self.deleted.append(path.rsplit("/", 1)[-1])
+        return {}
 
-    def read_namespaced_config_map(self, name: str, ns: str) -> dict[str, Any]:
-        if ns not in self.maps:
-            raise ApiException(status=404, reason="NotFound")
-        return self.maps[ns]
 
-    def delete_namespaced_pod(self, name: str, ns: str, body: Any = None) -> None:
-        pass
+def fresh_stores(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def nothing() -> tuple[list[dict[str, Any]], int | None]:
+        return [], 0
+
+    monkeypatch.setattr(cache, "STATES", cache.Store("s", nothing, cache._ns_name))
+    monkeypatch.setattr(cache, "FAILED", cache.Store("f", nothing, cache._uid))
+
+
+def owner_replicas(replicas: int, owner: dict[str, Any] | None) -> Any:
+    async def read(pod: Any) -> tuple[int, dict[str, Any] | None]:
+        return replicas, owner
+    return read
 
 
 def _owned_pod(workload: int, n: int) -> dict[str, Any]:
@@ -110,29 +110,66 @@ def test_a_namespace_with_500_workloads_stays_under_the_configmap_limit(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """500 Deployments come and go over eight hours, each with 16 rejected pods: without
     pruning their records pass 1 MiB and every later write is refused."""
-    core = FakeCore()
-    monkeypatch.setattr(kube, "core", lambda: core)
-    monkeypatch.setattr(kube, "to_dict", lambda obj: obj)
-    monkeypatch.setattr(kube, "event", lambda *a, **k: None)
-    monkeypatch.setattr(cache, "STATES", cache.Store("s", lambda: ([], 0), cache._ns_name))
-    monkeypatch.setattr(cache, "FAILED", cache.Store("f", lambda: ([], 0), cache._uid))
+    api = FakeApi()
+    monkeypatch.setattr(kube, "client", lambda: api)
+    fresh_stores(monkeypatch)
     settings = RedeployPolicy.model_construct(max_attempts=100, backoff_seconds=0)
     monkeypatch.setattr(decide, "governing_settings", lambda pod: ("p", settings))
-    monkeypatch.setattr(decide, "owner_replicas", lambda pod: (1, None))
+    monkeypatch.setattr(decide, "owner_replicas", owner_replicas(1, None))
     monkeypatch.setattr(decide, "with_unfit", lambda pod, avoid: avoid)
     start = time.time() - 500 * 60
-    for w in range(500):
-        for n in range(16):
-            at = start + w * 60 + n
-            assert decide.step(_owned_pod(w, n), first_seen=at, now=at) is None
-    assert core.largest <= LIMIT
-    data = core.maps["busy"]["data"]
+
+    async def run() -> None:
+        for w in range(500):
+            for n in range(16):
+                at = start + w * 60 + n
+                assert await decide.step(_owned_pod(w, n), first_seen=at, now=at) is None
+
+    asyncio.run(run())
+    assert api.largest <= LIMIT
+    data = api.data("busy")
     assert sum(len(k) + len(v) for k, v in data.items()) <= MAX_DATA_BYTES
     # The newest workloads' records are all there.
     missing = [w for w in range(441, 500) if f"owner-rs-{w}" not in data]
     assert not missing, (missing, len(data))
     # The periodic pass drops the quiet ones (gone workloads) for good.
-    store.prune_records(time.time())
-    kept = core.maps["busy"]["data"]
+    asyncio.run(store.prune_records(time.time()))
+    kept = api.data("busy")
     assert {f"owner-rs-{w}" for w in range(441, 500)} <= set(kept)
     assert len(kept) <= 61
+
+
+def test_rejected_pods_of_a_namespace_at_once_write_their_record_without_conflicts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """50 workers deciding at once (one event loop): each decision is written once, none
+    meets a stale resourceVersion, and every pod is acted on."""
+    api = FakeApi()
+    monkeypatch.setattr(kube, "client", lambda: api)
+    fresh_stores(monkeypatch)
+    settings = RedeployPolicy.model_construct(max_attempts=100, backoff_seconds=0)
+    monkeypatch.setattr(decide, "governing_settings", lambda pod: ("p", settings))
+    monkeypatch.setattr(decide, "owner_replicas", owner_replicas(1, None))
+    monkeypatch.setattr(decide, "with_unfit", lambda pod, avoid: avoid)
+    puts: list[str] = []
+    conflicts: list[str] = []
+    real_put = api.put
+
+    async def put(path: str, body: dict[str, Any]) -> dict[str, Any]:
+        await asyncio.sleep(0)  # let the others run meanwhile
+        puts.append(path)
+        try:
+            return await real_put(path, body)
+        except ApiError as e:
+            conflicts.append(e.reason)
+            raise
+
+    monkeypatch.setattr(api, "put", put)
+    now = time.time()
+
+    async def run() -> list[float | None]:
+        return await asyncio.gather(*(decide.step(_owned_pod(w, 0), first_seen=now, now=now)
+                                      for w in range(50)))
+
+    assert asyncio.run(run()) == [None] * 50
+    assert conflicts == [] and len(puts) == 49  # the first one creates the ConfigMap
+    assert len(api.data("busy")) == 50 and len(api.deleted) == 50

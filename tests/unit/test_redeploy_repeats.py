@@ -6,13 +6,15 @@ replacement that avoids the node. Pods the operator's webhook admitted (marked
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
-from test_redeploy_records import FakeCore
+from test_redeploy_records import FakeApi, fresh_stores, owner_replicas
 
 from numalign.api.topologypolicy import RedeployPolicy
-from numalign.controller import cache, kube
+from numalign.api.wire import EVENT_REDEPLOY, EVENT_REDEPLOY_GAVE_UP, EVENT_REDEPLOY_REPEAT
+from numalign.controller import kube
 from numalign.controller.redeploy import decide, gating
 from numalign.controller.redeploy.record import (
     ANN_WORKLOAD,
@@ -39,33 +41,25 @@ def _failed(n: int, node: str = "localhost", seen: bool = False) -> dict[str, An
 
 @pytest.fixture
 def world(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    core = FakeCore()
-    deleted: list[str] = []
-    events: list[tuple[str, str]] = []
-    monkeypatch.setattr(core, "delete_namespaced_pod",
-                        lambda name, ns, body=None: deleted.append(name), raising=False)
-    monkeypatch.setattr(kube, "core", lambda: core)
-    monkeypatch.setattr(kube, "to_dict", lambda obj: obj)
-    monkeypatch.setattr(kube, "event", lambda pod, kind, reason, message: events.append(
-        (reason, message)))
-    monkeypatch.setattr(cache, "STATES", cache.Store("s", lambda: ([], 0), cache._ns_name))
-    monkeypatch.setattr(cache, "FAILED", cache.Store("f", lambda: ([], 0), cache._uid))
+    api = FakeApi()
+    monkeypatch.setattr(kube, "client", lambda: api)
+    fresh_stores(monkeypatch)
     settings = RedeployPolicy.model_construct(enabled=True, max_attempts=2, backoff_seconds=1,
                                               avoid_rejecting_nodes=True)
     monkeypatch.setattr(decide, "governing_settings", lambda pod: ("rr", settings))
     rs = {"metadata": {"name": "rr-5f8", "annotations": {}}, "spec": {"replicas": 1}}
-    monkeypatch.setattr(decide, "owner_replicas", lambda pod: (1, rs))
+    monkeypatch.setattr(decide, "owner_replicas", owner_replicas(1, rs))
     monkeypatch.setattr(decide, "with_unfit", lambda pod, avoid: avoid)
     monkeypatch.setattr(gating, "with_unfit", lambda pod, avoid: avoid)
-    return {"core": core, "deleted": deleted, "events": events, "settings": settings}
+    return {"api": api, "deleted": api.deleted, "events": api.events, "settings": settings}
 
 
-def _record(core: FakeCore) -> WorkloadState:
-    return WorkloadState.parse(core.maps["ns"]["data"]["owner-rs-1"])
+def _record(api: FakeApi) -> WorkloadState:
+    return WorkloadState.parse(api.data("ns")["owner-rs-1"])
 
 
 def _step(pod: dict[str, Any], now: float) -> None:
-    assert decide.step(pod, first_seen=now - 60, now=now) is None
+    assert asyncio.run(decide.step(pod, first_seen=now - 60, now=now)) is None
 
 
 def test_a_pile_made_while_the_operator_was_away_spends_one_attempt(
@@ -78,11 +72,11 @@ def test_a_pile_made_while_the_operator_was_away_spends_one_attempt(
     pile = [_failed(n) for n in range(30)]
     for i, pod in enumerate(pile):
         _step(pod, NOW + i * 0.01)
-    st = _record(world["core"])
+    st = _record(world["api"])
     assert st.attempts == 1 and not st.exhausted and not st.gave_up, st
     assert world["deleted"] == [p["metadata"]["name"] for p in pile]
     reasons = [r for r, _ in world["events"]]
-    assert reasons == ["Redeploy"] + ["RedeployRepeat"] * 29, reasons
+    assert reasons == [EVENT_REDEPLOY] + [EVENT_REDEPLOY_REPEAT] * 29, reasons
     assert "avoiding localhost" in world["events"][0][1]
     assert "without spending a redeploy attempt (1/2 spent)" in world["events"][1][1]
     # Nothing holds the replacement: every rejected pod was decided.
@@ -97,12 +91,13 @@ def test_pods_the_webhook_admitted_still_spend_the_budget(world: dict[str, Any])
     the budget is spent and new pods are gated, as before."""
     _step(_failed(0), NOW)
     _step(_failed(1, seen=True), NOW + 10)
-    st = _record(world["core"])
+    st = _record(world["api"])
     assert st.attempts == 2 and not st.exhausted
     _step(_failed(2, seen=True), NOW + 20)
-    st = _record(world["core"])
+    st = _record(world["api"])
     assert st.exhausted and "uid-2" in (st.gave_up or {}), st
-    assert [r for r, _ in world["events"]] == ["Redeploy", "Redeploy", "RedeployGaveUp"]
+    assert [r for r, _ in world["events"]] == [EVENT_REDEPLOY, EVENT_REDEPLOY,
+                                                EVENT_REDEPLOY_GAVE_UP]
     assert "uid-2" not in (st.handled or {}) and "rr-5f8-2" not in world["deleted"]
 
 

@@ -59,23 +59,26 @@ def test_a_running_operator_renews_its_certificate_before_it_expires(tmp_path: P
     for name, data in ((webhooks.CA_FILE, ca), (webhooks.CA_KEY_FILE, ca_key),
                        (webhooks.CERT_FILE, old_cert), (webhooks.KEY_FILE, old_key)):
         (tmp_path / name).write_bytes(data)
-    assert webhooks.renew(tmp_path, hosts) is True
+    assert asyncio.run(webhooks.renew(tmp_path, hosts)) is True
     new = x509.load_pem_x509_certificate((tmp_path / webhooks.CERT_FILE).read_bytes())
     assert new.not_valid_after_utc - now > dt.timedelta(days=300)
     assert (tmp_path / webhooks.CA_FILE).read_bytes() == ca
-    assert webhooks.renew(tmp_path, hosts) is False
+    assert asyncio.run(webhooks.renew(tmp_path, hosts)) is False
     assert webhooks.RENEW_CHECK_S <= 24 * 3600
 
 
 def test_the_operator_schedules_the_renewal(monkeypatch: Any, tmp_path: Path) -> None:
     calls: list[str] = []
 
-    def renew(cert_dir: Path, hosts: list[str], secret: str | None) -> bool:
+    async def renew(cert_dir: Path, hosts: list[str], secret: str | None) -> bool:
         calls.append("renew")
         return len(calls) == 1
 
+    async def apply(url: str, ca: bytes, exclude: list[str]) -> None:
+        calls.append(url)
+
     monkeypatch.setattr(webhooks, "renew", renew)
-    monkeypatch.setattr(webhookconfig, "apply", lambda url, ca, exclude: calls.append(url))
+    monkeypatch.setattr(webhookconfig, "apply", apply)
     (tmp_path / webhooks.CA_FILE).write_bytes(b"ca")
 
     async def run() -> None:

@@ -18,8 +18,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from numalign.api.kube import MERGE_PATCH, NT_BASE, ApiError, Kube, nt_path, pod_path, q
 from numalign.api.wire import (
     ANN_ALLOCATION,
+    EVENT_INVALID_POLICY,
     LABEL_MACHINE,
     REJECT_REASON,
     REJECTED_PREFIX,
@@ -28,7 +30,6 @@ from numalign.api.wire import (
 from numalign.topology.machine import Machine
 
 from .annotations import resolve_pod
-from .kube import MERGE_PATCH, NT_BASE, ApiError, Kube, nt_path, pod_path, q
 from .kubelet_status import (
     lease_object,
     node_addresses,
@@ -48,7 +49,7 @@ log = logging.getLogger(__name__)
 JSON = dict[str, Any]
 
 POD_SELECTOR = "spec.nodeName!="
-INVALID_POLICY_REASON = "InvalidTopologyPolicy"
+INVALID_POLICY_REASON = EVENT_INVALID_POLICY
 
 
 @dataclass

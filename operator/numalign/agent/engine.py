@@ -9,6 +9,7 @@ from typing import Any
 
 from numalign.api.nodestatus import ledger_container
 from numalign.api.wire import (
+    EVENT_INVALID_GPU,
     REJECT_REASON,
     REJECTED_PREFIX,
     TOPOLOGY_MESSAGE,
@@ -26,7 +27,7 @@ from numalign.topology.pod import HUGEPAGES_PREFIX, Pod, pod_from_dict
 
 # A pod whose numalign.io/gpus cannot be read (or asks what the machine cannot name) is
 # refused with this reason: Failed, with a Warning event, no allocation.
-INVALID_GPU_REASON = "InvalidGpuRequest"
+INVALID_GPU_REASON = EVENT_INVALID_GPU
 
 
 class RestoreConflict(Exception):

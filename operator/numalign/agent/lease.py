@@ -17,7 +17,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from .kube import ApiError, Kube, q
+from numalign.api.kube import ApiError, Kube, q
 
 log = logging.getLogger(__name__)
 

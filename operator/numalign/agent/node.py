@@ -21,11 +21,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from numalign.api.kube import NT_BASE, ApiError, Kube, q
 from numalign.api.wire import LABEL_MACHINE, REJECT_REASON
 from numalign.topology.errors import TopologyError
 from numalign.topology.machine import Machine
 
-from .kube import NT_BASE, ApiError, Kube, q
 from .kubelet_config import KubeletConfig, load_kubelet_config
 from .lease import NodeLease
 from .podresources import PodResourcesClient, PodResourcesError

@@ -27,31 +27,27 @@ write of node ``name`` (so NRT writes are coalesced like the status writes)::
     from numalign.agent import nrt
 
     obj = nrt.build_nrt(name, status, spec=state_spec, node_uid=node_uid)
-    await nrt.publish_nrt(kube, obj)          # kube: numalign.agent.kube.Kube
+    await nrt.publish_nrt(kube, obj)          # kube: numalign.api.kube.Kube
 
 where ``status`` is the dict ``publish.build_status`` just wrote and ``spec`` the node's
 ``NodeTopology.spec`` (``{"policy", "scope", ...}``; None means ``none``/``container``).
 ``node_uid`` (optional) makes the Node the NRT's owner so it is garbage-collected with
-the node. A synchronous caller with the official client uses
-``publish_nrt_sync(kubernetes.client.ApiClient(...), obj)``. Both create the object, or
-replace it when it exists (retrying on conflicts). The agent's RBAC needs ``get``,
-``create`` and ``update`` on ``noderesourcetopologies.topology.node.k8s.io``, and the CRD
-must be installed (``config/nrt/crd.yaml`` where NFD or the scheduler plugin did not
-install it).
+the node. It creates the object, or replaces it when it exists (retrying on
+conflicts). The agent's RBAC needs ``get``, ``create`` and ``update`` on
+``noderesourcetopologies.topology.node.k8s.io``, and the CRD must be installed
+(``config/nrt/crd.yaml`` where NFD or the scheduler plugin did not install it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
-import time
 from collections.abc import Mapping
 from typing import Any
 
+from numalign.api.kube import ApiError, Kube, q
 from numalign.topology.policy import POLICIES, SCOPES
 from numalign.topology.quantity import format_bytes, parse_cpulist, quantity_bytes
-
-from .kube import ApiError, Kube, q
 
 GROUP = "topology.node.k8s.io"
 VERSION = "v1alpha2"
@@ -251,42 +247,6 @@ async def publish_nrt(kube: Kube, obj: Mapping[str, Any], *, attempts: int = 5) 
         except ApiError as e:
             if e.status == 409 and attempt + 1 < attempts:
                 await asyncio.sleep(0.05 * (attempt + 1))
-                continue
-            raise
-    raise AssertionError("unreachable")
-
-
-def publish_nrt_sync(api_client: Any, obj: Mapping[str, Any], *, attempts: int = 5) -> JSON:
-    """``publish_nrt`` with the official synchronous client (``kubernetes.client.ApiClient``).
-    Raises ``kubernetes.client.exceptions.ApiException`` as the client does."""
-    from kubernetes import client as k8s
-    from kubernetes.client.exceptions import ApiException
-
-    api: Any = k8s.CustomObjectsApi(api_client)
-    name = str((obj.get("metadata") or {}).get("name") or "")
-    if not name:
-        raise NrtError("metadata.name: is required")
-    for attempt in range(attempts):
-        try:
-            existing = api.get_cluster_custom_object(GROUP, VERSION, PLURAL, name)
-        except ApiException as e:
-            if e.status != 404:
-                raise
-            try:
-                created: JSON = api.create_cluster_custom_object(GROUP, VERSION, PLURAL,
-                                                                 dict(obj))
-                return created
-            except ApiException as ce:
-                if ce.status == 409 and attempt + 1 < attempts:
-                    continue
-                raise
-        try:
-            replaced: JSON = api.replace_cluster_custom_object(
-                GROUP, VERSION, PLURAL, name, _for_replace(obj, existing))
-            return replaced
-        except ApiException as e:
-            if e.status == 409 and attempt + 1 < attempts:
-                time.sleep(0.05 * (attempt + 1))
                 continue
             raise
     raise AssertionError("unreachable")

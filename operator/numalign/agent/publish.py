@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from numalign.api.common import API_VERSION
+from numalign.api.kube import JSON_PATCH, MERGE_PATCH, ApiError, Kube, nt_path
 from numalign.api.nodetopology import KIND, NRI_PLACEMENT, POLICY_APPLIED, READY
 from numalign.api.wire import Admitted
 from numalign.topology.cputopo import cpu_topology_json
@@ -20,7 +21,6 @@ from numalign.topology.machine import Machine
 from numalign.topology.quantity import format_bytes, format_cpulist
 
 from . import nrt
-from .kube import JSON_PATCH, MERGE_PATCH, ApiError, Kube, nt_path
 from .kubelet_status import now_iso
 from .state import NodeState
 

@@ -56,6 +56,17 @@ MANAGED_NRI = "nri"
 REJECTED_PREFIX = "Pod was rejected: "
 TOPOLOGY_MESSAGE = REJECT_MESSAGE.removeprefix(REJECTED_PREFIX)
 
+# The reasons of the Events numalign posts (the rejection's is the kubelet's, above).
+EVENT_REDEPLOY = "Redeploy"  # operator: a rejected pod deleted (or recreated)
+EVENT_REDEPLOY_GAVE_UP = "RedeployGaveUp"  # operator: a rejected pod stays Failed
+EVENT_REDEPLOY_REPEAT = "RedeployRepeat"  # operator: a repeat deleted, no attempt spent
+EVENT_REDEPLOY_EXHAUSTED = "RedeployExhausted"  # operator: held, the budget is spent
+EVENT_REDEPLOY_BACKOFF = "RedeployBackoff"  # operator: held during a backoff
+EVENT_REDEPLOY_RELEASED = "RedeployReleased"  # operator: the scheduling gate removed
+EVENT_INVALID_OVERRIDE = "InvalidTopologyOverride"  # operator: a bad pod override ignored
+EVENT_INVALID_POLICY = "InvalidTopologyPolicy"  # agent: a resolved policy it cannot use
+EVENT_INVALID_GPU = "InvalidGpuRequest"  # agent: a bad GPU request (pod status reason too)
+
 SOURCE_POD = "pod"
 SOURCE_NODE_DEFAULT = "node-default"
 SOURCE_NONE = "none"

@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from numalign.agent.kube import Kube, load_config
+    from numalign.api.kube import Kube, load_config
 
     if args.emulate and (args.pod_resources or args.kubelet_config or args.nri_socket):
         print(f"{PROG}: error: --pod-resources, --kubelet-config and --nri-socket are for "
@@ -159,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: cannot load Kubernetes credentials: {e}", file=sys.stderr)
         return 1
 
-    kube = Kube(config, max_connections=max(8, args.concurrency + 8))
+    kube = Kube(config, max_connections=max(8, args.concurrency + 8),
+                user_agent="numalign-agent")
 
     async def run() -> None:
         try:

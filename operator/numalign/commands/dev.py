@@ -279,7 +279,7 @@ def _demo_real_node(args: argparse.Namespace, cluster: DevCluster) -> None:
 
 def _print_summary(args: argparse.Namespace, cluster: DevCluster, result: DemoResult) -> None:
     kubectl = Kubectl(result.kubeconfig)
-    rest = cluster.rest()
+    kube = cluster.kube()
     out: list[str] = []
     out += ["", "$ kubectl get nt", kubectl("get", "nt").rstrip()]
     out += ["", "$ kubectl get tp", kubectl("get", "tp").rstrip()]
@@ -287,10 +287,10 @@ def _print_summary(args: argparse.Namespace, cluster: DevCluster, result: DemoRe
             kubectl("get", "pods", "-A", "-l", "app in (trainer,etl,packet-processor)",
                     "-o", "custom-columns=NAMESPACE:.metadata.namespace,NAME:.metadata.name,"
                     "STATUS:.status.phase,NODE:.spec.nodeName").rstrip()]
-    events = story(rest, result.namespaces)
+    events = story(kube, result.namespaces)
     if events:
         out += ["", "Rejections and redeploys:"] + [f"  {e}" for e in events]
-    trainer = next(iter(pods_of(rest, "ml")), "POD")
+    trainer = next(iter(pods_of(kube, "ml")), "POD")
     flags = _cluster_flags(args)
     tips = [(f"export KUBECONFIG={result.kubeconfig}", "")]
     if shutil.which("numalign") is None and sys.prefix != sys.base_prefix:

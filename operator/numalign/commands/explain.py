@@ -28,7 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -202,19 +202,15 @@ def _offline(args: argparse.Namespace) -> Explanation:
 # ---------------------------------------------------------------- live
 
 
-def _live(args: argparse.Namespace) -> Explanation:
-    if args.machine or args.pod or args.allocated:
-        raise ExplainError("give either a pod name (live mode) or --machine and --pod "
-                           "(offline mode), not both")
-    client = _Client(args.kubeconfig, args.context)
+def _read(client: _Client, args: argparse.Namespace
+          ) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """The pod, its node and the node's NodeTopology (errors name what is missing)."""
     ns = args.namespace or client.namespace
     name = str(args.name)
     pod = client.get_pod(ns, name)
     if pod is None:
         raise ExplainError(f"pod {ns}/{name} not found: check the name and the namespace "
                            "(-n NAMESPACE)")
-    meta = pod.get("metadata") or {}
-    annotations: Mapping[str, str] = meta.get("annotations") or {}
     node = (pod.get("spec") or {}).get("nodeName")
     if not node:
         raise ExplainError(f"pod {ns}/{name} is not bound to a node yet: explain it once it "
@@ -223,6 +219,22 @@ def _live(args: argparse.Namespace) -> Explanation:
     if nt is None:
         raise ExplainError(f"node {node} has no NodeTopology: is the numalign agent running "
                            "there? (kubectl get nodetopology)")
+    return pod, str(node), nt
+
+
+def _live(args: argparse.Namespace) -> Explanation:
+    if args.machine or args.pod or args.allocated:
+        raise ExplainError("give either a pod name (live mode) or --machine and --pod "
+                           "(offline mode), not both")
+    client = _Client(args.kubeconfig, args.context)
+    try:
+        pod, node, nt = _read(client, args)
+    finally:
+        client.close()
+    ns = args.namespace or client.namespace
+    name = str(args.name)
+    meta = pod.get("metadata") or {}
+    annotations: Mapping[str, str] = meta.get("annotations") or {}
     status = nt.get("status") or {}
     try:
         machine = machine_from_status(status, name=str(node))
@@ -332,45 +344,26 @@ def _live(args: argparse.Namespace) -> Explanation:
 
 
 class _Client:
-    """The few reads live mode makes, with the official client (errors -> ExplainError)."""
+    """The few reads live mode makes, through the one client (errors -> ExplainError)."""
 
     def __init__(self, kubeconfig: str | None, context: str | None) -> None:
-        import os
+        from numalign.api.kube import SyncKube, load_config
 
-        from kubernetes import client as k8s
-        from kubernetes import config as k8s_config
-
-        conf = k8s.Configuration()
-        path = kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or None
-        self.namespace = "default"
         try:
-            if path is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-                k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
-                    client_configuration=conf)
-            else:
-                k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-                    config_file=path, context=context, client_configuration=conf)
-                _, active = k8s_config.list_kube_config_contexts(  # type: ignore[no-untyped-call]
-                    config_file=path)
-                if context:
-                    contexts, _ = k8s_config.list_kube_config_contexts(  # type: ignore[no-untyped-call]
-                        config_file=path)
-                    active = next((c for c in contexts if c.get("name") == context), active)
-                ns = ((active or {}).get("context") or {}).get("namespace")
-                if ns:
-                    self.namespace = str(ns)
-        except Exception as e:  # ConfigException, missing file, bad YAML ...
+            config = load_config(kubeconfig, context)
+        except Exception as e:  # ConfigError, missing file, bad YAML ...
             raise ExplainError(f"cannot load the Kubernetes credentials: {e}; give "
                                "--kubeconfig (e.g. from 'numalign dev kubeconfig')") from None
-        self.host = str(conf.host)
-        self.api = k8s.ApiClient(conf)
+        self.namespace = config.namespace or "default"
+        self.host = config.host
+        self.kube = SyncKube(config, max_connections=2, user_agent="numalign-explain")
 
-    def _get(self, call: Callable[[], Any], what: str) -> dict[str, Any] | None:
-        from kubernetes.client.exceptions import ApiException
+    def _get(self, path: str, what: str) -> dict[str, Any] | None:
+        from numalign.api.kube import ApiError
 
         try:
-            obj = call()
-        except ApiException as e:
+            return self.kube.run(self.kube.kube.request("GET", path, timeout=30))
+        except ApiError as e:
             if e.status == 404:
                 return None
             if e.status in (401, 403):
@@ -382,24 +375,19 @@ class _Client:
             raise ExplainError(f"cannot reach the API server at {self.host}: "
                                f"{type(e).__name__}; is the cluster up? check --kubeconfig"
                                ) from None
-        if not isinstance(obj, dict):
-            obj = self.api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
-        return obj if isinstance(obj, dict) else None
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
-        from kubernetes import client as k8s
+        from numalign.api.kube import pod_path
 
-        core = k8s.CoreV1Api(self.api)
-        return self._get(lambda: core.read_namespaced_pod(name, namespace, _request_timeout=30),
-                         f"pod {namespace}/{name}")
+        return self._get(pod_path(namespace, name), f"pod {namespace}/{name}")
 
     def get_nodetopology(self, name: str) -> dict[str, Any] | None:
-        from kubernetes import client as k8s
+        from numalign.api.kube import nt_path
 
-        custom = k8s.CustomObjectsApi(self.api)
-        return self._get(lambda: custom.get_cluster_custom_object(
-            "numalign.io", "v1alpha1", "nodetopologies", name, _request_timeout=30),
-            f"NodeTopology {name}")
+        return self._get(nt_path(name), f"NodeTopology {name}")
+
+    def close(self) -> None:
+        self.kube.close()
 
 
 # ---------------------------------------------------------------- main

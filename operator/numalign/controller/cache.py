@@ -9,8 +9,9 @@ at 100 nodes / 2,000 pods), so the operator keeps them here:
 - :func:`resync` (the periodic pass, every few seconds) LISTs each kind once, which
   bounds the staleness where watch events are missed: while a peering standby is
   paused its watches stop, yet it may still serve webhooks;
-- a store read before its first fill LISTs at once (webhooks may be called before the
-  initial listing is through).
+- every handler and webhook awaits :func:`ready` first, which LISTs the stores not
+  filled yet (webhooks may be called before the initial listing is through); the reads
+  after it are plain (synchronous) lookups.
 
 Writes never trust the cache blindly: the redeploy record is replaced with optimistic
 concurrency on the ConfigMap's resourceVersion (a stale copy gets 409, then a fresh
@@ -20,14 +21,14 @@ it never acts twice on a copy older than its own write. Newer resourceVersions w
 
 from __future__ import annotations
 
-import threading
+import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import kopf
-from kubernetes.client.exceptions import ApiException
 
+from numalign.api.kube import q
 from numalign.api.wire import REJECT_REASON
 
 from . import kube
@@ -49,75 +50,74 @@ def _newer(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
     return old is None or a is None or b is None or b >= a
 
 
-Lister = Callable[[], tuple[list[dict[str, Any]], int | None]]
+Lister = Callable[[], Awaitable[tuple[list[dict[str, Any]], int | None]]]
 
 
 class Store:
-    """Objects of one kind by key, thread-safe (handlers run in Kopf's thread pool and
-    the redeploy workers in threads of their own)."""
+    """Objects of one kind by key. Used from the operator's event loop only (handlers,
+    webhooks and redeploy workers are coroutines): no locks."""
 
     def __init__(self, name: str, lister: Lister, key: Callable[[Mapping[str, Any]], str]):
         self.name = name
         self._lister = lister
         self._key = key
-        self._lock = threading.Lock()
         self._items: dict[str, dict[str, Any]] = {}
         self._filled = False
+        self._filling = asyncio.Lock()
         self.filled_at = 0.0
 
     def key_of(self, obj: Mapping[str, Any]) -> str:
         return self._key(obj)
 
+    @property
+    def filled(self) -> bool:
+        return self._filled
+
     def put(self, obj: Mapping[str, Any]) -> None:
         key = self._key(obj)
-        with self._lock:
-            if _newer(self._items.get(key), obj):
-                self._items[key] = dict(obj)
+        if _newer(self._items.get(key), obj):
+            self._items[key] = dict(obj)
 
     def remove(self, obj: Mapping[str, Any]) -> None:
-        with self._lock:
-            self._items.pop(self._key(obj), None)
+        self._items.pop(self._key(obj), None)
 
     def forget(self, key: str) -> None:
-        with self._lock:
-            self._items.pop(key, None)
+        self._items.pop(key, None)
 
-    def fill(self) -> None:
+    async def fill(self) -> None:
         """Replace the contents with a fresh LIST (keeping entries newer than it)."""
-        items, list_rv = self._lister()
+        items, list_rv = await self._lister()
         fresh = {self._key(o): o for o in items}
-        with self._lock:
-            for key, old in self._items.items():
-                new = fresh.get(key)
-                old_rv = _rv(old)
-                if new is None:
-                    # Absent from the LIST: keep it only if it is newer than the LIST.
-                    if old_rv is not None and list_rv is not None and old_rv > list_rv:
-                        fresh[key] = old
-                elif not _newer(old, new):
+        for key, old in self._items.items():
+            new = fresh.get(key)
+            old_rv = _rv(old)
+            if new is None:
+                # Absent from the LIST: keep it only if it is newer than the LIST.
+                if old_rv is not None and list_rv is not None and old_rv > list_rv:
                     fresh[key] = old
-            self._items = fresh
-            self._filled = True
-            self.filled_at = time.monotonic()
+            elif not _newer(old, new):
+                fresh[key] = old
+        self._items = fresh
+        self._filled = True
+        self.filled_at = time.monotonic()
 
-    def _ensure(self) -> None:
-        if not self._filled:
-            self.fill()
+    async def ensure(self) -> None:
+        """Fill it unless filled (callers at once share one LIST)."""
+        if self._filled:
+            return
+        async with self._filling:
+            if not self._filled:
+                await self.fill()
 
     def get(self, key: str) -> dict[str, Any] | None:
-        self._ensure()
-        with self._lock:
-            return self._items.get(key)
+        return self._items.get(key)
 
     def values(self) -> list[dict[str, Any]]:
-        self._ensure()
-        with self._lock:
-            return list(self._items.values())
+        return list(self._items.values())
 
     def clear(self) -> None:
-        with self._lock:
-            self._items = {}
-            self._filled = False
+        self._items = {}
+        self._filled = False
 
 
 def _name(obj: Mapping[str, Any]) -> str:
@@ -133,25 +133,17 @@ def _uid(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("uid", ""))
 
 
-def _list_rv(res: Any) -> int | None:
-    meta = res.get("metadata") if isinstance(res, Mapping) else getattr(res, "metadata", None)
-    rv = meta.get("resourceVersion") if isinstance(meta, Mapping) else getattr(
-        meta, "resource_version", None)
+def _list_rv(rv: str) -> int | None:
     try:
-        return int(str(rv))
+        return int(rv)
     except (TypeError, ValueError):
         return None
 
 
-def _custom(plural: str) -> Lister:
-    def lister() -> tuple[list[dict[str, Any]], int | None]:
-        try:
-            res = kube.custom().list_cluster_custom_object(kube.GROUP, kube.VERSION, plural)
-        except ApiException as e:
-            if e.status == 404:  # CRD not installed
-                return [], None
-            raise
-        return list(res.get("items") or []), _list_rv(res)
+def _custom(base: str) -> Lister:
+    async def lister() -> tuple[list[dict[str, Any]], int | None]:
+        items, rv = await kube.list_items(base)  # nothing when the CRD is not installed
+        return items, _list_rv(rv)
     return lister
 
 
@@ -162,20 +154,14 @@ def slim_labels(obj: Mapping[str, Any]) -> dict[str, Any]:
                          "resourceVersion": meta.get("resourceVersion")}}
 
 
-def _labels_of(model: Any) -> dict[str, Any]:
-    return {"metadata": {"name": model.metadata.name,
-                         "labels": dict(model.metadata.labels or {}),
-                         "resourceVersion": model.metadata.resource_version}}
+async def _list_nodes() -> tuple[list[dict[str, Any]], int | None]:
+    items, rv = await kube.client().list_all("/api/v1/nodes")
+    return [slim_labels(n) for n in items], _list_rv(rv)
 
 
-def _list_nodes() -> tuple[list[dict[str, Any]], int | None]:
-    res = kube.core().list_node()
-    return [_labels_of(n) for n in res.items], _list_rv(res)
-
-
-def _list_namespaces() -> tuple[list[dict[str, Any]], int | None]:
-    res = kube.core().list_namespace()
-    return [_labels_of(n) for n in res.items], _list_rv(res)
+async def _list_namespaces() -> tuple[list[dict[str, Any]], int | None]:
+    items, rv = await kube.client().list_all("/api/v1/namespaces")
+    return [slim_labels(n) for n in items], _list_rv(rv)
 
 
 def slim_state(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -185,14 +171,14 @@ def slim_state(obj: Mapping[str, Any]) -> dict[str, Any]:
             "data": dict(obj.get("data") or {})}
 
 
-def _list_states() -> tuple[list[dict[str, Any]], int | None]:
+async def _list_states() -> tuple[list[dict[str, Any]], int | None]:
     # By name: RBAC lets the operator read no other ConfigMap (resourceNames), which a
     # LIST passes only with this field selector.
-    res = kube.core().list_config_map_for_all_namespaces(
-        field_selector=f"metadata.name={STATE_CONFIGMAP}",
-        label_selector=f"{STATE_LABEL}=redeploy")
-    return ([slim_state(kube.to_dict(cm)) for cm in res.items
-             if cm.metadata.name == STATE_CONFIGMAP], _list_rv(res))
+    items, rv = await kube.client().list_all("/api/v1/configmaps", {
+        "fieldSelector": f"metadata.name={STATE_CONFIGMAP}",
+        "labelSelector": f"{STATE_LABEL}=redeploy"})
+    return ([slim_state(cm) for cm in items
+             if (cm.get("metadata") or {}).get("name") == STATE_CONFIGMAP], _list_rv(rv))
 
 
 def slim_failed(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -211,14 +197,10 @@ def is_rejected(obj: Mapping[str, Any]) -> bool:
     return bool(status.get("phase") == "Failed" and status.get("reason") == REJECT_REASON)
 
 
-def _list_failed() -> tuple[list[dict[str, Any]], int | None]:
-    res = kube.core().list_pod_for_all_namespaces(field_selector="status.phase=Failed")
-    out = []
-    for p in res.items:
-        d = kube.to_dict(p)
-        if is_rejected(d):
-            out.append(slim_failed(d))
-    return out, _list_rv(res)
+async def _list_failed() -> tuple[list[dict[str, Any]], int | None]:
+    items, rv = await kube.client().list_all("/api/v1/pods",
+                                             {"fieldSelector": "status.phase=Failed"})
+    return [slim_failed(p) for p in items if is_rejected(p)], _list_rv(rv)
 
 
 def slim_gated(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -230,12 +212,12 @@ def slim_gated(obj: Mapping[str, Any]) -> dict[str, Any]:
                                              or [])}}
 
 
-def _list_nothing() -> tuple[list[dict[str, Any]], int | None]:
+async def _list_nothing() -> tuple[list[dict[str, Any]], int | None]:
     return [], None
 
 
-POLICIES = Store("topologypolicies", _custom(kube.TP_PLURAL), _name)
-NODE_TOPOLOGIES = Store("nodetopologies", _custom(kube.NT_PLURAL), _name)
+POLICIES = Store("topologypolicies", _custom(kube.TP_BASE), _name)
+NODE_TOPOLOGIES = Store("nodetopologies", _custom(kube.NT_BASE), _name)
 NODES = Store("nodes", _list_nodes, _name)
 NAMESPACES = Store("namespaces", _list_namespaces, _name)
 STATES = Store("redeploy-states", _list_states, _ns_name)
@@ -246,9 +228,15 @@ GATED = Store("gated-pods", _list_nothing, _uid)
 ALL = (POLICIES, NODE_TOPOLOGIES, NODES, NAMESPACES, STATES, FAILED)
 
 
-def resync() -> None:
+async def resync() -> None:
     for store in ALL:
-        store.fill()
+        await store.fill()
+
+
+async def ready() -> None:
+    """Fill the stores not filled yet (one LIST each); then the readers below answer."""
+    for store in ALL:
+        await store.ensure()
 
 
 def clear() -> None:
@@ -281,18 +269,20 @@ def nodes() -> list[dict[str, Any]]:
     return NODES.values()
 
 
+async def know_namespace(name: str) -> None:
+    """Make sure the namespace's labels are cached: one created a moment ago is read
+    (and remembered). Handlers call it before resolving a pod of ``name``."""
+    if not name or NAMESPACES.get(name) is not None:
+        return
+    obj = await kube.client().get_or_none(f"/api/v1/namespaces/{q(name)}")
+    if obj is not None:
+        NAMESPACES.put(slim_labels(obj))
+
+
 def namespace_labels(name: str) -> dict[str, str]:
+    """The namespace's labels (empty for one not known: see :func:`know_namespace`)."""
     ns = NAMESPACES.get(name)
-    if ns is None:  # created a moment ago: ask (and remember)
-        try:
-            obj = kube.core().read_namespace(name)
-        except ApiException as e:
-            if e.status == 404:
-                return {}
-            raise
-        ns = _labels_of(obj)
-        NAMESPACES.put(ns)
-    return dict(ns["metadata"]["labels"])
+    return {} if ns is None else dict(ns["metadata"]["labels"])
 
 
 def all_namespace_labels() -> dict[str, dict[str, str]]:
@@ -311,16 +301,13 @@ def all_states() -> list[dict[str, Any]]:
     return STATES.values()
 
 
-def refresh_state(namespace: str) -> None:
+async def refresh_state(namespace: str) -> None:
     """Drop the cached record of ``namespace`` and read it again (after a 409)."""
     STATES.forget(f"{namespace}/{STATE_CONFIGMAP}")
-    try:
-        cm = kube.core().read_namespaced_config_map(STATE_CONFIGMAP, namespace)
-    except ApiException as e:
-        if e.status == 404:
-            return
-        raise
-    STATES.put(slim_state(kube.to_dict(cm)))
+    cm = await kube.client().get_or_none(kube.ns_path(namespace, "configmaps",
+                                                      STATE_CONFIGMAP))
+    if cm is not None:
+        STATES.put(slim_state(cm))
 
 
 # ---------------------------------------------------------------------------

@@ -1,74 +1,78 @@
-"""The operator's Kubernetes client: one configuration shared by Kopf's login and the
-synchronous ``kubernetes`` client the handlers use (they run in Kopf's thread pool)."""
+"""The operator's connection to the API server: the one client
+(:mod:`numalign.api.kube`) on Kopf's event loop, with the credentials Kopf logs in with."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import os
-import threading
 from collections.abc import Mapping
 from typing import Any
 
 import kopf
-import kubernetes.client as k8s
-import kubernetes.config as k8s_config
-from kubernetes.client.exceptions import ApiException
+
+from numalign.api.kube import ApiError, Kube, KubeConfig, load_config, q
 
 GROUP = "numalign.io"
 VERSION = "v1alpha1"
 NT_PLURAL = "nodetopologies"
 TP_PLURAL = "topologypolicies"
+TP_BASE = f"/apis/{GROUP}/{VERSION}/{TP_PLURAL}"
+NT_BASE = f"/apis/{GROUP}/{VERSION}/{NT_PLURAL}"
+COMPONENT = "numalign-operator"
+MAX_CONNECTIONS = 32
 
-_lock = threading.Lock()
-_config: k8s.Configuration | None = None
+log = logging.getLogger(__name__)
+
 _kubeconfig: str | None = None
+_config: KubeConfig | None = None
+_client: Kube | None = None
+_client_loop: asyncio.AbstractEventLoop | None = None
 
 
 def configure(kubeconfig: str | None) -> None:
     """Choose the credentials: an explicit kubeconfig, else $KUBECONFIG, else in-cluster,
-    else ~/.kube/config. Loaded lazily by :func:`configuration`."""
-    global _config, _kubeconfig
-    with _lock:
-        _config = None
-        _kubeconfig = kubeconfig
+    else ~/.kube/config (:func:`numalign.api.kube.load_config`), loaded on first use."""
+    global _kubeconfig, _config, _client, _client_loop
+    _kubeconfig, _config, _client, _client_loop = kubeconfig, None, None, None
 
 
-def configuration() -> k8s.Configuration:
+def config() -> KubeConfig:
     global _config
-    with _lock:
-        if _config is None:
-            cfg = k8s.Configuration()
-            path = _kubeconfig or os.environ.get("KUBECONFIG")
-            if path:
-                k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-                    config_file=path, client_configuration=cfg)
-            else:
-                try:
-                    k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
-                        client_configuration=cfg)
-                except k8s_config.ConfigException:
-                    k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-                        client_configuration=cfg)
-            _config = cfg
-        return _config
+    if _config is None:
+        _config = load_config(_kubeconfig)
+    return _config
+
+
+def client() -> Kube:
+    """The operator's client, bound to the running event loop (Kopf's)."""
+    global _client, _client_loop
+    loop = asyncio.get_running_loop()
+    if _client is None or _client_loop is not loop:
+        _client = Kube(config(), max_connections=MAX_CONNECTIONS, user_agent=COMPONENT)
+        _client_loop = loop
+    return _client
+
+
+async def close() -> None:
+    global _client, _client_loop
+    kube, _client, _client_loop = _client, None, None
+    if kube is not None:
+        await kube.close()
 
 
 def connection_info() -> kopf.ConnectionInfo:
     """Kopf's view of the same credentials (used by the ``@kopf.on.login`` handler)."""
-    cfg = configuration()
-    token: str | None = None
+    cfg = config()
     scheme: str | None = None
-    auth = cfg.api_key.get("authorization") or cfg.api_key.get("BearerToken")
-    if auth:
-        scheme, _, token = str(auth).partition(" ")
-        if not token:
-            scheme, token = "Bearer", scheme
+    token: str | None = None
+    if not cfg.username:
+        scheme, token = cfg.bearer_token()
     return kopf.ConnectionInfo(
         server=cfg.host,
-        ca_path=cfg.ssl_ca_cert or None,
-        insecure=not cfg.verify_ssl,
-        username=cfg.username or None,
-        password=cfg.password or None,
+        ca_path=cfg.ca_file,
+        insecure=cfg.insecure,
+        username=cfg.username,
+        password=cfg.password,
         scheme=scheme,
         token=token,
         certificate_path=cfg.cert_file,
@@ -77,111 +81,42 @@ def connection_info() -> kopf.ConnectionInfo:
     )
 
 
-_local = threading.local()
+# -- paths ---------------------------------------------------------------------------
 
 
-def api() -> k8s.ApiClient:
-    client: k8s.ApiClient | None = getattr(_local, "client", None)
-    if client is None:
-        client = k8s.ApiClient(configuration())
-        _local.client = client
-    return client
+def tp_path(name: str, sub: str = "") -> str:
+    base = f"{TP_BASE}/{q(name)}"
+    return f"{base}/{sub}" if sub else base
 
 
-def core() -> Any:  # typed loosely: dict bodies are fine at runtime
-    return k8s.CoreV1Api(api())
+def ns_path(namespace: str, resource: str, name: str = "", group: str = "",
+            sub: str = "") -> str:
+    """``/api/v1/namespaces/NS/RESOURCE[/NAME[/SUB]]`` (``group``: ``apps/v1`` ->
+    ``/apis/apps/v1/...``)."""
+    root = f"/apis/{group}" if group else "/api/v1"
+    path = f"{root}/namespaces/{q(namespace)}/{resource}"
+    if name:
+        path += f"/{q(name)}"
+    if sub:
+        path += f"/{sub}"
+    return path
 
 
-def custom() -> Any:
-    return k8s.CustomObjectsApi(api())
+# -- reads and events ----------------------------------------------------------------
 
 
-def apps() -> Any:
-    return k8s.AppsV1Api(api())
-
-
-def batch() -> Any:
-    return k8s.BatchV1Api(api())
-
-
-def to_dict(obj: Any) -> dict[str, Any]:
-    """A client model object as the API's JSON (camelCase keys)."""
-    out: dict[str, Any] = api().sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
-    return out
-
-
-def list_policies() -> list[dict[str, Any]]:
+async def list_items(path: str, params: Mapping[str, str] | None = None
+                     ) -> tuple[list[dict[str, Any]], str]:
+    """Every item at ``path`` and the list's resourceVersion; nothing when the kind is
+    not served (404: a CRD not installed)."""
     try:
-        res = custom().list_cluster_custom_object(GROUP, VERSION, TP_PLURAL)
-    except ApiException as e:
-        if e.status == 404:  # CRD not installed
-            return []
-        raise
-    items: list[dict[str, Any]] = res.get("items", [])
-    return items
-
-
-def list_node_topologies() -> list[dict[str, Any]]:
-    try:
-        res = custom().list_cluster_custom_object(GROUP, VERSION, NT_PLURAL)
-    except ApiException as e:
+        return await client().list_all(path, params)
+    except ApiError as e:
         if e.status == 404:
-            return []
+            return [], ""
         raise
-    items: list[dict[str, Any]] = res.get("items", [])
-    return items
 
 
-def get_node_topology(name: str) -> dict[str, Any] | None:
-    try:
-        obj: dict[str, Any] = custom().get_cluster_custom_object(GROUP, VERSION, NT_PLURAL, name)
-    except ApiException as e:
-        if e.status == 404:
-            return None
-        raise
-    return obj
-
-
-def namespace_labels(name: str) -> dict[str, str]:
-    try:
-        ns = core().read_namespace(name)
-    except ApiException as e:
-        if e.status == 404:
-            return {}
-        raise
-    labels: Mapping[str, str] | None = ns.metadata.labels
-    return dict(labels or {})
-
-
-def all_namespace_labels() -> dict[str, dict[str, str]]:
-    return {ns.metadata.name: dict(ns.metadata.labels or {})
-            for ns in core().list_namespace().items}
-
-
-def is_status(e: BaseException, *codes: int) -> bool:
-    return isinstance(e, ApiException) and e.status in codes
-
-
-def event(obj: Mapping[str, Any], type_: str, *, reason: str, message: str) -> None:
+async def event(obj: Mapping[str, Any], type_: str, *, reason: str, message: str) -> None:
     """Post a core/v1 Event about ``obj`` (never raises: events are best effort)."""
-    import datetime as dt
-    import uuid
-
-    meta = obj.get("metadata") or {}
-    ns = str(meta.get("namespace") or "default")
-    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    body = {
-        "apiVersion": "v1", "kind": "Event",
-        "metadata": {"name": f"{meta.get('name', 'numalign')}.{uuid.uuid4().hex[:12]}",
-                     "namespace": ns},
-        "involvedObject": {"apiVersion": obj.get("apiVersion", "v1"),
-                           "kind": obj.get("kind", "Pod"), "name": meta.get("name"),
-                           "namespace": meta.get("namespace"), "uid": meta.get("uid")},
-        "type": type_, "reason": reason, "message": message[:1024],
-        "source": {"component": "numalign-operator"}, "reportingComponent": "numalign.io/operator",
-        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-    }
-    try:
-        core().create_namespaced_event(ns, body)
-    except Exception:  # best effort
-        logging.getLogger(__name__).debug("cannot post event", exc_info=True)
+    await client().event(obj, type_, reason=reason, message=message, component=COMPONENT)

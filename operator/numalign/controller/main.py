@@ -66,22 +66,22 @@ def login(**_: Any) -> kopf.ConnectionInfo:
     return kube.connection_info()
 
 
-def _periodic_pass() -> None:
+async def _periodic_pass() -> None:
     """What changes without an event on the object: node defaults after policy changes,
     policy counts, metrics, released redeploy budgets. One LIST per cached kind (what
     watch events missed); the rest reads the cache. Idempotent (patches only
     differences)."""
-    cache.resync()
-    nodedefaults.reconcile_all()
-    policies.reconcile_all()
-    redeploy.periodic_release()
+    await cache.resync()
+    await nodedefaults.reconcile_all()
+    await policies.reconcile_all()
+    await redeploy.periodic_release()
     metrics.refresh_from_node_topologies(cache.node_topologies())
 
 
 async def _periodic(interval: float) -> None:
     while True:
         try:
-            await asyncio.to_thread(_periodic_pass)
+            await _periodic_pass()
         except Exception as e:  # keep going whatever happens
             log.warning(f"periodic reconciliation failed: {e}")
         await asyncio.sleep(interval)
@@ -95,10 +95,10 @@ async def _renew_certificates(cert_dir: Path, hosts: list[str], secret: str | No
     while True:
         await asyncio.sleep(interval)
         try:
-            if await asyncio.to_thread(webhooks.renew, cert_dir, hosts, secret):
+            if await webhooks.renew(cert_dir, hosts, secret):
                 log.info("webhook certificate renewed")
                 ca = (cert_dir / webhooks.CA_FILE).read_bytes()
-                await asyncio.to_thread(webhookconfig.apply, url, ca, exclude)
+                await webhookconfig.apply(url, ca, exclude)
         except Exception as e:  # retried at the next check
             log.warning(f"webhook certificate renewal failed: {e}")
 
@@ -131,7 +131,7 @@ async def startup(settings: kopf.OperatorSettings, logger: kopf.Logger, **_: Any
         cert_dir = Path(opts.cert_dir or tempfile.mkdtemp(prefix="numalign-webhook-"))
         hosts = [host, opts.webhook_addr, "127.0.0.1", "localhost"]
         hosts = [h for h in hosts if h and h != "0.0.0.0"]
-        await asyncio.to_thread(webhooks.certificates, cert_dir, hosts, opts.cert_secret)
+        await webhooks.certificates(cert_dir, hosts, opts.cert_secret)
         settings.admission.server = webhooks.server(opts.webhook_addr, opts.webhook_port, host,
                                                     cert_dir)
         # Kopf serves the handlers; the configurations are ours (webhookconfig: namespace
@@ -139,7 +139,7 @@ async def startup(settings: kopf.OperatorSettings, logger: kopf.Logger, **_: Any
         settings.admission.managed = None
         url = f"https://{host}:{opts.webhook_port}"
         ca = (cert_dir / webhooks.CA_FILE).read_bytes()
-        await asyncio.to_thread(webhookconfig.apply, url, ca, opts.webhook_exclude)
+        await webhookconfig.apply(url, ca, opts.webhook_exclude)
         _tasks.append(asyncio.create_task(_renew_certificates(
             cert_dir, hosts, opts.cert_secret, url, opts.webhook_exclude)))
         logger.info(f"webhooks on https://{host}:{opts.webhook_port} (certificates in {cert_dir})")
@@ -158,6 +158,7 @@ async def cleanup(**_: Any) -> None:
             await t
     _tasks.clear()
     await redeploy.stop_workers()
+    await kube.close()
 
 
 async def run(opts: Options, stop_flag: asyncio.Event | None = None,

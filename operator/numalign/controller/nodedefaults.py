@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import kopf
-from kubernetes.client.exceptions import ApiException
 
+from numalign.api.kube import MERGE_PATCH, ApiError, nt_path
 from numalign.api.resolution import (
     node_default_for,
     node_spec_from,
@@ -53,11 +53,12 @@ def spec_patch(current: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[s
     return patch
 
 
-def reconcile_node(name: str, logger: kopf.Logger | None = None,
-                   policies: Sequence[Mapping[str, Any]] | None = None) -> None:
+async def reconcile_node(name: str, logger: kopf.Logger | None = None,
+                         policies: Sequence[Mapping[str, Any]] | None = None) -> None:
     """Patch the node default from the cached NodeTopology, Node labels and policies; the
     patched object goes back into the cache, so a stale copy never bumps
     ``policyGeneration`` twice (a conflicting write is refused by resourceVersion)."""
+    await cache.ready()
     nt = cache.node_topology(name)
     if nt is None:
         return
@@ -72,42 +73,43 @@ def reconcile_node(name: str, logger: kopf.Logger | None = None,
     if rv:
         body["metadata"] = {"resourceVersion": rv}
     try:
-        out = kube.custom().patch_cluster_custom_object(
-            kube.GROUP, kube.VERSION, kube.NT_PLURAL, name, body)
-    except ApiException as e:
+        out = await kube.client().patch(nt_path(name), body, MERGE_PATCH)
+    except ApiError as e:
         if e.status == 409:  # the cached copy was stale: the next event or pass retries
             cache.NODE_TOPOLOGIES.forget(name)
-            obj = kube.get_node_topology(name)
+            obj = await kube.client().get_or_none(nt_path(name))
             if obj is not None:
                 cache.NODE_TOPOLOGIES.put(obj)
             return
         if e.status == 404:
             return
         raise
-    if isinstance(out, dict):
+    if out:
         cache.NODE_TOPOLOGIES.put(out)
     if logger is not None:
         logger.info(f"node default of {name}: {patch}")
 
 
 @kopf.on.event(kube.GROUP, kube.VERSION, kube.NT_PLURAL, id="node-default")
-def nt_event(body: kopf.Body, name: str, type: str | None, logger: kopf.Logger,
-             **_: Any) -> None:
+async def nt_event(body: kopf.Body, name: str, type: str | None, logger: kopf.Logger,
+                   **_: Any) -> None:
     cache.feed(cache.NODE_TOPOLOGIES, body, type)
     if type != "DELETED":
-        reconcile_node(name, logger)
+        await reconcile_node(name, logger)
 
 
 @kopf.on.event("", "v1", "nodes", id="node-labels")
-def node_event(body: kopf.Body, name: str, type: str | None, logger: kopf.Logger,
-               **_: Any) -> None:
+async def node_event(body: kopf.Body, name: str, type: str | None, logger: kopf.Logger,
+                     **_: Any) -> None:
     cache.feed(cache.NODES, body, type, cache.slim_labels)
     if type != "DELETED":
-        reconcile_node(name, logger)
+        await reconcile_node(name, logger)
 
 
-def reconcile_all(logger: kopf.Logger | None = None) -> None:
+async def reconcile_all(logger: kopf.Logger | None = None) -> None:
     """Every node's default (run periodically: picks up policy changes)."""
+    await cache.ready()
     policies = cache.policies()
     for nt in cache.node_topologies():
-        reconcile_node(str((nt.get("metadata") or {}).get("name", "")), logger, policies)
+        await reconcile_node(str((nt.get("metadata") or {}).get("name", "")), logger,
+                             policies)

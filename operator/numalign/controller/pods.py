@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
-from kubernetes.client.exceptions import ApiException
 
+from numalign.api.kube import STRATEGIC_PATCH, ApiError
 from numalign.api.resolution import (
     NODE_UNKNOWN,
     PodMeta,
@@ -22,19 +22,28 @@ from numalign.api.resolution import (
     policy_refs,
     resolve,
 )
-from numalign.api.wire import ANN_POLICY, ANN_RESOLVED, ANN_SCOPE, Resolved, resolved_or_none
+from numalign.api.wire import (
+    ANN_POLICY,
+    ANN_RESOLVED,
+    ANN_SCOPE,
+    EVENT_INVALID_OVERRIDE,
+    Resolved,
+    resolved_or_none,
+)
 
 from . import cache, kube, redeploy
 
 ANN_OVERRIDE_WARNED = "numalign.io/override-warning"
 
 
-def resolve_pod(pod: Mapping[str, Any], namespace: str | None = None) -> Resolved:
+async def resolve_pod(pod: Mapping[str, Any], namespace: str | None = None) -> Resolved:
     """Resolve with the policies, namespace labels and (if bound) node default, as the
     watch-fed cache has them."""
+    await cache.ready()
     meta = PodMeta.from_object(pod)
     if namespace and not meta.namespace:
         meta = PodMeta(namespace, meta.labels, meta.annotations, meta.name)
+    await cache.know_namespace(meta.namespace)
     node = str((pod.get("spec") or {}).get("nodeName") or "")
     node_default: Mapping[str, Any] | object | None = NODE_UNKNOWN
     if node:
@@ -49,20 +58,20 @@ def _escape(key: str) -> str:
 
 
 @kopf.on.mutate("", "v1", "pods", id="resolve", operations=["CREATE"], ignore_failures=True)
-def mutate_pod(body: kopf.Body, patch: kopf.Patch, dryrun: bool, logger: kopf.Logger,
-               **_: Any) -> None:
+async def mutate_pod(body: kopf.Body, patch: kopf.Patch, dryrun: bool, logger: kopf.Logger,
+                     **_: Any) -> None:
     namespace = str(body.get("metadata", {}).get("namespace") or "")
-    res = resolve_pod(body, namespace)
+    res = await resolve_pod(body, namespace)
     patch.setdefault("metadata", {}).setdefault("annotations", {})[ANN_RESOLVED] = \
         res.annotation()
     try:
-        wl = redeploy.workload_of(body, namespace) if namespace else None
+        wl = await redeploy.workload_of(body, namespace) if namespace else None
         now = time.time()
         avoid = wl.avoid(now) if wl is not None else []
         held = wl.hold(now) if wl is not None else None
         seen = wl is not None and wl.settings.enabled
-    except ApiException as e:
-        logger.warning(f"cannot read redeploy state: {e.reason}")
+    except ApiError as e:
+        logger.warning(f"cannot read redeploy state: {e.status} {e.reason}")
         avoid, held, seen = [], None, False
     if seen:
         # Admitted by the operator, which keeps it off the nodes that rejected its
@@ -86,11 +95,11 @@ def mutate_pod(body: kopf.Body, patch: kopf.Patch, dryrun: bool, logger: kopf.Lo
 
 
 @kopf.on.validate("", "v1", "pods", id="overrides", operations=["CREATE"], ignore_failures=True)
-def validate_pod(body: kopf.Body, **_: Any) -> None:
+async def validate_pod(body: kopf.Body, **_: Any) -> None:
     ann = body.get("metadata", {}).get("annotations") or {}
     if ANN_POLICY not in ann and ANN_SCOPE not in ann:
         return
-    res = resolve_pod(body)
+    res = await resolve_pod(body)
     if res.problems:
         raise kopf.AdmissionError("; ".join(res.problems), code=422)
 
@@ -112,11 +121,11 @@ def _needs_backstop(body: kopf.Body, **_: Any) -> bool:
 
 
 @kopf.on.event("", "v1", "pods", id="resolve-backstop", when=_needs_backstop)
-def backstop(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
+async def backstop(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
     meta = body.get("metadata") or {}
     ann = meta.get("annotations") or {}
     try:
-        res = resolve_pod(body)
+        res = await resolve_pod(body)
         current = resolved_or_none(ann.get(ANN_RESOLVED))
         if current is not None and current.deferred:
             nt = cache.node_topology(str(body["spec"]["nodeName"]))
@@ -124,14 +133,15 @@ def backstop(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
         new_ann: dict[str, str | None] = {ANN_RESOLVED: res.annotation()}
         if res.problems and ann.get(ANN_OVERRIDE_WARNED) is None:
             msg = "; ".join(res.problems)
-            kube.event(body, "Warning", reason="InvalidTopologyOverride",
+            await kube.event(body, "Warning", reason=EVENT_INVALID_OVERRIDE,
                       message=f"{msg}; using {res.policy or 'the node default'} from {res.source}")
             new_ann[ANN_OVERRIDE_WARNED] = json.dumps(sorted(res.problems))[:1000]
         if ann.get(ANN_RESOLVED) == new_ann[ANN_RESOLVED] and len(new_ann) == 1:
             return
-        kube.core().patch_namespaced_pod(
-            meta["name"], meta["namespace"], {"metadata": {"annotations": new_ann}})
+        await kube.client().patch(kube.ns_path(meta["namespace"], "pods", meta["name"]),
+                                  {"metadata": {"annotations": new_ann}}, STRATEGIC_PATCH)
         logger.info(f"resolved {meta['namespace']}/{meta['name']}: {res.annotation()}")
-    except ApiException as e:
+    except ApiError as e:
         if e.status != 404:
-            logger.warning(f"backstop resolution of {meta.get('name')} failed: {e.reason}")
+            logger.warning(f"backstop resolution of {meta.get('name')} failed: {e.status} "
+                           f"{e.reason}")

@@ -21,8 +21,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import kopf
-from kubernetes.client.exceptions import ApiException
 
+from numalign.api.kube import MERGE_PATCH, ApiError
 from numalign.api.resolution import (
     PolicyRef,
     conflicts,
@@ -134,14 +134,15 @@ class _Inputs:
     states: list[redeploy.WorkloadState]
 
     @classmethod
-    def read(cls) -> _Inputs:
+    async def read(cls) -> _Inputs:
+        await cache.ready()
         return cls(cache.policies(), cache.all_namespace_labels(), cache.node_topologies(),
                    all_redeploy_states())
 
 
-def reconcile_status(name: str, logger: kopf.Logger | None = None,
-                     inputs: _Inputs | None = None) -> None:
-    inp = inputs or _Inputs.read()
+async def reconcile_status(name: str, logger: kopf.Logger | None = None,
+                           inputs: _Inputs | None = None) -> None:
+    inp = inputs or await _Inputs.read()
     obj = next((o for o in inp.items if (o.get("metadata") or {}).get("name") == name), None)
     if obj is None or (obj.get("metadata") or {}).get("deletionTimestamp"):
         return
@@ -150,41 +151,48 @@ def reconcile_status(name: str, logger: kopf.Logger | None = None,
     if _same(status, obj.get("status") or {}):
         return
     try:
-        out = kube.custom().patch_cluster_custom_object_status(
-            kube.GROUP, kube.VERSION, kube.TP_PLURAL, name, {"status": status})
-        if isinstance(out, dict):
+        out = await kube.client().patch(kube.tp_path(name, "status"), {"status": status},
+                                        MERGE_PATCH)
+        if out:
             cache.POLICIES.put(out)
-    except ApiException as e:
+    except ApiError as e:
         if e.status != 404 and logger is not None:
-            logger.warning(f"cannot update status of TopologyPolicy/{name}: {e.reason}")
+            logger.warning(f"cannot update status of TopologyPolicy/{name}: {e.status} "
+                           f"{e.reason}")
 
 
 @kopf.on.event(kube.GROUP, kube.VERSION, kube.TP_PLURAL, id="policy-status")
-def policy_event(body: kopf.Body, name: str, type: str | None, logger: kopf.Logger,
-                 **_: Any) -> None:
+async def policy_event(body: kopf.Body, name: str, type: str | None, logger: kopf.Logger,
+                       **_: Any) -> None:
     cache.feed(cache.POLICIES, body, type)
     if type == "DELETED":
         return
-    reconcile_status(name, logger)
+    await reconcile_status(name, logger)
 
 
-def reconcile_all(logger: kopf.Logger | None = None) -> None:
+async def reconcile_all(logger: kopf.Logger | None = None) -> None:
     """Every policy's status (run periodically: counts change without policy events)."""
-    inputs = _Inputs.read()
+    inputs = await _Inputs.read()
     for obj in inputs.items:
-        reconcile_status(str((obj.get("metadata") or {}).get("name", "")), logger, inputs)
+        await reconcile_status(str((obj.get("metadata") or {}).get("name", "")), logger,
+                               inputs)
 
 
 @kopf.on.validate(kube.GROUP, kube.VERSION, kube.TP_PLURAL, id="policy-overlaps",
                   operations=["CREATE", "UPDATE"], ignore_failures=True)
-def validate_policy(body: kopf.Body, **_: Any) -> None:
+async def validate_policy(body: kopf.Body, **_: Any) -> None:
     spec = dict(body.get("spec") or {})
     name = str((body.get("metadata") or {}).get("name", ""))
     problems = policy_problems(spec)
     if problems:
         raise kopf.AdmissionError("; ".join(problems), code=422)
-    others = [p for p in policy_refs(kube.list_policies()) if p.name != name]
-    rivals = conflicts([*others, PolicyRef(name, spec)], kube.all_namespace_labels()).get(name)
+    # Read live, not from the cache: two policies created at once must see each other.
+    items, _rv = await kube.list_items(kube.TP_BASE)
+    namespaces, _rv = await kube.client().list_all("/api/v1/namespaces")
+    labels = {str(n["metadata"]["name"]): dict(n["metadata"].get("labels") or {})
+              for n in namespaces}
+    others = [p for p in policy_refs(items) if p.name != name]
+    rivals = conflicts([*others, PolicyRef(name, spec)], labels).get(name)
     if rivals:
         raise kopf.AdmissionError(
             f"spec.priority: TopologyPolicy {name} would conflict with {', '.join(rivals)}: "

@@ -23,8 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import kubernetes.client as k8s
-from kubernetes.client.exceptions import ApiException
+from numalign.api.kube import MERGE_PATCH, ApiError, q
 
 from . import kube
 
@@ -79,32 +78,33 @@ def webhooks(mutating: bool, url: str, ca: bytes, exclude: Sequence[str]) -> lis
     return out
 
 
-def _apply(mutating: bool, hooks: list[dict[str, Any]]) -> None:
-    api: Any = k8s.AdmissionregistrationV1Api(kube.api())  # dict bodies are fine
+ADMISSION = "/apis/admissionregistration.k8s.io/v1"
+
+
+async def _apply(mutating: bool, hooks: list[dict[str, Any]]) -> None:
     kind = "MutatingWebhookConfiguration" if mutating else "ValidatingWebhookConfiguration"
-    patch = (api.patch_mutating_webhook_configuration if mutating
-             else api.patch_validating_webhook_configuration)
-    create = (api.create_mutating_webhook_configuration if mutating
-              else api.create_validating_webhook_configuration)
+    base = f"{ADMISSION}/{kind.lower()}s"
+    client = kube.client()
     try:
-        patch(NAME, {"webhooks": hooks})
+        await client.patch(f"{base}/{q(NAME)}", {"webhooks": hooks}, MERGE_PATCH)
         return
-    except ApiException as e:
+    except ApiError as e:
         if e.status != 404:
             raise
     body = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": kind,
             "metadata": {"name": NAME}, "webhooks": hooks}
     try:
-        create(body)
-    except ApiException as e:
+        await client.create(base, body)
+    except ApiError as e:
         if e.status != 409:
             raise
-        patch(NAME, {"webhooks": hooks})  # another replica created it meanwhile
+        # another replica created it meanwhile
+        await client.patch(f"{base}/{q(NAME)}", {"webhooks": hooks}, MERGE_PATCH)
 
 
-def apply(url: str, ca: bytes, exclude: Sequence[str]) -> None:
+async def apply(url: str, ca: bytes, exclude: Sequence[str]) -> None:
     """Write both configurations (idempotent; every replica writes the same)."""
     for mutating in (True, False):
-        _apply(mutating, webhooks(mutating, url, ca, exclude))
+        await _apply(mutating, webhooks(mutating, url, ca, exclude))
     log.info("webhook configurations %s point at %s (namespaces skipped: %s)", NAME, url,
              ", ".join(exclude) or "none")

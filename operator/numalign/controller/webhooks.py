@@ -15,6 +15,7 @@ that every replica (peering standby included) serves the same CA; otherwise in
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime as dt
 import ipaddress
@@ -28,7 +29,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from kubernetes.client.exceptions import ApiException
+
+from numalign.api.kube import ApiError
 
 from . import kube
 
@@ -127,26 +129,23 @@ def ensure_material(files: dict[str, bytes], hosts: list[str]) -> dict[str, byte
     return out
 
 
-def _from_secret(namespace: str, name: str) -> tuple[dict[str, bytes], str | None]:
-    try:
-        s = kube.core().read_namespaced_secret(name, namespace)
-    except ApiException as e:
-        if e.status == 404:
-            return {}, None
-        raise
-    return ({k: base64.b64decode(v) for k, v in (s.data or {}).items()},
-            s.metadata.resource_version)
+async def _from_secret(namespace: str, name: str) -> tuple[dict[str, bytes], str | None]:
+    s = await kube.client().get_or_none(kube.ns_path(namespace, "secrets", name))
+    if s is None:
+        return {}, None
+    return ({k: base64.b64decode(v) for k, v in (s.get("data") or {}).items()},
+            str((s.get("metadata") or {}).get("resourceVersion")))
 
 
-def certificates(cert_dir: Path, hosts: list[str], secret: str | None = None) -> Path:
+async def certificates(cert_dir: Path, hosts: list[str], secret: str | None = None) -> Path:
     """Write ca.crt / tls.crt / tls.key into ``cert_dir`` (from the Secret if given,
     creating or renewing it there) and return the directory."""
     cert_dir.mkdir(parents=True, exist_ok=True)
     if secret:
         ns, _, name = secret.partition("/")
         for _attempt in range(5):
-            files, rv = _from_secret(ns, name)
-            new = ensure_material(files, hosts)
+            files, rv = await _from_secret(ns, name)
+            new = await asyncio.to_thread(ensure_material, files, hosts)  # RSA: CPU-bound
             if new == files:
                 break
             body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
@@ -154,13 +153,13 @@ def certificates(cert_dir: Path, hosts: list[str], secret: str | None = None) ->
                     "data": {k: base64.b64encode(v).decode() for k, v in new.items()}}
             try:
                 if rv is None:
-                    kube.core().create_namespaced_secret(ns, body)
+                    await kube.client().create(kube.ns_path(ns, "secrets"), body)
                 else:
                     body["metadata"]["resourceVersion"] = rv  # type: ignore[index]
-                    kube.core().replace_namespaced_secret(name, ns, body)
+                    await kube.client().put(kube.ns_path(ns, "secrets", name), body)
                 files = new
                 break
-            except ApiException as e:
+            except ApiError as e:
                 if e.status != 409:  # another replica wrote it first: read theirs
                     raise
         else:
@@ -171,7 +170,7 @@ def certificates(cert_dir: Path, hosts: list[str], secret: str | None = None) ->
             p = cert_dir / fn
             if p.exists():
                 files[fn] = p.read_bytes()
-        files = ensure_material(files, hosts)
+        files = await asyncio.to_thread(ensure_material, files, hosts)
     for fn in (CA_FILE, CERT_FILE, KEY_FILE):
         p = cert_dir / fn
         p.write_bytes(files[fn])
@@ -179,14 +178,14 @@ def certificates(cert_dir: Path, hosts: list[str], secret: str | None = None) ->
     return cert_dir
 
 
-def renew(cert_dir: Path, hosts: list[str], secret: str | None = None) -> bool:
+async def renew(cert_dir: Path, hosts: list[str], secret: str | None = None) -> bool:
     """One renewal check (the operator runs it every :data:`RENEW_CHECK_S`): renew the
     serving certificate when it expires within :data:`RENEW_BEFORE` (or take the one
     another replica renewed in the Secret). Kopf's server notices the changed files and
     serves the new certificate. Returns whether the files changed."""
     before = {fn: (cert_dir / fn).read_bytes() if (cert_dir / fn).exists() else b""
               for fn in (CA_FILE, CERT_FILE, KEY_FILE)}
-    certificates(cert_dir, hosts, secret)
+    await certificates(cert_dir, hosts, secret)
     return any((cert_dir / fn).read_bytes() != data for fn, data in before.items())
 
 

@@ -29,11 +29,11 @@ from typing import Any
 
 import yaml
 
+from ..api.kube import KubeConfig, SyncKube
 from . import build, certs
 from .addons import ADDONS, ClusterInfo, MachineSpec
 from .crds import install_crds
 from .processes import Process, free_ports
-from .rest import Rest
 
 Log = Callable[[str], None]
 
@@ -91,6 +91,7 @@ class DevCluster:
         self.pki = certs.Pki.at(self.state_dir / "pki")
         self.addons = list(ADDONS)
         self._procs: dict[str, Process] = {}
+        self._kube: SyncKube | None = None
 
     # -------------------------------------------------------------------- public API
 
@@ -128,7 +129,7 @@ class DevCluster:
             return False
         if not all(self.process(n).is_running() for n in CONTROL_PLANE):
             return False
-        return self._admin_rest().ok("/readyz")
+        return self.kube().ok("/readyz")
 
     def up(
         self,
@@ -185,7 +186,7 @@ class DevCluster:
     def install_crds(self, crd_dir: Path | None = None, log: Log | None = None) -> list[str]:
         """Install (create or update) the CRDs and wait until they are Established.
         ``crd_dir``: YAML files to apply; default: the ones generated from the models."""
-        return install_crds(self._admin_rest(), crd_dir, log=log or _quiet)
+        return install_crds(self.kube(), crd_dir, log=log or _quiet)
 
     def processes(self) -> dict[str, bool]:
         """Every component with a pid file (control plane, then addons): running or not."""
@@ -196,9 +197,22 @@ class DevCluster:
     def log_file(self, component: str) -> Path:
         return self.process(component).log_file
 
-    def rest(self) -> Rest:
-        """A small HTTPS client for the API server, as the admin user."""
-        return self._admin_rest()
+    def kube(self) -> SyncKube:
+        """The API client (synchronous facade) as the admin user; one per cluster
+        address, closed by :meth:`down`."""
+        server = self.server or "https://127.0.0.1:0"
+        if self._kube is not None and self._kube.config.host != server.rstrip("/"):
+            self._close_kube()
+        if self._kube is None:
+            self._kube = SyncKube(KubeConfig.from_files(
+                server, self.pki.ca.cert, self.pki.admin.cert, self.pki.admin.key),
+                user_agent="numalign-dev")
+        return self._kube
+
+    def _close_kube(self) -> None:
+        kube, self._kube = self._kube, None
+        if kube is not None:
+            kube.close()
 
     # -------------------------------------------------------------------- starting
 
@@ -238,10 +252,10 @@ class DevCluster:
         ])
         # The API server waits for etcd by itself: start both, then wait for both.
         self.process("kube-apiserver").start(self._apiserver_args(bins, api_port, etcd_url))
-        etcd = Rest(etcd_url, None)
-        self._wait("etcd", lambda: etcd.ok("/health"), deadline, ("etcd",))
+        with _probe(etcd_url) as etcd:
+            self._wait("etcd", lambda: etcd.ok("/health"), deadline, ("etcd",))
         say(f"etcd ready ({time.monotonic() - t:.1f}s)")
-        admin = self._admin_rest()
+        admin = self.kube()
         self._wait("kube-apiserver /readyz", lambda: admin.ok("/readyz"), deadline,
                    ("etcd", "kube-apiserver"))
         say(f"kube-apiserver ready at {server} ({time.monotonic() - t:.1f}s)")
@@ -249,12 +263,12 @@ class DevCluster:
         t = time.monotonic()
         self.process("kube-controller-manager").start(self._controller_manager_args(bins, kcm_port))
         self.process("kube-scheduler").start(self._scheduler_args(bins, sched_port))
-        kcm = Rest(f"https://127.0.0.1:{kcm_port}", None)
-        sched = Rest(f"https://127.0.0.1:{sched_port}", None)
-        self._wait("kube-scheduler /healthz", lambda: sched.ok("/healthz"), deadline,
-                   CONTROL_PLANE)
-        self._wait("kube-controller-manager /healthz", lambda: kcm.ok("/healthz"), deadline,
-                   CONTROL_PLANE)
+        with _probe(f"https://127.0.0.1:{sched_port}") as sched:
+            self._wait("kube-scheduler /healthz", lambda: sched.ok("/healthz"), deadline,
+                       CONTROL_PLANE)
+        with _probe(f"https://127.0.0.1:{kcm_port}") as kcm:
+            self._wait("kube-controller-manager /healthz", lambda: kcm.ok("/healthz"),
+                       deadline, CONTROL_PLANE)
         self._wait("the default service account",
                    lambda: admin.ok("/api/v1/namespaces/default/serviceaccounts/default"),
                    deadline, CONTROL_PLANE)
@@ -408,14 +422,11 @@ class DevCluster:
     def _wait_for_nodes(self, count: int, say: Log, timeout: float = 120.0) -> None:
         """Wait until ``count`` Nodes are Ready (the emulated nodes registered)."""
         t = time.monotonic()
-        rest = self._admin_rest()
+        kube = self.kube()
 
         def ready() -> bool:
-            try:
-                code, body = rest.get("/api/v1/nodes")
-            except OSError:
-                return False
-            if code != 200 or not isinstance(body, dict):
+            body = kube.get_quiet("/api/v1/nodes")
+            if body is None:
                 return False
             n = sum(1 for node in body.get("items", [])
                     if any(c.get("type") == "Ready" and c.get("status") == "True"
@@ -448,6 +459,7 @@ class DevCluster:
 
     def _clean(self) -> None:
         """Remove what up() wrote (and nothing else) from the state dir."""
+        self._close_kube()  # its credentials go with the state
         for f in _STATE_FILES:
             (self.state_dir / f).unlink(missing_ok=True)
         for d in _STATE_DIRS:
@@ -461,10 +473,6 @@ class DevCluster:
         tmp.write_text(json.dumps(data, indent=2) + "\n")
         tmp.replace(self.state_file)
 
-    def _admin_rest(self) -> Rest:
-        server = self.server or "https://127.0.0.1:0"
-        return Rest(server, self.pki.ca.cert, self.pki.admin.cert, self.pki.admin.key)
-
     def _write_kubeconfigs(self, server: str) -> None:
         p = self.pki
         ctx = f"numalign-{self.name}"
@@ -475,6 +483,12 @@ class DevCluster:
             (self.state_dir / "scheduler.kubeconfig", p.scheduler, "system:kube-scheduler"),
         ):
             write_kubeconfig(path, ctx, server, p.ca.cert, pair.cert, pair.key, user)
+
+
+def _probe(url: str) -> SyncKube:
+    """A client for a component's health endpoint (its serving certificate unverified)."""
+    return SyncKube(KubeConfig.from_files(url, None), max_connections=1,
+                    user_agent="numalign-dev")
 
 
 def _b64(path: Path) -> str:

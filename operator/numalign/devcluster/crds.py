@@ -10,7 +10,7 @@ from urllib.parse import quote
 
 import yaml
 
-from .rest import Rest
+from ..api.kube import ApiError, SyncKube
 
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 
@@ -40,38 +40,35 @@ def _established(obj: Any) -> bool:
     return any(c.get("type") == "Established" and c.get("status") == "True" for c in conds)
 
 
-def _message(body: Any) -> str:
-    return str(body.get("message")) if isinstance(body, dict) else str(body)[:500]
-
-
-def apply_crd(rest: Rest, crd: dict[str, Any]) -> None:
+def apply_crd(kube: SyncKube, crd: dict[str, Any]) -> None:
     name = crd["metadata"]["name"]
-    code, body = rest.request("POST", f"{CRD_PATH}?fieldValidation=Strict", crd)
-    if code == 409:
-        code, current = rest.get(f"{CRD_PATH}/{quote(name)}")
-        if code != 200:
-            raise CrdError(f"reading CRD {name}: HTTP {code}: {_message(current)}")
-        update = dict(crd)
-        update["metadata"] = {**crd["metadata"],
-                              "resourceVersion": current["metadata"]["resourceVersion"]}
-        code, body = rest.request("PUT", f"{CRD_PATH}/{quote(name)}?fieldValidation=Strict",
-                                  update)
-    if code not in (200, 201):
-        raise CrdError(f"installing CRD {name}: HTTP {code}: {_message(body)}")
+    try:
+        try:
+            kube.create(f"{CRD_PATH}?fieldValidation=Strict", crd)
+        except ApiError as e:
+            if e.status != 409:
+                raise
+            current = kube.get(f"{CRD_PATH}/{quote(name)}")
+            update = dict(crd)
+            update["metadata"] = {**crd["metadata"],
+                                  "resourceVersion": current["metadata"]["resourceVersion"]}
+            kube.put(f"{CRD_PATH}/{quote(name)}?fieldValidation=Strict", update)
+    except ApiError as e:
+        raise CrdError(f"installing CRD {name}: HTTP {e.status}: {e.message}") from e
 
 
-def install_crds(rest: Rest, crd_dir: Path | None = None,
+def install_crds(kube: SyncKube, crd_dir: Path | None = None,
                  log: Callable[[str], None] | None = None, timeout: float = 60.0) -> list[str]:
     """Create or update every CRD, then wait until each is Established; return names."""
     docs = load_crds(crd_dir)
     for crd in docs:
-        apply_crd(rest, crd)
+        apply_crd(kube, crd)
     names = [d["metadata"]["name"] for d in docs]
     deadline = time.monotonic() + timeout
     pending = list(names)
     while pending:
         pending = [n for n in pending
-                   if not _established(rest.get(f"{CRD_PATH}/{quote(n)}")[1])]
+                   if not _established(kube.get_quiet(f"{CRD_PATH}/{quote(n)}"))]
         if not pending:
             break
         if time.monotonic() > deadline:

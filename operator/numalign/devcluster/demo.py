@@ -24,11 +24,17 @@ from urllib.parse import quote
 
 import yaml
 
-from numalign.api.wire import REJECT_REASON
+from numalign.api.kube import SyncKube
+from numalign.api.wire import (
+    EVENT_INVALID_OVERRIDE,
+    EVENT_REDEPLOY,
+    EVENT_REDEPLOY_GAVE_UP,
+    EVENT_REDEPLOY_REPEAT,
+    REJECT_REASON,
+)
 
 from .addons import MachineSpec
 from .cluster import DevCluster, DevClusterError
-from .rest import Rest
 
 Log = Callable[[str], None]
 Obj = dict[str, Any]
@@ -48,8 +54,8 @@ MACHINES: tuple[tuple[str, int], ...] = (
 # want pool=gpu, which the group4-gpu nodes (NVLink pairs) form.
 NODE_LABELS: dict[str, dict[str, str]] = {"group4-gpu": {"pool": "gpu"}}
 SETTLE_TIMEOUT = 120.0
-STORY_REASONS = (REJECT_REASON, "Redeploy", "RedeployGaveUp", "RedeployRepeat",
-                 "InvalidTopologyOverride")
+STORY_REASONS = (REJECT_REASON, EVENT_REDEPLOY, EVENT_REDEPLOY_GAVE_UP, EVENT_REDEPLOY_REPEAT,
+                 EVENT_INVALID_OVERRIDE)
 
 
 class DemoError(DevClusterError):
@@ -124,12 +130,9 @@ def _conditions(obj: Any) -> list[Obj]:
     return [c for c in conds if isinstance(c, dict)]
 
 
-def _items(rest: Rest, path: str) -> list[Obj]:
-    try:
-        code, body = rest.get(path)
-    except OSError:
-        return []
-    if code != 200 or not isinstance(body, dict):
+def _items(kube: SyncKube, path: str) -> list[Obj]:
+    body = kube.get_quiet(path)
+    if body is None:
         return []
     return [i for i in body.get("items") or [] if isinstance(i, dict)]
 
@@ -182,11 +185,11 @@ class Demo:
         t = time.monotonic()
         self.cluster.up(machines=machines, operator=True, log=self.say, timeout=timeout)
         self._step(t, "control plane, operator and agent up")
-        rest = self.cluster.rest()
+        kube = self.cluster.kube()
         nodes = node_names(machines)
 
         t = time.monotonic()
-        missing = _wait("nodes", lambda: self._nodes_not_ready(rest, nodes), timeout)
+        missing = _wait("nodes", lambda: self._nodes_not_ready(kube, nodes), timeout)
         if missing:
             raise DemoError(
                 f"emulated nodes not Ready after {timeout:.0f}s: {', '.join(missing)}; see "
@@ -204,7 +207,7 @@ class Demo:
         if policies:
             kubectl("apply", "-f", "-", input=yaml.safe_dump_all(policies))
         names = [str(p["metadata"]["name"]) for p in policies]
-        missing = _wait("policies", lambda: self._policies_not_reported(rest, names),
+        missing = _wait("policies", lambda: self._policies_not_reported(kube, names),
                         min(timeout, 60.0))
         if missing:
             raise DemoError(
@@ -223,7 +226,7 @@ class Demo:
         self._step(t, f"sample workloads applied in namespaces {', '.join(namespaces)}")
 
         t = time.monotonic()
-        unsettled = _wait("settle", lambda: self._unsettled(rest, deployments, namespaces,
+        unsettled = _wait("settle", lambda: self._unsettled(kube, deployments, namespaces,
                                                            list(nodes)),
                           self.settle_timeout, interval=1.0)
         if unsettled:
@@ -238,31 +241,28 @@ class Demo:
     # ------------------------------------------------------------------ conditions
 
     @staticmethod
-    def _nodes_not_ready(rest: Rest, nodes: dict[str, str]) -> list[str]:
-        ready = {str(n["metadata"]["name"]) for n in _items(rest, "/api/v1/nodes")
+    def _nodes_not_ready(kube: SyncKube, nodes: dict[str, str]) -> list[str]:
+        ready = {str(n["metadata"]["name"]) for n in _items(kube, "/api/v1/nodes")
                  if any(c.get("type") == "Ready" and c.get("status") == "True"
                         for c in _conditions(n))}
         return [n for n in nodes if n not in ready]
 
     @staticmethod
-    def _policies_not_reported(rest: Rest, names: list[str]) -> list[str]:
+    def _policies_not_reported(kube: SyncKube, names: list[str]) -> list[str]:
         reported = {str(p["metadata"]["name"])
-                    for p in _items(rest, "/apis/numalign.io/v1alpha1/topologypolicies")
+                    for p in _items(kube, "/apis/numalign.io/v1alpha1/topologypolicies")
                     if (p.get("status") or {}).get("observedGeneration")
                     == p["metadata"].get("generation")}
         return [n for n in names if n not in reported]
 
     @staticmethod
-    def _unsettled(rest: Rest, deployments: list[tuple[str, str]], namespaces: list[str],
+    def _unsettled(kube: SyncKube, deployments: list[tuple[str, str]], namespaces: list[str],
                    nodes: list[str]) -> list[str]:
         out: list[str] = []
         for ns, name in deployments:
-            try:
-                code, d = rest.get(f"/apis/apps/v1/namespaces/{quote(ns)}/deployments/"
-                                   f"{quote(name)}")
-            except OSError:
-                code, d = 0, None
-            if code != 200 or not isinstance(d, dict):
+            d = kube.get_quiet(f"/apis/apps/v1/namespaces/{quote(ns)}/deployments/"
+                               f"{quote(name)}")
+            if d is None:
                 out.append(f"{ns}/{name} not found")
                 continue
             want = int((d.get("spec") or {}).get("replicas", 1))
@@ -274,7 +274,7 @@ class Demo:
                            "available")
         running: set[str] = set()
         for ns in namespaces:
-            for pod in _items(rest, f"/api/v1/namespaces/{quote(ns)}/pods"):
+            for pod in _items(kube, f"/api/v1/namespaces/{quote(ns)}/pods"):
                 phase = (pod.get("status") or {}).get("phase")
                 pod_id = f"{ns}/{pod['metadata']['name']}"
                 if phase == "Running":
@@ -283,7 +283,7 @@ class Demo:
                     out.append(f"pod {pod_id} {phase}")
         published: set[str] = set()
         nts = {str(nt["metadata"]["name"]): nt
-               for nt in _items(rest, "/apis/numalign.io/v1alpha1/nodetopologies")}
+               for nt in _items(kube, "/apis/numalign.io/v1alpha1/nodetopologies")}
         for node in nodes:
             if node not in nts:
                 out.append(f"NodeTopology {node} not published")
@@ -296,11 +296,11 @@ class Demo:
         return out
 
 
-def story(rest: Rest, namespaces: Sequence[str]) -> list[str]:
+def story(kube: SyncKube, namespaces: Sequence[str]) -> list[str]:
     """The rejections and redeploys in the sample namespaces, oldest first."""
     events: list[tuple[str, str]] = []
     for ns in namespaces:
-        for ev in _items(rest, f"/api/v1/namespaces/{quote(ns)}/events"):
+        for ev in _items(kube, f"/api/v1/namespaces/{quote(ns)}/events"):
             if ev.get("reason") not in STORY_REASONS:
                 continue
             obj = ev.get("involvedObject") or {}
@@ -312,7 +312,7 @@ def story(rest: Rest, namespaces: Sequence[str]) -> list[str]:
     return [text for _when, text in sorted(events)]
 
 
-def pods_of(rest: Rest, namespace: str) -> list[str]:
+def pods_of(kube: SyncKube, namespace: str) -> list[str]:
     return sorted(str(p["metadata"]["name"])
-                  for p in _items(rest, f"/api/v1/namespaces/{quote(namespace)}/pods")
+                  for p in _items(kube, f"/api/v1/namespaces/{quote(namespace)}/pods")
                   if (p.get("status") or {}).get("phase") == "Running")

@@ -39,6 +39,7 @@ from typing import Any
 
 import yaml
 
+from numalign.api.kube import REQUEST_ERRORS
 from numalign.api.wire import NRI_PLUGIN_NAME
 from numalign.topology.machine import Machine, load_machine
 from numalign.topology.policy import POLICIES, SCOPES
@@ -262,9 +263,9 @@ class RealNode:
         default, else single-numa-node/container."""
         policy, scope = self.policy, self.scope
         if policy is None or scope is None:
-            code, body = self.cluster.rest().get(
+            body = self.cluster.kube().get_quiet(
                 f"/apis/numalign.io/v1alpha1/nodetopologies/{self.name}")
-            spec = (body.get("spec") or {}) if code == 200 and isinstance(body, dict) else {}
+            spec = (body or {}).get("spec") or {}
             if spec.get("policy") and policy is None:
                 policy = str(spec["policy"])
                 say(f"Topology Manager policy {policy} from NodeTopology {self.name}")
@@ -374,11 +375,11 @@ class RealNode:
         earlier kubelet (--node-labels only label a Node the kubelet creates)."""
         want: dict[str, str | None] = {k: None for k in node_labels(MODE_NRI)}
         want.update(node_labels(self.mode))
-        code, body = self.cluster.rest().request(
-            "PATCH", f"/api/v1/nodes/{self.name}", {"metadata": {"labels": want}},
-            content_type="application/merge-patch+json")
-        if code != 200:
-            raise RealNodeError(f"could not label node {self.name} ({code}): {body}")
+        try:
+            self.cluster.kube().patch(f"/api/v1/nodes/{self.name}",
+                                      {"metadata": {"labels": want}})
+        except REQUEST_ERRORS as exc:
+            raise RealNodeError(f"could not label node {self.name}: {exc}") from None
 
     def _numalign(self) -> list[str]:
         script = Path(sys.executable).with_name("numalign")
@@ -394,12 +395,8 @@ class RealNode:
 
     def _advertised(self, resources: list[str]) -> bool:
         """Whether the Node's allocatable lists every one of ``resources``."""
-        try:
-            code, body = self.cluster.rest().get(f"/api/v1/nodes/{self.name}")
-        except OSError:
-            return False
-        alloc = ((body.get("status") or {}).get("allocatable") or {}) \
-            if code == 200 and isinstance(body, dict) else {}
+        body = self.cluster.kube().get_quiet(f"/api/v1/nodes/{self.name}")
+        alloc = ((body or {}).get("status") or {}).get("allocatable") or {}
         return all(alloc.get(r) not in (None, "0") for r in resources)
 
     def _start_helpers(self, say: Log, deadline: float) -> None:
@@ -480,11 +477,8 @@ class RealNode:
             return False
 
     def _node_ready(self) -> bool:
-        try:
-            code, body = self.cluster.rest().get(f"/api/v1/nodes/{self.name}")
-        except OSError:
-            return False
-        if code != 200 or not isinstance(body, dict):
+        body = self.cluster.kube().get_quiet(f"/api/v1/nodes/{self.name}")
+        if body is None:
             return False
         return any(c.get("type") == "Ready" and c.get("status") == "True"
                    for c in (body.get("status") or {}).get("conditions") or [])
@@ -557,11 +551,11 @@ class RealNode:
         """Remove the Node and its NodeTopology from a control plane that still runs."""
         if not self.cluster.is_running():
             return
-        rest = self.cluster.rest()
+        kube = self.cluster.kube()
         for path in (f"/api/v1/nodes/{self.name}",
                      f"/apis/numalign.io/v1alpha1/nodetopologies/{self.name}"):
-            with contextlib.suppress(OSError, ValueError):
-                rest.request("DELETE", path)
+            with contextlib.suppress(*REQUEST_ERRORS):
+                kube.request("DELETE", path)
 
     def _remove_containers(self) -> None:
         """Kill and delete every task and container containerd holds for the CRI (the

@@ -44,7 +44,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from numalign.agent.kube import ApiError, Kube, pod_path, q
 from numalign.agent.kubelet_config import KubeletConfig
 from numalign.agent.kubelet_status import pod_event, rejected_status, scheduled_at
 from numalign.agent.nri.devices import Assigned, asks_for_devices, assigned_of
@@ -53,6 +52,7 @@ from numalign.agent.nri.plugin import CpuSet, NriPlugin, Placement, Rejected
 from numalign.agent.nri.pods import PodIndex
 from numalign.agent.podresources import PodResourcesClient, PodResourcesError, Snapshot
 from numalign.agent.state import AdmittedPod
+from numalign.api.kube import ApiError, Kube, pod_path, q
 from numalign.api.wire import (
     ANN_ALLOCATION,
     ANN_REJECTION,

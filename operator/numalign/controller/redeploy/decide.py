@@ -3,13 +3,13 @@ the decision out; replaying a recorded decision is harmless."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
-
+from numalign.api.kube import ApiError
 from numalign.api.resolution import (
     NODE_UNKNOWN,
     PodMeta,
@@ -18,6 +18,11 @@ from numalign.api.resolution import (
     resolve,
 )
 from numalign.api.topologypolicy import RedeployPolicy
+from numalign.api.wire import (
+    EVENT_REDEPLOY,
+    EVENT_REDEPLOY_GAVE_UP,
+    EVENT_REDEPLOY_REPEAT,
+)
 
 from .. import cache, kube, metrics
 from ..fit import with_unfit
@@ -55,7 +60,36 @@ def _no_checkpoint(point: str) -> None:
 checkpoint: Callable[[str], None] = _no_checkpoint
 
 
+class RecordLock:
+    """Read-modify-write of one namespace's record, one at a time in this process (the
+    redeploy workers run concurrently on one event loop: unserialized, rejected pods of
+    a namespace would mostly conflict on its ConfigMap and retry). Held from reading the
+    record until the decision is written, not while it is carried out; other replicas
+    still meet the ConfigMap's resourceVersion."""
+
+    _locks: dict[str, asyncio.Lock] = {}
+
+    def __init__(self, namespace: str) -> None:
+        self._lock = self._locks.setdefault(namespace, asyncio.Lock())
+        self._held = False
+
+    async def __aenter__(self) -> RecordLock:
+        await self._lock.acquire()
+        self._held = True
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self._lock.release()
+
+
 def governing_settings(pod: Mapping[str, Any]) -> tuple[str | None, RedeployPolicy]:
+    """The governing policy's redeploy settings (from the cache: the caller awaited
+    ``cache.ready()`` and ``cache.know_namespace``)."""
     meta = PodMeta.from_object(pod)
     policies = policy_refs(cache.policies())
     res = resolve(meta, cache.namespace_labels(meta.namespace), policies, NODE_UNKNOWN)
@@ -63,16 +97,16 @@ def governing_settings(pod: Mapping[str, Any]) -> tuple[str | None, RedeployPoli
     return res.governing, redeploy_settings(ref)
 
 
-def _delete_pod(namespace: str, name: str, uid: str) -> None:
+async def _delete_pod(namespace: str, name: str, uid: str) -> None:
     try:
-        kube.core().delete_namespaced_pod(
-            name, namespace, body={"preconditions": {"uid": uid}, "gracePeriodSeconds": 0})
-    except ApiException as e:
+        await kube.client().delete(kube.ns_path(namespace, "pods", name),
+                                   {"preconditions": {"uid": uid}, "gracePeriodSeconds": 0})
+    except ApiError as e:
         if e.status not in (404, 409):  # gone, or a different pod now has that name
             raise
 
 
-def _finish(pod: Mapping[str, Any], decision: Mapping[str, Any]) -> str:
+async def _finish(pod: Mapping[str, Any], decision: Mapping[str, Any]) -> str:
     """Carry out a recorded decision; idempotent. Returns the action done, or
     NAME_TAKEN when the replacement's name belongs to an unrelated pod (the original is
     then kept: deleting it would lose the workload)."""
@@ -82,51 +116,53 @@ def _finish(pod: Mapping[str, Any], decision: Mapping[str, Any]) -> str:
         new = build_replacement(pod, str(decision["replacement"]),
                                 list(decision.get("avoid") or []))
         try:
-            kube.core().create_namespaced_pod(ns, new)
-        except ApiException as e:
+            await kube.client().create(kube.ns_path(ns, "pods"), new)
+        except ApiError as e:
             if e.status != 409:
                 raise
             # AlreadyExists: created before a crash/retry, or someone else's pod.
             try:
-                existing = kube.to_dict(kube.core().read_namespaced_pod(
-                    str(decision["replacement"]), ns))
-            except ApiException as e2:
+                existing = await kube.client().get(
+                    kube.ns_path(ns, "pods", str(decision["replacement"])))
+            except ApiError as e2:
                 if e2.status != 404:
                     raise
                 raise e from None  # gone again: retried by the caller
             if not is_replacement_of(existing, pod):
                 return NAME_TAKEN
         checkpoint("after-create")
-    _delete_pod(ns, name, uid)
+    await _delete_pod(ns, name, uid)
     return str(decision.get("action"))
 
 
-def give_up(pod: Mapping[str, Any], why: str, now: float) -> None:
+async def give_up(pod: Mapping[str, Any], why: str, now: float) -> None:
     """Stop redeploying ``pod`` for good (recorded, so that a restart does not retry a
     decision that cannot be carried out) and say why in a Warning event."""
     meta = pod.get("metadata") or {}
     ns, name, uid = str(meta["namespace"]), str(meta["name"]), str(meta["uid"])
     key = workload_key(pod)
-    data, rv = load_state(ns)
-    st = WorkloadState.parse(data.get(key))
-    st.handled = {k: v for k, v in (st.handled or {}).items() if k != uid}
-    st.gave_up = {**(st.gave_up or {}), uid: iso(now)}
-    data[key] = st.dump()
-    save_state(ns, data, rv)
+    await cache.ready()  # called after API errors: maybe before any pass read the cache
+    async with RecordLock(ns):
+        data, rv = load_state(ns)
+        st = WorkloadState.parse(data.get(key))
+        st.handled = {k: v for k, v in (st.handled or {}).items() if k != uid}
+        st.gave_up = {**(st.gave_up or {}), uid: iso(now)}
+        data[key] = st.dump()
+        await save_state(ns, data, rv)
     metrics.REDEPLOYS.labels(outcome="gave_up").inc()
-    kube.event(pod, "Warning", reason="RedeployGaveUp",
-               message=f"not redeploying {name}: {why}")
+    await kube.event(pod, "Warning", reason=EVENT_REDEPLOY_GAVE_UP,
+                     message=f"not redeploying {name}: {why}")
 
 
-def _give_up_name_taken(pod: Mapping[str, Any], decision: Mapping[str, Any],
-                        now: float) -> None:
+async def _give_up_name_taken(pod: Mapping[str, Any], decision: Mapping[str, Any],
+                              now: float) -> None:
     name = str((pod.get("metadata") or {}).get("name"))
-    give_up(pod, f"its replacement's name {decision.get('replacement')} is taken by a pod "
+    await give_up(pod, f"its replacement's name {decision.get('replacement')} is taken by a pod "
                  f"that is not its replacement; {name} is kept", now)
 
 
-def _clear_repeat(pod: Mapping[str, Any], st: WorkloadState, data: dict[str, str],
-                  rv: str | None, now: float) -> None:
+async def _clear_repeat(pod: Mapping[str, Any], st: WorkloadState, data: dict[str, str],
+                        rv: str | None, now: float, held: RecordLock) -> None:
     """Delete a controller's pod whose rejection repeats one already counted
     (:func:`~.record.repeats_a_counted_rejection`) without spending an attempt: its
     controller has replaced it already, and that replacement is kept off the node."""
@@ -139,19 +175,26 @@ def _clear_repeat(pod: Mapping[str, Any], st: WorkloadState, data: dict[str, str
     st.rejections = {**(st.rejections or {}), node: iso(now)}
     st.last = iso(now)
     data[workload_key(pod)] = st.dump()
-    save_state(str(meta["namespace"]), data, rv)  # durable before acting
-    _finish(pod, decision)
+    await save_state(str(meta["namespace"]), data, rv)  # durable before acting
+    held.release()
+    await _finish(pod, decision)
     metrics.REDEPLOYS.labels(outcome="repeat").inc()
-    kube.event(pod, "Normal", reason="RedeployRepeat",
-               message=f"deleted without spending a redeploy attempt ({st.attempts}/"
-                       f"{st.budget} spent): {node} had rejected this workload already, "
-                       f"and {name} was created while the operator could not keep it off "
-                       f"that node")
+    await kube.event(pod, "Normal", reason=EVENT_REDEPLOY_REPEAT,
+                     message=f"deleted without spending a redeploy attempt ({st.attempts}/"
+                             f"{st.budget} spent): {node} had rejected this workload "
+                             f"already, and {name} was created while the operator could not "
+                             f"keep it off that node")
 
 
-def step(pod: Mapping[str, Any], first_seen: float, now: float | None = None) -> float | None:
+async def step(pod: Mapping[str, Any], first_seen: float, now: float | None = None
+               ) -> float | None:
     """One pass over a rejected pod: None when done, else seconds to wait."""
-    now = time.time() if now is None else now
+    async with RecordLock(str((pod.get("metadata") or {}).get("namespace"))) as held:
+        return await _step(pod, first_seen, time.time() if now is None else now, held)
+
+
+async def _step(pod: Mapping[str, Any], first_seen: float, now: float, held: RecordLock
+                ) -> float | None:
     meta = pod.get("metadata") or {}
     ns, name, uid = str(meta["namespace"]), str(meta["name"]), str(meta["uid"])
     node = str((pod.get("spec") or {}).get("nodeName") or "")
@@ -160,8 +203,9 @@ def step(pod: Mapping[str, Any], first_seen: float, now: float | None = None) ->
     st = WorkloadState.parse(data.get(key))
     decision = (st.handled or {}).get(uid)
     if decision is not None:
-        if _finish(pod, decision) == NAME_TAKEN:
-            _give_up_name_taken(pod, decision, now)
+        held.release()
+        if await _finish(pod, decision) == NAME_TAKEN:
+            await _give_up_name_taken(pod, decision, now)
         return None
     if uid in (st.gave_up or {}):
         return None
@@ -175,17 +219,19 @@ def step(pod: Mapping[str, Any], first_seen: float, now: float | None = None) ->
     if controller_ref(pod) is None and not RECREATE_BARE_PODS:
         st.gave_up = {**(st.gave_up or {}), uid: iso(now)}
         data[key] = st.dump()
-        save_state(ns, data, rv)
+        await save_state(ns, data, rv)
+        held.release()
         metrics.REDEPLOYS.labels(outcome="gave_up").inc()
-        kube.event(pod, "Warning", reason="RedeployGaveUp",
-                   message=f"not redeploying {name}: it has no controller, and recreating "
-                           "bare pods is off (operator flag --recreate-bare-pods)")
+        await kube.event(pod, "Warning", reason=EVENT_REDEPLOY_GAVE_UP,
+                         message=f"not redeploying {name}: it has no controller, and "
+                                 "recreating bare pods is off (operator flag "
+                                 "--recreate-bare-pods)")
         return None
-    replicas, owner = owner_replicas(pod)
+    replicas, owner = await owner_replicas(pod)
     budget = settings.max_attempts * replicas
     st.budget = budget
     if repeats_a_counted_rejection(pod, st, node, now):
-        _clear_repeat(pod, st, data, rv, now)
+        await _clear_repeat(pod, st, data, rv, now, held)
         return None
     if st.attempts >= budget:
         st.gave_up = {**(st.gave_up or {}), uid: iso(now)}
@@ -199,7 +245,8 @@ def step(pod: Mapping[str, Any], first_seen: float, now: float | None = None) ->
             st.reset = str(((owner.get("metadata") or {}).get("annotations") or {}).get(
                 ANN_RESET, ""))
         data[key] = st.dump()
-        save_state(ns, data, rv)
+        await save_state(ns, data, rv)
+        held.release()
         metrics.REDEPLOYS.labels(outcome="gave_up").inc()
         per = f"maxAttempts={settings.max_attempts}" + (
             f" x {replicas} replicas" if replicas != 1 else "")
@@ -212,7 +259,7 @@ def step(pod: Mapping[str, Any], first_seen: float, now: float | None = None) ->
                     f"scheduling gate {GATE} until it is released: fix the policy or free "
                     f"capacity, then annotate the {ref.get('kind')} with {ANN_RESET}=<a new "
                     f"value>")
-        kube.event(pod, "Warning", reason="RedeployGaveUp", message=msg)
+        await kube.event(pod, "Warning", reason=EVENT_REDEPLOY_GAVE_UP, message=msg)
         return None
     wait = first_seen + backoff_delay(settings.backoff_seconds, st.attempts, replicas) - now
     if wait > 0:
@@ -230,16 +277,17 @@ def step(pod: Mapping[str, Any], first_seen: float, now: float | None = None) ->
     st.handled = {**(st.handled or {}), uid: decision}
     st.attempts = attempt
     data[key] = st.dump()
-    save_state(ns, data, rv)  # durable before acting (409 -> retried by the caller)
+    await save_state(ns, data, rv)  # durable before acting (409 -> retried by the caller)
+    held.release()
     checkpoint("after-record")
-    action = _finish(pod, decision)
+    action = await _finish(pod, decision)
     if action == NAME_TAKEN:
-        _give_up_name_taken(pod, decision, now)
+        await _give_up_name_taken(pod, decision, now)
         return None
     metrics.REDEPLOYS.labels(outcome="recreated" if action == "recreate" else "deleted").inc()
-    kube.event(pod, "Normal", reason="Redeploy",
-              message=f"attempt {attempt}/{budget}: "
-                      + (f"recreated as {decision['replacement']}" if bare
-                         else "deleted so that its controller recreates it")
-                      + (f", avoiding {', '.join(avoid)}" if avoid else ""))
+    await kube.event(pod, "Normal", reason=EVENT_REDEPLOY,
+                     message=f"attempt {attempt}/{budget}: "
+                             + (f"recreated as {decision['replacement']}" if bare
+                                else "deleted so that its controller recreates it")
+                             + (f", avoiding {', '.join(avoid)}" if avoid else ""))
     return None

@@ -9,10 +9,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
-
+from numalign.api.kube import JSON_PATCH, ApiError
 from numalign.api.topologypolicy import RedeployPolicy
-from numalign.api.wire import REJECT_REASON
+from numalign.api.wire import (
+    EVENT_REDEPLOY_BACKOFF,
+    EVENT_REDEPLOY_EXHAUSTED,
+    EVENT_REDEPLOY_RELEASED,
+    REJECT_REASON,
+)
 
 from .. import cache, kube
 from ..fit import with_unfit
@@ -82,33 +86,37 @@ class Workload:
         return with_unfit(self.pod, nodes)
 
 
-def _rejected_by_owner(namespace: str) -> dict[str, dict[str, str]]:
+async def _rejected_by_owner(namespace: str) -> dict[str, dict[str, str]]:
     """Controller uid -> {pod uid: node} of the namespace's pods Failed with
     TopologyAffinityError. Read from the API server's watch cache (resourceVersion "0":
     no etcd read): a controller learnt of its Failed pod from there before creating the
     replacement this answer is for; the operator's own watch may lag behind."""
-    failed = kube.core().list_namespaced_pod(namespace, field_selector="status.phase=Failed",
-                                             resource_version="0")
+    failed = await kube.client().get(kube.ns_path(namespace, "pods"), {
+        "fieldSelector": "status.phase=Failed", "resourceVersion": "0"})
     out: dict[str, dict[str, str]] = {}
-    for other in failed.items:
-        if other.status.reason != REJECT_REASON or other.metadata.deletion_timestamp:
+    for other in failed.get("items") or []:
+        meta = other.get("metadata") or {}
+        if (other.get("status") or {}).get("reason") != REJECT_REASON \
+                or meta.get("deletionTimestamp"):
             continue
-        for r in other.metadata.owner_references or []:
-            if r.controller:
-                out.setdefault(str(r.uid), {})[str(other.metadata.uid)] = str(
-                    other.spec.node_name or "")
+        for r in meta.get("ownerReferences") or []:
+            if r.get("controller"):
+                out.setdefault(str(r.get("uid")), {})[str(meta.get("uid"))] = str(
+                    (other.get("spec") or {}).get("nodeName") or "")
     return out
 
 
-def workload_of(pod: Mapping[str, Any], namespace: str,
-                rejected: dict[str, dict[str, str]] | None = None) -> Workload | None:
+async def workload_of(pod: Mapping[str, Any], namespace: str,
+                      rejected: dict[str, dict[str, str]] | None = None) -> Workload | None:
     """The workload of a controller-owned pod (None for bare pods)."""
     ref = controller_ref(pod)
     if ref is None:
         return None
+    await cache.ready()
+    await cache.know_namespace(namespace)
     owner = str(ref.get("uid"))
     if rejected is None:
-        rejected = _rejected_by_owner(namespace)
+        rejected = await _rejected_by_owner(namespace)
     failed = {uid: node for uid, node in rejected.get(owner, {}).items()}
     for p in cache.FAILED.values():  # seen by the operator's watch, maybe not there yet
         if p.get("owner") == owner and p["metadata"].get("namespace") == namespace:
@@ -142,7 +150,7 @@ def backoff_message(pod: Mapping[str, Any]) -> str:
             f"redeploy backoff; released when the operator has redeployed it")
 
 
-def release_budgets(now: float) -> None:
+async def release_budgets(now: float) -> None:
     """Release exhausted records whose controller's :data:`ANN_RESET` changed (or that
     expired, or whose controller is gone)."""
     for cm in cache.all_states():
@@ -155,7 +163,8 @@ def release_budgets(now: float) -> None:
             if now - st.last_rejection() > RESET_AFTER_S:
                 why = "expired"
             elif st.owner:
-                owner = read_owner(st.owner.get("kind", ""), st.owner.get("name", ""), ns)
+                owner = await read_owner(st.owner.get("kind", ""), st.owner.get("name", ""),
+                                         ns)
                 if owner is None:
                     why = "controller gone"
                 else:
@@ -173,14 +182,14 @@ def release_budgets(now: float) -> None:
                 s.release(now)
                 return True
 
-            if update_record(ns, key, change) is not None:
+            if await update_record(ns, key, change) is not None:
                 log.info(f"redeploy budget of {ns}/{key} released ({why})")
 
 
 warned: dict[str, set[str]] = {}
 
 
-def tell_once(pod: Mapping[str, Any], why: str, st: WorkloadState) -> None:
+async def tell_once(pod: Mapping[str, Any], why: str, st: WorkloadState) -> None:
     """One event per held pod and reason: Normal for a backoff, Warning when the budget
     is spent."""
     uid = str((pod.get("metadata") or {}).get("uid", ""))
@@ -191,12 +200,14 @@ def tell_once(pod: Mapping[str, Any], why: str, st: WorkloadState) -> None:
         warned.clear()
     seen.add(why)
     if why == "exhausted":
-        kube.event(pod, "Warning", reason="RedeployExhausted", message=gate_message(pod, st))
+        await kube.event(pod, "Warning", reason=EVENT_REDEPLOY_EXHAUSTED,
+                         message=gate_message(pod, st))
     else:
-        kube.event(pod, "Normal", reason="RedeployBackoff", message=backoff_message(pod))
+        await kube.event(pod, "Normal", reason=EVENT_REDEPLOY_BACKOFF,
+                         message=backoff_message(pod))
 
 
-def release_held(namespace: str | None = None, now: float | None = None) -> None:
+async def release_held(namespace: str | None = None, now: float | None = None) -> None:
     """Remove :data:`GATE` from held pods whose workload has no reason to hold them any
     more (its rejected pods were redeployed, its budget released); tell the others why
     they are held. One LIST of Failed pods per namespace with held pods. Idempotent."""
@@ -207,35 +218,36 @@ def release_held(namespace: str | None = None, now: float | None = None) -> None
         if ns and (namespace is None or ns == namespace):
             by_ns.setdefault(ns, []).append(pod)
     for ns, held in by_ns.items():
-        rejected = _rejected_by_owner(ns)
+        rejected = await _rejected_by_owner(ns)
         for one in held:
-            wl = workload_of(one, ns, rejected)
+            wl = await workload_of(one, ns, rejected)
             why = wl.hold(now) if wl is not None else None
             if wl is None or why is None:
-                ungate(one)
+                await ungate(one)
             else:
-                tell_once(one, why, wl.state)
+                await tell_once(one, why, wl.state)
 
 
-def periodic_release(now: float | None = None) -> None:
+async def periodic_release(now: float | None = None) -> None:
     """The periodic pass: release budgets, then held pods, then prune quiet records."""
     now = time.time() if now is None else now
-    release_budgets(now)
-    release_held(now=now)
-    prune_records(now)
+    await cache.ready()
+    await release_budgets(now)
+    await release_held(now=now)
+    await prune_records(now)
 
 
-def ungate(pod: Mapping[str, Any]) -> None:
+async def ungate(pod: Mapping[str, Any]) -> None:
     meta = pod.get("metadata") or {}
     gates = list((pod.get("spec") or {}).get("schedulingGates") or [])
     idx = next((i for i, g in enumerate(gates) if g.get("name") == GATE), None)
     if idx is None:
         return
     try:
-        kube.core().patch_namespaced_pod(str(meta["name"]), str(meta["namespace"]), [
+        await kube.client().patch(kube.ns_path(str(meta["namespace"]), "pods", str(meta["name"])), [
             {"op": "test", "path": f"/spec/schedulingGates/{idx}/name", "value": GATE},
-            {"op": "remove", "path": f"/spec/schedulingGates/{idx}"}])
-    except ApiException as e:
+            {"op": "remove", "path": f"/spec/schedulingGates/{idx}"}], JSON_PATCH)
+    except ApiError as e:
         if e.status == 404:  # gone
             cache.GATED.remove(pod)
             return
@@ -244,6 +256,6 @@ def ungate(pod: Mapping[str, Any]) -> None:
         raise
     cache.GATED.remove(pod)
     warned.pop(str(meta.get("uid", "")), None)
-    kube.event(pod, "Normal", reason="RedeployReleased",
-               message=f"scheduling gate {GATE} removed: the workload's rejected pods were "
-                       "redeployed or its redeploy budget was released")
+    await kube.event(pod, "Normal", reason=EVENT_REDEPLOY_RELEASED,
+                     message=f"scheduling gate {GATE} removed: the workload's rejected pods "
+                             "were redeployed or its redeploy budget was released")

@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
-from kubernetes.client.exceptions import ApiException
+
+from numalign.api.kube import ApiError
 
 from .. import cache, kube, metrics
 from .decide import give_up, step
@@ -38,29 +39,31 @@ API_GIVE_UP_AFTER = 8
 MAX_SLEEP = 60.0
 
 
-def _one_pass(meta: Mapping[str, Any], first_seen: float) -> float | None:
-    """Read the pod and take one step (blocking API calls: run in a thread, briefly)."""
-    fresh = kube.to_dict(kube.core().read_namespaced_pod(meta["name"], meta["namespace"]))
+async def _one_pass(meta: Mapping[str, Any], first_seen: float) -> float | None:
+    """Read the pod and take one step."""
+    fresh = await kube.client().get(kube.ns_path(meta["namespace"], "pods", meta["name"]))
     if fresh["metadata"].get("uid") != meta.get("uid") or not is_topology_rejected(fresh):
         return None
-    return step(fresh, first_seen)
+    await cache.ready()
+    await cache.know_namespace(str(meta["namespace"]))
+    return await step(fresh, first_seen)
 
 
-def _release_after(meta: Mapping[str, Any],
-                   log: logging.Logger | logging.LoggerAdapter[Any]) -> None:
+async def _release_after(meta: Mapping[str, Any],
+                         log: logging.Logger | logging.LoggerAdapter[Any]) -> None:
     # Decided: the replacements its controller made meanwhile may go (or, the budget
     # spent, learn why they stay held). The periodic pass catches what this misses.
     try:
-        release_held(str(meta.get("namespace") or ""))
-    except ApiException as e:
+        await release_held(str(meta.get("namespace") or ""))
+    except ApiError as e:
         log.info(f"releasing held pods after {meta.get('name')}: API error {e.status}")
 
 
 async def _worker(pod: dict[str, Any], uid: str,
                   log: logging.Logger | logging.LoggerAdapter[Any]) -> None:
-    """One rejected pod until it is decided. Waits (backoff, retries) are asyncio sleeps:
-    a thread is held only for the API calls of one pass, so any number of pods waiting
-    out a backoff never starves the default executor (the periodic pass, handlers)."""
+    """One rejected pod until it is decided. Waits (backoff, retries) are asyncio sleeps
+    on the operator's event loop: any number of pods waiting out a backoff hold no
+    thread and block nothing."""
     first_seen = time.time()
     meta = pod.get("metadata") or {}
     failures = 0
@@ -68,9 +71,9 @@ async def _worker(pod: dict[str, Any], uid: str,
         while True:
             wait: float | None
             try:
-                wait = await asyncio.to_thread(_one_pass, meta, first_seen)
+                wait = await _one_pass(meta, first_seen)
                 failures = 0
-            except ApiException as e:
+            except ApiError as e:
                 if e.status == 404:
                     wait = None
                 elif e.status == 409:  # a stale record: read again and retry at once
@@ -81,9 +84,8 @@ async def _worker(pod: dict[str, Any], uid: str,
                         log.warning(f"redeploy of {meta.get('name')}: giving up after "
                                     f"{failures} API errors: {e.status} {e.reason}")
                         try:
-                            await asyncio.to_thread(
-                                give_up, pod, f"{failures} API errors in a row, the last: "
-                                f"{e.status} {e.reason}", time.time())
+                            await give_up(pod, f"{failures} API errors in a row, the last: "
+                                          f"{e.status} {e.reason} {e.message}", time.time())
                         except Exception as e2:  # the record stays: the next start retries
                             log.warning(f"redeploy of {meta.get('name')}: cannot record "
                                         f"giving up: {e2}")
@@ -91,14 +93,14 @@ async def _worker(pod: dict[str, Any], uid: str,
                     else:
                         wait = min(API_RETRY_MAX, API_RETRY_FIRST * 2 ** (failures - 1))
                         log.info(f"redeploy of {meta.get('name')}: API error {e.status}, "
-                                 f"retrying in {wait:.0f}s: {e.reason}")
+                                 f"retrying in {wait:.0f}s: {e.reason} {e.message}")
             except Exception as e:  # a malformed object must not end the retries silently
                 log.exception(f"redeploy of {meta.get('name')} failed, retrying: {e}")
                 wait = 5.0
             if wait is None:
                 break
             await asyncio.sleep(min(wait, MAX_SLEEP))
-        await asyncio.to_thread(_release_after, meta, log)
+        await _release_after(meta, log)
     finally:
         _workers.pop(uid, None)
 
@@ -134,14 +136,10 @@ async def gated_pod(body: kopf.Body, type: str | None, **_: Any) -> None:
         return
     ns = str(meta.get("namespace") or "")
     pod = dict(body)
-
-    def tell() -> None:
-        wl = workload_of(pod, ns)
-        why = wl.hold(time.time()) if wl is not None else None
-        if wl is not None and why is not None:
-            tell_once(pod, why, wl.state)
-
-    await asyncio.to_thread(tell)
+    wl = await workload_of(pod, ns)
+    why = wl.hold(time.time()) if wl is not None else None
+    if wl is not None and why is not None:
+        await tell_once(pod, why, wl.state)
 
 
 async def stop_workers() -> None:

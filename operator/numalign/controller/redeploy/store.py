@@ -3,12 +3,11 @@ written with optimistic concurrency), and the controllers' replica counts."""
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
+from numalign.api.kube import ApiError
 
 from .. import cache, kube
 from ..cache import STATE_CONFIGMAP, STATE_LABEL
@@ -27,8 +26,9 @@ def live_uids(namespace: str) -> set[str]:
             if p["metadata"].get("namespace") == namespace}
 
 
-def save_state(namespace: str, data: dict[str, str], resource_version: str | None) -> None:
-    """Write the ConfigMap; raises ApiException 409 when someone else wrote it first
+async def save_state(namespace: str, data: dict[str, str], resource_version: str | None
+                     ) -> None:
+    """Write the ConfigMap; raises ApiError 409 when someone else wrote it first
     (the cached copy was stale: it is read again for the retry). Records that no longer
     matter are pruned first when the data grows past :data:`MAX_DATA_BYTES`."""
     if sum(len(k) + len(v) for k, v in data.items()) > MAX_DATA_BYTES:
@@ -39,15 +39,16 @@ def save_state(namespace: str, data: dict[str, str], resource_version: str | Non
             "data": data}
     try:
         if resource_version is None:
-            out = kube.core().create_namespaced_config_map(namespace, body)
+            out = await kube.client().create(kube.ns_path(namespace, "configmaps"), body)
         else:
             body["metadata"]["resourceVersion"] = resource_version
-            out = kube.core().replace_namespaced_config_map(STATE_CONFIGMAP, namespace, body)
-    except ApiException as e:
+            out = await kube.client().put(
+                kube.ns_path(namespace, "configmaps", STATE_CONFIGMAP), body)
+    except ApiError as e:
         if e.status == 409:
-            cache.refresh_state(namespace)
+            await cache.refresh_state(namespace)
         raise
-    cache.STATES.put(cache.slim_state(kube.to_dict(out)))
+    cache.STATES.put(cache.slim_state(out))
 
 
 def workload_state(namespace: str, key: str) -> WorkloadState:
@@ -55,7 +56,8 @@ def workload_state(namespace: str, key: str) -> WorkloadState:
     return WorkloadState.parse(data.get(key))
 
 
-def update_record(namespace: str, key: str, change: Any, tries: int = 5) -> WorkloadState | None:
+async def update_record(namespace: str, key: str, change: Callable[[WorkloadState], bool],
+                        tries: int = 5) -> WorkloadState | None:
     """Read-modify-write one record with optimistic concurrency: ``change(state)``
     returns False to write nothing. The state written, or None."""
     for _ in range(tries):
@@ -67,9 +69,9 @@ def update_record(namespace: str, key: str, change: Any, tries: int = 5) -> Work
             return None
         data[key] = st.dump()
         try:
-            save_state(namespace, data, rv)
+            await save_state(namespace, data, rv)
             return st
-        except ApiException as e:
+        except ApiError as e:
             if e.status != 409:
                 raise
     return None
@@ -80,31 +82,29 @@ def update_record(namespace: str, key: str, change: Any, tries: int = 5) -> Work
 
 
 _OWNERS: dict[str, tuple[float, dict[str, Any] | None]] = {}
-_OWNERS_LOCK = threading.Lock()
 OWNER_TTL_S = 10.0
+# The controllers read here: kind -> (API group/version, resource).
+OWNER_KINDS = {"ReplicaSet": ("apps/v1", "replicasets"),
+               "StatefulSet": ("apps/v1", "statefulsets"),
+               "ReplicationController": ("", "replicationcontrollers"),
+               "Job": ("batch/v1", "jobs")}
 
 
-def read_owner(kind: str, name: str, namespace: str) -> dict[str, Any] | None:
+async def read_owner(kind: str, name: str, namespace: str) -> dict[str, Any] | None:
     """The controller object (as JSON), None when gone or of a kind not read here."""
+    where = OWNER_KINDS.get(kind)
+    if where is None:
+        return None
+    group, resource = where
     try:
-        if kind == "ReplicaSet":
-            obj = kube.apps().read_namespaced_replica_set(name, namespace)
-        elif kind == "StatefulSet":
-            obj = kube.apps().read_namespaced_stateful_set(name, namespace)
-        elif kind == "ReplicationController":
-            obj = kube.core().read_namespaced_replication_controller(name, namespace)
-        elif kind == "Job":
-            obj = kube.batch().read_namespaced_job(name, namespace)
-        else:
-            return None
-    except ApiException as e:
+        return await kube.client().get(kube.ns_path(namespace, resource, name, group))
+    except ApiError as e:
         if e.status in (403, 404):
             return None
         raise
-    return kube.to_dict(obj)
 
 
-def owner_replicas(pod: Mapping[str, Any]) -> tuple[int, dict[str, Any] | None]:
+async def owner_replicas(pod: Mapping[str, Any]) -> tuple[int, dict[str, Any] | None]:
     """Desired replicas of the pod's controller (1 for bare pods, Jobs and what cannot
     be read) and the controller object (cached for :data:`OWNER_TTL_S`)."""
     ref = controller_ref(pod)
@@ -112,20 +112,18 @@ def owner_replicas(pod: Mapping[str, Any]) -> tuple[int, dict[str, Any] | None]:
         return 1, None
     uid = str(ref.get("uid"))
     now = time.monotonic()
-    with _OWNERS_LOCK:
-        hit = _OWNERS.get(uid)
+    hit = _OWNERS.get(uid)
     if hit is not None and now - hit[0] < OWNER_TTL_S:
         owner = hit[1]
     else:
         ns = str((pod.get("metadata") or {}).get("namespace") or "")
         try:
-            owner = read_owner(str(ref.get("kind")), str(ref.get("name")), ns)
-        except ApiException:
+            owner = await read_owner(str(ref.get("kind")), str(ref.get("name")), ns)
+        except ApiError:
             owner = None
-        with _OWNERS_LOCK:
-            if len(_OWNERS) > 4096:
-                _OWNERS.clear()
-            _OWNERS[uid] = (now, owner)
+        if len(_OWNERS) > 4096:
+            _OWNERS.clear()
+        _OWNERS[uid] = (now, owner)
     replicas = 1
     if owner is not None and ref.get("kind") in REPLICATED_KINDS:
         value = (owner.get("spec") or {}).get("replicas")
@@ -133,7 +131,7 @@ def owner_replicas(pod: Mapping[str, Any]) -> tuple[int, dict[str, Any] | None]:
     return replicas, owner
 
 
-def prune_records(now: float | None = None) -> int:
+async def prune_records(now: float | None = None) -> int:
     """The periodic pass: drop the records of workloads quiet for an hour (gone ones
     included) from every namespace's ConfigMap. Returns how many went."""
     now = time.time() if now is None else now
@@ -148,8 +146,8 @@ def prune_records(now: float | None = None) -> int:
             if not removed:
                 break
             try:
-                save_state(ns, data, rv)
-            except ApiException as e:
+                await save_state(ns, data, rv)
+            except ApiError as e:
                 if e.status != 409:
                     raise
                 continue

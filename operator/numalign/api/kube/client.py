@@ -1,24 +1,26 @@
-"""A small asyncio Kubernetes API client on aiohttp, for the node agent.
+"""The one Kubernetes API client of numalign: asyncio on aiohttp.
 
-The agent needs few verbs (get, list, create, patch, delete, watch) but many of them at
-once: one process plays the kubelet for a hundred emulated nodes. aiohttp with a shared
-connection pool keeps that cheap; the credentials come from the official client's
-kubeconfig / in-cluster loaders so every kubeconfig form they support works here.
+Agent, operator, dev cluster and ``explain`` all talk to the API server through
+:class:`Kube` (the synchronous code through :mod:`numalign.api.kube.sync`, a facade over
+it). Few verbs (get, list, create, patch, delete, watch, events), many of them at once:
+one agent process plays the kubelet for a hundred emulated nodes, so a shared connection
+pool keeps that cheap. Every non-2xx answer is an :class:`ApiError`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import logging
-import os
-import ssl
+import uuid
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
 import aiohttp
+
+from .config import KubeConfig
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +31,9 @@ JSON_PATCH = "application/json-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 # Objects as their metadata alone (plain JSON where a server cannot do that).
 METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+RETRY_STATUSES = (429, 500, 502, 503, 504)
+# What a request raises when the API server cannot be reached (or does not answer in time).
+TRANSPORT_ERRORS = (OSError, TimeoutError, aiohttp.ClientError)
 
 
 class ApiError(Exception):
@@ -44,55 +49,25 @@ class ApiError(Exception):
 
     @property
     def reason(self) -> str:
+        """The Status reason (``NotFound``, ``AlreadyExists``, ``Conflict``...), or ""."""
         if isinstance(self.body, dict):
             return str(self.body.get("reason") or "")
         return ""
 
-
-@dataclass
-class KubeConfig:
-    host: str
-    ssl_context: ssl.SSLContext | bool
-    token_source: Any = None  # callable returning "Bearer ..." or None
-    extra_headers: dict[str, str] = field(default_factory=dict)
-
-    def auth_header(self) -> str | None:
-        if self.token_source is None:
-            return None
-        value = self.token_source()
-        return str(value) if value else None
+    @property
+    def message(self) -> str:
+        if isinstance(self.body, dict):
+            return str(self.body.get("message") or "")
+        return str(self.body)[:300]
 
 
-def load_config(kubeconfig: str | None = None, context: str | None = None) -> KubeConfig:
-    """Credentials from ``kubeconfig``, else $KUBECONFIG / ~/.kube/config, else in-cluster."""
-    from kubernetes import client as kclient
-    from kubernetes import config as kconfig
+# Everything a request may raise: an answer that is an error, or no answer.
+REQUEST_ERRORS = (ApiError, OSError, TimeoutError, aiohttp.ClientError)
 
-    conf = kclient.Configuration()
-    path = kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or None
-    default = os.path.expanduser("~/.kube/config")
-    if path is None and os.path.exists(default):
-        path = default
-    if path is not None:
-        kconfig.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=path, context=context, client_configuration=conf)
-    else:
-        kconfig.load_incluster_config(client_configuration=conf)  # type: ignore[no-untyped-call]
-    ctx: ssl.SSLContext | bool
-    if conf.verify_ssl:
-        ctx = ssl.create_default_context(cafile=conf.ssl_ca_cert)
-    else:
-        ctx = ssl.create_default_context()
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-    if conf.cert_file and isinstance(ctx, ssl.SSLContext):
-        ctx.load_cert_chain(conf.cert_file, conf.key_file)
 
-    def token() -> str | None:
-        value = conf.get_api_key_with_prefix("authorization")
-        return str(value) if value else None
-
-    return KubeConfig(host=conf.host.rstrip("/"), ssl_context=ctx, token_source=token)
+def is_status(e: BaseException, *codes: int) -> bool:
+    """Whether ``e`` is an API answer with one of these HTTP statuses."""
+    return isinstance(e, ApiError) and e.status in codes
 
 
 def _dumps(obj: Any) -> bytes:
@@ -100,10 +75,11 @@ def _dumps(obj: Any) -> bytes:
 
 
 class Kube:
-    """The API calls the agent makes. Paths are absolute API paths (``/api/v1/...``)."""
+    """An API client on one connection pool. Paths are absolute API paths
+    (``/api/v1/...``); bodies and answers are the API's JSON."""
 
     def __init__(self, config: KubeConfig, *, max_connections: int = 32,
-                 user_agent: str = "numalign-agent") -> None:
+                 user_agent: str = "numalign") -> None:
         self.config = config
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
@@ -135,7 +111,8 @@ class Kube:
 
     async def open(self) -> None:
         if self._session is None:
-            conn = aiohttp.TCPConnector(ssl=self.config.ssl_context, limit=self._max_connections)
+            conn = aiohttp.TCPConnector(ssl=self.config.ssl_context(),
+                                        limit=self._max_connections)
             self._session = aiohttp.ClientSession(
                 connector=conn, timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
         for lane in self._lanes:
@@ -165,6 +142,12 @@ class Kube:
             raise RuntimeError("Kube client is not open")
         return self._session
 
+    async def _open_session(self) -> aiohttp.ClientSession:
+        """The session, opened on first use (in the event loop that uses it)."""
+        if self._session is None:
+            await self.open()
+        return self.session
+
     async def request(self, method: str, path: str, *, body: Any = None,
                       params: Mapping[str, str] | None = None,
                       content_type: str = "application/json",
@@ -173,7 +156,8 @@ class Kube:
         whose answer is not needed skips parsing the whole object it returns)."""
         data = _dumps(body) if body is not None else None
         self._requests += 1
-        async with self.session.request(
+        session = await self._open_session()
+        async with session.request(
             method, self.config.host + path, params=params, data=data,
             headers=self._headers(content_type if data is not None else None),
             timeout=aiohttp.ClientTimeout(total=timeout),
@@ -196,7 +180,7 @@ class Kube:
             try:
                 return await self.request(method, path, **kw)
             except ApiError as e:
-                if e.status not in (429, 500, 502, 503, 504) or attempt == retries:
+                if e.status not in RETRY_STATUSES or attempt == retries:
                     raise
             except (TimeoutError, aiohttp.ClientError):
                 if attempt == retries:
@@ -207,6 +191,16 @@ class Kube:
 
     async def get(self, path: str, params: Mapping[str, str] | None = None) -> JSON:
         return await self.call("GET", path, params=params)
+
+    async def get_or_none(self, path: str, params: Mapping[str, str] | None = None
+                          ) -> JSON | None:
+        """GET; None when the object (or its kind) does not exist (404)."""
+        try:
+            return await self.get(path, params)
+        except ApiError as e:
+            if e.status == 404:
+                return None
+            raise
 
     async def list_all(self, path: str, params: Mapping[str, str] | None = None,
                        page: int = 500) -> tuple[list[JSON], str]:
@@ -238,6 +232,32 @@ class Kube:
     async def delete(self, path: str, body: JSON | None = None) -> JSON:
         return await self.call("DELETE", path, body=body)
 
+    async def event(self, obj: Mapping[str, Any], type_: str, *, reason: str, message: str,
+                    component: str = "numalign") -> bool:
+        """Post a core/v1 Event about ``obj``. Best effort: False (logged) when it could
+        not be posted, never raises for an API or connection error."""
+        meta = obj.get("metadata") or {}
+        ns = str(meta.get("namespace") or "default")
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{meta.get('name', 'numalign')}.{uuid.uuid4().hex[:12]}",
+                         "namespace": ns},
+            "involvedObject": {"apiVersion": obj.get("apiVersion", "v1"),
+                               "kind": obj.get("kind", "Pod"), "name": meta.get("name"),
+                               "namespace": meta.get("namespace"), "uid": meta.get("uid")},
+            "type": type_, "reason": reason, "message": message[:1024],
+            "source": {"component": component},
+            "reportingComponent": f"numalign.io/{component.removeprefix('numalign-')}",
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        try:
+            await self.create(f"/api/v1/namespaces/{q(ns)}/events", body)
+        except REQUEST_ERRORS as e:
+            log.debug(f"cannot post event {reason}: {e}")
+            return False
+        return True
+
     async def watch(self, path: str, params: Mapping[str, str] | None = None,
                     timeout_seconds: int = 300, *,
                     metadata_only: bool = False) -> AsyncIterator[JSON]:
@@ -250,7 +270,8 @@ class Kube:
         p["timeoutSeconds"] = str(timeout_seconds)
         self._requests += 1
         accept = METADATA_ONLY if metadata_only else "application/json"
-        async with self.session.get(
+        session = await self._open_session()
+        async with session.get(
             self.config.host + path, params=p, headers=self._headers(accept=accept),
             timeout=aiohttp.ClientTimeout(total=timeout_seconds + 30,
                                           sock_read=timeout_seconds + 30),
