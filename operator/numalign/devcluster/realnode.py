@@ -28,7 +28,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -46,6 +45,7 @@ from numalign.topology.policy import POLICIES, SCOPES
 
 from . import certs
 from .cluster import DevCluster, DevClusterError, write_kubeconfig
+from .hostcgroups import cgroup_hierarchies, kill_cgroups, remove_cgroups, unmount_under
 from .images import build_images
 from .nodebuild import ensure_node_built, node_bin_dir
 from .processes import Process, free_ports
@@ -91,32 +91,12 @@ def cannot_run_containers() -> str | None:
         return "containers need Linux"
     if os.geteuid() != 0:
         return "the real node runs containers and needs root"
-    if not _cgroup_hierarchies():
+    if not cgroup_hierarchies():
         return "no cgroup file system is mounted under /sys/fs/cgroup"
     for tool in ("unshare", "mount", "umount"):
         if shutil.which(tool) is None:
             return f"'{tool}' (util-linux) is not installed"
     return None
-
-
-def _mountinfo() -> list[tuple[str, str]]:
-    """(mount point, file system type) of every mount, in mount order."""
-    out = []
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/mountinfo").read_text().splitlines():
-            left, _, right = line.partition(" - ")
-            fields = left.split()
-            if len(fields) >= 5 and right:
-                point = fields[4].encode().decode("unicode_escape")
-                out.append((point, right.split()[0]))
-    return out
-
-
-def _cgroup_hierarchies() -> list[Path]:
-    """The cgroup v1 hierarchies (or the cgroup v2 root) mounted under /sys/fs/cgroup."""
-    points = [Path(p) for p, fs in _mountinfo()
-              if fs in ("cgroup", "cgroup2") and p.startswith("/sys/fs/cgroup")]
-    return sorted(set(points))
 
 
 class RealNode:
@@ -282,7 +262,7 @@ class RealNode:
 
     def _make_cgroups(self) -> None:
         """The kubelet's cgroup root in every hierarchy (it must exist before it starts)."""
-        for h in _cgroup_hierarchies():
+        for h in cgroup_hierarchies():
             d = h / self.cgroup_root.lstrip("/")
             d.mkdir(exist_ok=True)
             for f in ("cpuset.cpus", "cpuset.mems"):
@@ -524,9 +504,9 @@ class RealNode:
         if self.process("containerd").is_running():
             self._remove_containers()
         self.process("containerd").stop(timeout=10)
-        self._kill_cgroups(cgroup_root)
-        self._unmount_all()
-        self._remove_cgroups(cgroup_root)
+        kill_cgroups(cgroup_root)
+        unmount_under(self.dir)
+        remove_cgroups(cgroup_root)
         if Path(f"/sys/class/net/{bridge}").exists():
             subprocess.run(["ip", "link", "delete", bridge], capture_output=True, check=False)
         self._remove_log_links()
@@ -569,55 +549,6 @@ class RealNode:
         proc = self.ctr("containers", "list", "--quiet", timeout=30)
         for c in proc.stdout.split() if proc.returncode == 0 else []:
             self.ctr("containers", "delete", c, timeout=30)
-
-    def _cgroup_dirs(self, cgroup_root: str) -> list[Path]:
-        """Every cgroup under the kubelet's root, deepest first."""
-        dirs: list[Path] = []
-        for h in _cgroup_hierarchies():
-            top = h / cgroup_root.lstrip("/")
-            if top.is_dir():
-                dirs += [Path(p) for p, _, _ in os.walk(top)]
-        return sorted(dirs, key=lambda p: len(p.parts), reverse=True)
-
-    def _kill_cgroups(self, cgroup_root: str) -> None:
-        """SIGKILL what still runs in the node's cgroups (containers and shims it started)."""
-        for _ in range(3):
-            pids: set[int] = set()
-            for d in self._cgroup_dirs(cgroup_root):
-                if (d / "freezer.state").is_file():
-                    with contextlib.suppress(OSError):
-                        (d / "freezer.state").write_text("THAWED")
-                with contextlib.suppress(OSError, ValueError):
-                    pids |= {int(p) for p in (d / "cgroup.procs").read_text().split()}
-            if not pids:
-                return
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.5)
-
-    def _remove_cgroups(self, cgroup_root: str) -> None:
-        for _ in range(10):
-            left = []
-            for d in self._cgroup_dirs(cgroup_root):
-                try:
-                    d.rmdir()
-                except OSError:
-                    left.append(d)
-            if not left:
-                return
-            time.sleep(0.3)
-
-    def _unmount_all(self) -> None:
-        """Detach every mount under the node's folder (volumes, netns, shm, rootfs, the
-        shared root dir), deepest first."""
-        base = str(self.dir.resolve())
-        for _ in range(3):
-            points = [p for p, _ in _mountinfo() if p == base or p.startswith(base + "/")]
-            if not points:
-                return
-            for p in sorted(set(points), key=len, reverse=True):
-                subprocess.run(["umount", "--lazy", p], capture_output=True, check=False)
 
     def _remove_log_links(self) -> None:
         logs = str(self.dir / "pod-logs")

@@ -85,9 +85,8 @@ class OverrideAllocation:
 
 
 class DeviceOverride(Protocol):
-    """Replaces the device manager for the resources it names. ``allocate`` is asked once,
-    for the first container requesting one of them, unless the override has a true
-    ``per_container`` attribute (then for every container requesting one)."""
+    """Replaces the device manager for the resources it names: ``allocate`` is asked for the
+    first container requesting one (for each, with a true ``per_container`` attribute)."""
 
     resources: tuple[str, ...]
 
