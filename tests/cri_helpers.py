@@ -85,6 +85,15 @@ class Cri:
                                      timeout=60)
         return str(resp.container_id)
 
+    async def remove_all_sandboxes(self) -> None:
+        """Stop and remove every pod sandbox (and so its containers): a test's cleanup."""
+        sandboxes = await self.rt.ListPodSandbox(cri.ListPodSandboxRequest(), timeout=30)
+        for sb in sandboxes.items:
+            await self.rt.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=sb.id),
+                                         timeout=60)
+            await self.rt.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=sb.id),
+                                           timeout=60)
+
     async def pid(self, cid: str) -> int:
         st = await self.rt.ContainerStatus(cri.ContainerStatusRequest(container_id=cid,
                                                                       verbose=True), timeout=30)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,35 @@ from numalign.devcluster.images import WORKLOAD_IMAGE
 from numalign.devcluster.realnode_config import TAINT
 
 DEVICE = "numalign.io/sample-device"
+
+
+@contextlib.contextmanager
+def running_real_node(cluster: Any, logs: Path, tag: str, **options: Any) -> Iterator[Any]:
+    """A real kubelet and containerd (``numalign dev up --real-node``, ``options`` as
+    ``RealNode`` takes them) in ``cluster``, seeing ``realnode-2numa`` (this machine's first
+    two CPUs as two NUMA nodes); its logs copied to ``logs`` and the node removed after.
+    Skipped only where containers cannot run."""
+    import pytest
+
+    from e2e_helpers import MACHINES
+    from numalign.devcluster.realnode import RealNode, cannot_run_containers
+
+    reason = cannot_run_containers()
+    if reason is not None:
+        pytest.skip(f"this machine cannot run containers: {reason}")
+    node = RealNode(cluster, MACHINES / "realnode-2numa.yaml", **options)
+
+    def say(m: str) -> None:
+        print(f"[{tag}] {m}", flush=True)
+
+    try:
+        node.up(log=say, timeout=300)
+        yield node
+    finally:
+        if (node.dir / "logs").is_dir():
+            shutil.copytree(node.dir / "logs", logs, dirs_exist_ok=True)
+            say(f"its logs are kept in {logs}")
+        node.down(log=say)
 
 
 def workload_pod(name: str, cpu: str = "1", memory: str = "64Mi",

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,7 +15,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from e2e_helpers import MACHINES, wait_for
+from e2e_helpers import wait_for
 from numalign.agent.podresources import PodResourcesError
 from numalign.api.wire import (
     EVENT_REDEPLOY,
@@ -34,6 +33,7 @@ from realnode_helpers import (
     burstable_pod,
     events_of,
     prefers_the_real_node,
+    running_real_node,
     status_line,
     story,
     wait_running,
@@ -49,21 +49,9 @@ def real_node(dev_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Ite
     cluster for this module's tests (removed after them, its Node and NodeTopology too),
     seeing ``realnode-2numa`` (this machine's first two CPUs as two NUMA nodes) with the
     ``single-numa-node`` policy. Skipped only where containers cannot run."""
-    from numalign.devcluster.realnode import RealNode, cannot_run_containers
-
-    reason = cannot_run_containers()
-    if reason is not None:
-        pytest.skip(f"this machine cannot run containers: {reason}")
-    node = RealNode(dev_cluster, MACHINES / "realnode-2numa.yaml", policy="single-numa-node")
     logs = tmp_path_factory.mktemp("realnode-logs")
-    try:
-        node.up(log=lambda m: print(f"[realnode] {m}", flush=True), timeout=300)
+    with running_real_node(dev_cluster, logs, "realnode", policy="single-numa-node") as node:
         yield node
-    finally:
-        if (node.dir / "logs").is_dir():
-            shutil.copytree(node.dir / "logs", logs, dirs_exist_ok=True)
-            print(f"[realnode] its logs are kept in {logs}", flush=True)
-        node.down(log=lambda m: print(f"[realnode] {m}", flush=True))
 
 
 Allocations = dict[str, dict[str, tuple[str, dict[str, list[str]]]]]

@@ -13,7 +13,6 @@ import contextlib
 import io
 import json
 import os
-import shutil
 import signal
 import ssl
 import urllib.request
@@ -25,7 +24,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from e2e_helpers import MACHINES, node_topology, wait_for
+from e2e_helpers import node_topology, wait_for
 from nri_helpers import (
     Running,
     admitted,
@@ -58,6 +57,7 @@ from realnode_helpers import (
     burstable_pod,
     events_of,
     prefers_the_real_node,
+    running_real_node,
     status_line,
     story,
     wait_running,
@@ -73,21 +73,9 @@ def nri_node(dev_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iter
     the session's cluster for this module's tests, seeing ``realnode-2numa`` (this
     machine's first two CPUs as two NUMA nodes, CPU 0 reserved); removed after them.
     Skipped only where containers cannot run."""
-    from numalign.devcluster.realnode import RealNode, cannot_run_containers
-
-    reason = cannot_run_containers()
-    if reason is not None:
-        pytest.skip(f"this machine cannot run containers: {reason}")
-    node = RealNode(dev_cluster, MACHINES / "realnode-2numa.yaml", mode="nri")
     logs = tmp_path_factory.mktemp("realnode-nri-logs")
-    try:
-        node.up(log=lambda m: print(f"[realnode-nri] {m}", flush=True), timeout=300)
+    with running_real_node(dev_cluster, logs, "realnode-nri", mode="nri") as node:
         yield node
-    finally:
-        if (node.dir / "logs").is_dir():
-            shutil.copytree(node.dir / "logs", logs, dirs_exist_ok=True)
-            print(f"[realnode-nri] its logs are kept in {logs}", flush=True)
-        node.down(log=lambda m: print(f"[realnode-nri] {m}", flush=True))
 
 
 def _configz(node: Any) -> dict[str, Any]:

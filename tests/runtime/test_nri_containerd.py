@@ -138,12 +138,7 @@ async def test_plugin_sets_cpusets_and_survives_a_runtime_restart(containerd: Co
         assert cgroup_cpuset(pinned_pid)[0] == excl
     finally:
         with contextlib.suppress(Exception):
-            sandboxes = await c.rt.ListPodSandbox(cri.ListPodSandboxRequest(), timeout=30)
-            for sb in sandboxes.items:
-                await c.rt.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=sb.id),
-                                          timeout=60)
-                await c.rt.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=sb.id),
-                                            timeout=60)
+            await c.remove_all_sandboxes()
         await channel.close()
         run.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -222,12 +217,7 @@ async def test_the_engine_places_containers_under_each_pods_policy(containerd: C
         assert cgroup_cpuset(await c.pid(g))[0] == {mine}
     finally:
         with contextlib.suppress(Exception):
-            sandboxes = await c.rt.ListPodSandbox(cri.ListPodSandboxRequest(), timeout=30)
-            for sb in sandboxes.items:
-                await c.rt.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=sb.id),
-                                          timeout=60)
-                await c.rt.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=sb.id),
-                                            timeout=60)
+            await c.remove_all_sandboxes()
         await channel.close()
         run.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -245,12 +245,7 @@ async def test_the_agent_places_rejects_and_survives_a_restart_mid_creation(
     finally:
         await agent.stop()
         with contextlib.suppress(Exception):
-            sandboxes = await c.rt.ListPodSandbox(cri.ListPodSandboxRequest(), timeout=30)
-            for sb in sandboxes.items:
-                await c.rt.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=sb.id),
-                                          timeout=60)
-                await c.rt.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=sb.id),
-                                            timeout=60)
+            await c.remove_all_sandboxes()
         await channel.close()
         with contextlib.suppress(ApiError):
             await kube.delete(f"/api/v1/nodes/{node}")
