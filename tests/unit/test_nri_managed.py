@@ -308,7 +308,7 @@ async def test_a_rejection_the_kubelet_reverted_is_written_again_a_bounded_numbe
     pod["spec"]["nodeName"] = "n"
     pod["status"] = {"phase": "Pending"}
     node.on_pod("ADDED", pod)
-    node.rejections["big"] = (REJECT_REASON, REJECT_MESSAGE)
+    node.placer.rejected["big"] = (REJECT_REASON, REJECT_MESSAGE)
     await node._report("big")
     paths = [p for p, _ in kube.writes]
     # one status patch that also changes the metadata (what makes the kubelet's pod worker

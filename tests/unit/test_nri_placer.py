@@ -83,9 +83,7 @@ def test_exclusive_cpus_and_the_shared_pool(pods: Pods) -> None:
 
 
 def test_a_pod_that_cannot_be_aligned_is_rejected_for_every_container(pods: Pods) -> None:
-    failed: list[tuple[str, str, str]] = []
-    placer = EnginePlacer(MACHINE, pods, reserved_cpus=[0], memory_nodes=[0],
-                          on_reject=lambda *why: failed.append(why))
+    placer = EnginePlacer(MACHINE, pods, reserved_cpus=[0], memory_nodes=[0])
     pods.add("big", "3")  # 3 CPUs fit no single NUMA node
     with pytest.raises(Rejected, match="TopologyAffinityError"):
         placer.create(nri_pod("big"), nri_ctr("big", "main", "c-a"))
@@ -96,10 +94,10 @@ def test_a_pod_that_cannot_be_aligned_is_rejected_for_every_container(pods: Pods
         placer.create(nri_pod("huge"), nri_ctr("huge", "main", "c-h"))
     assert str(huge.value) == f"TopologyAffinityError: {REJECTED_PREFIX}{TOPOLOGY_MESSAGE}"
     assert placer.pool() == {0, 1, 2, 3} and placer.allocations == {}
-    # the agent hears of it once (to fail the pod the kubelet's way), with the kubelet's words
-    assert [(uid, reason) for uid, reason, _ in failed] == [
-        ("big", "TopologyAffinityError"), ("huge", "TopologyAffinityError")]
-    assert failed[0][2] == REJECTED_PREFIX + TOPOLOGY_MESSAGE  # the kubelet's status message
+    # each held once (the agent fails the pod the kubelet's way), with the kubelet's words
+    assert {uid: reason for uid, (reason, _) in placer.rejected.items()} == {
+        "big": "TopologyAffinityError", "huge": "TopologyAffinityError"}
+    assert placer.rejected["big"][1] == REJECTED_PREFIX + TOPOLOGY_MESSAGE  # status message
     # best-effort across nodes, by override: the same request is admitted
     pods.add("spread", "3", policy="best-effort")
     got = placer.create(nri_pod("spread"), nri_ctr("spread", "main", "c-s"))

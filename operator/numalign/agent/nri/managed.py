@@ -52,7 +52,7 @@ from numalign.agent.nri.plugin import CpuSet, NriPlugin, Placement, Rejected
 from numalign.agent.nri.pods import PodIndex
 from numalign.agent.podresources import PodResourcesClient, PodResourcesError, Snapshot
 from numalign.agent.state import AdmittedPod
-from numalign.api.kube import ApiError, Kube, pod_path, q
+from numalign.api.kube import Kube, pod_path, q
 from numalign.api.wire import (
     ANN_ALLOCATION,
     ANN_REJECTION,
@@ -167,9 +167,8 @@ class ManagedNode:
         self.name = name
         self.socket_path = socket_path
         self.index = PodIndex()
-        self.rejections: dict[str, tuple[str, str]] = {}  # uid -> (reason, message)
         self.placer = EnginePlacer(machine, self.index, memory_nodes=memory_nodes,
-                                   on_reject=self._on_reject, wait_for=self.index.wait_for,
+                                   wait_for=self.index.wait_for,
                                    wait_s=wait_s)
         self.plugin = NriPlugin(self, name=NRI_PLUGIN_NAME, index=plugin_index,
                                 socket_path=socket_path, retry_s=retry_s)
@@ -244,9 +243,6 @@ class ManagedNode:
         self.placer.reserved = reserved
         self._wake.set()
 
-    def _on_reject(self, uid: str, reason: str, message: str) -> None:
-        self.rejections[uid] = (reason, message)
-
     # -- the Placer the plugin calls ----------------------------------------------------------
 
     def synchronize(self, pods: list[Any], containers: list[Any]) -> Mapping[str, CpuSet]:
@@ -286,7 +282,6 @@ class ManagedNode:
             uid = str(pod.uid)
             self.recorded.discard(uid)
             self.reported.discard(uid)
-            self.rejections.pop(uid, None)
             self.reasserted.pop(uid, None)
             self.on_change()
         return updates
@@ -321,12 +316,9 @@ class ManagedNode:
             await self.kube.patch(pod_path(ns, name, "status"),
                                   allocation_patch(uid, alloc.to_annotation()), MERGE_PATCH,
                                   decode=False)
-        except ApiError as exc:
-            # not recorded, not answered: the creation fails and the kubelet retries it (the
-            # decision is kept, so the retry gets the same answer)
-            raise Rejected(f"numalign: cannot record the allocation of pod {ns}/{name}: "
-                           f"{exc}") from None
-        except Exception as exc:  # connection trouble: the same
+        except Exception as exc:
+            # not recorded, not answered (an API error or connection trouble): the creation
+            # fails and the kubelet retries it (the decision is kept: the same answer again)
             raise Rejected(f"numalign: cannot record the allocation of pod {ns}/{name}: "
                            f"{type(exc).__name__}: {exc}") from None
         self.recorded.add(uid)
@@ -338,7 +330,7 @@ class ManagedNode:
         pod = view.pod
         meta = pod.get("metadata") or {}
         ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
-        reason, message = self.rejections.get(uid, ("", ""))
+        reason, message = self.placer.rejected.get(uid, ("", ""))
         if not reason:
             return
         try:
@@ -376,7 +368,7 @@ class ManagedNode:
         kubelet's status manager won the race): its rejection is written once more, a
         bounded number of times."""
         uid = str((pod.get("metadata") or {}).get("uid") or "")
-        if uid not in self.reported or uid not in self.rejections:
+        if uid not in self.reported or uid not in self.placer.rejected:
             return False
         if str((pod.get("status") or {}).get("phase") or "") in TERMINAL:
             return False

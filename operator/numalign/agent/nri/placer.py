@@ -101,7 +101,6 @@ class EnginePlacer:
     def __init__(self, machine: Machine, lookup: Callable[[str], PodView | None], *,
                  reserved_cpus: Iterable[int] = (), memory_nodes: Iterable[int] = (0,),
                  on_admit: Callable[[str, Allocation], None] | None = None,
-                 on_reject: Callable[[str, str, str], None] | None = None,
                  wait_for: Callable[[str, float], Awaitable[bool]] | None = None,
                  wait_s: float = 5.0) -> None:
         self.machine = machine
@@ -117,11 +116,10 @@ class EnginePlacer:
         if not self.memory_nodes:
             raise ValueError("memory_nodes: at least one kernel memory node is needed")
         self.on_admit = on_admit  # (uid, allocation): the agent records it on the pod
-        self.on_reject = on_reject  # (uid, reason, message): the agent fails the pod
         self.ledger = self._fresh_ledger()
         self.allocations: dict[str, Allocation] = {}  # pod uid -> its allocation
         self.pods: dict[str, Mapping[str, Any]] = {}  # pod uid -> the admitted Pod
-        self.rejected: dict[str, str] = {}  # pod uid -> why
+        self.rejected: dict[str, tuple[str, str]] = {}  # pod uid -> (reason, message)
         self.shared: dict[str, str] = {}  # container id -> pod uid, in the shared pool
         self.exclusive: dict[str, str] = {}  # container id -> pod uid, own CPUs
 
@@ -203,7 +201,7 @@ class EnginePlacer:
     def create(self, pod: Any, container: Any) -> Placement:
         uid = str(pod.uid)
         if uid in self.rejected:
-            raise Rejected(self.rejected[uid])
+            raise Rejected(": ".join(self.rejected[uid]))
         if uid not in self.allocations:
             view = self.lookup(uid)
             if view is not None:
@@ -223,12 +221,9 @@ class EnginePlacer:
         except TopologyError as exc:  # a pod no placement can ever satisfy
             result = engine.EngineResult(False, reason=REJECT_REASON, message=str(exc))
         if not result.admit or result.allocation is None:
-            reason, message = result.reason or REJECT_REASON, result.message or ""
-            why = f"{reason}: {message}"
-            self.rejected[uid] = why
+            self.rejected[uid] = (result.reason or REJECT_REASON, result.message or "")
+            why = ": ".join(self.rejected[uid])
             log.info("NRI: pod %s rejected: %s", uid, why)
-            if self.on_reject is not None:
-                self.on_reject(uid, reason, message)
             raise Rejected(why)
         self.allocations[uid] = result.allocation
         self.pods[uid] = view.pod
