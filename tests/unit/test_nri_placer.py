@@ -156,8 +156,10 @@ def test_kernel_memory_nodes_and_cpulists(tmp_path: Path) -> None:
     assert kernel_memory_nodes(tmp_path) == {0}
     assert cpulist([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
     assert parse_cpulist("0-2,5") == {0, 1, 2, 5}
-    with pytest.raises(ValueError, match=r"cpuset\.cpus: 'x' is not a cpu list"):
+    with pytest.raises(ValueError, match=r"^cpuset\.cpus: bad cpu 'x' in 'x'$"):
         parse_cpulist("x", "cpuset.cpus")
+    with pytest.raises(ValueError, match=r"^has_memory: cpu '99999999' is beyond the kernel"):
+        parse_cpulist("0-99999999", "has_memory")  # bounded: never a set of 10^8 ids
 
 
 def test_bad_configuration_names_the_field(pods: Pods) -> None:

@@ -178,9 +178,7 @@ def _run(args: argparse.Namespace) -> int:
         cluster.up(machines=machines, operator=not args.no_operator, log=_log,
                    timeout=args.timeout)
         if args.real_node is not None:
-            RealNode(cluster, args.real_node, policy=args.topology_policy,
-                     mode=MODE_NRI if args.nri else MODE_KUBELET).up(
-                log=_log, timeout=max(args.timeout, 240.0))
+            _up_real_node(args, cluster, args.real_node)
         print(cluster.kubeconfig)
         return 0
     if args.action == "down":
@@ -262,6 +260,13 @@ def _demo(args: argparse.Namespace, cluster: DevCluster) -> int:
     return 0 if result.settled else 1
 
 
+def _up_real_node(args: argparse.Namespace, cluster: DevCluster, machine: Path) -> None:
+    """The real node of ``dev up --real-node`` (and the demo's), in the mode asked for."""
+    RealNode(cluster, machine, policy=args.topology_policy,
+             mode=MODE_NRI if args.nri else MODE_KUBELET).up(
+        log=_log, timeout=max(args.timeout, 240.0))
+
+
 def _demo_real_node(args: argparse.Namespace, cluster: DevCluster) -> None:
     """The demo's real node: asked for with --real-node, else where containers can run."""
     reason = cannot_run_containers()
@@ -270,9 +275,7 @@ def _demo_real_node(args: argparse.Namespace, cluster: DevCluster) -> None:
         return
     t0 = time.monotonic()
     ensure_node_built(log=_log)
-    RealNode(cluster, args.real_node or REAL_NODE_MACHINE, policy=args.topology_policy,
-             mode=MODE_NRI if args.nri else MODE_KUBELET).up(
-        log=_log, timeout=max(args.timeout, 240.0))
+    _up_real_node(args, cluster, args.real_node or REAL_NODE_MACHINE)
     _log(f"demo: real node 'localhost' ready in {time.monotonic() - t0:.1f}s "
          "(a kubelet and containerd; see README 'A real node')")
 

@@ -362,7 +362,7 @@ class _Client:
         from numalign.api.kube import ApiError
 
         try:
-            return self.kube.run(self.kube.kube.request("GET", path, timeout=30))
+            return self.kube.request("GET", path, timeout=30)
         except ApiError as e:
             if e.status == 404:
                 return None

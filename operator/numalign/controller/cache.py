@@ -28,7 +28,7 @@ from typing import Any
 
 import kopf
 
-from numalign.api.kube import q
+from numalign.api.kube import NT_BASE, q
 from numalign.api.wire import REJECT_REASON
 
 from . import kube
@@ -177,8 +177,7 @@ async def _list_states() -> tuple[list[dict[str, Any]], int | None]:
     items, rv = await kube.client().list_all("/api/v1/configmaps", {
         "fieldSelector": f"metadata.name={STATE_CONFIGMAP}",
         "labelSelector": f"{STATE_LABEL}=redeploy"})
-    return ([slim_state(cm) for cm in items
-             if (cm.get("metadata") or {}).get("name") == STATE_CONFIGMAP], _list_rv(rv))
+    return [slim_state(cm) for cm in items], _list_rv(rv)
 
 
 def slim_failed(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -217,7 +216,7 @@ async def _list_nothing() -> tuple[list[dict[str, Any]], int | None]:
 
 
 POLICIES = Store("topologypolicies", _custom(kube.TP_BASE), _name)
-NODE_TOPOLOGIES = Store("nodetopologies", _custom(kube.NT_BASE), _name)
+NODE_TOPOLOGIES = Store("nodetopologies", _custom(NT_BASE), _name)
 NODES = Store("nodes", _list_nodes, _name)
 NAMESPACES = Store("namespaces", _list_namespaces, _name)
 STATES = Store("redeploy-states", _list_states, _ns_name)

@@ -17,7 +17,6 @@ VERSION = "v1alpha1"
 NT_PLURAL = "nodetopologies"
 TP_PLURAL = "topologypolicies"
 TP_BASE = f"/apis/{GROUP}/{VERSION}/{TP_PLURAL}"
-NT_BASE = f"/apis/{GROUP}/{VERSION}/{NT_PLURAL}"
 COMPONENT = "numalign-operator"
 MAX_CONNECTIONS = 32
 

@@ -83,15 +83,12 @@ async def mutate_pod(body: kopf.Body, patch: kopf.Patch, dryrun: bool, logger: k
         spec = redeploy.with_node_avoidance(dict(body.get("spec") or {}), avoid)
         if spec.get("affinity") != (body.get("spec") or {}).get("affinity"):
             patch.setdefault("spec", {})["affinity"] = spec["affinity"]
-            patch["metadata"]["annotations"][redeploy.ANN_WORKLOAD] = redeploy.workload_key(
-                body)
     if held is not None and not redeploy.has_gate(body):
         # A ReplicaSet (or Job) replaces a Failed pod at once. Hold the replacement while
         # the rejected pod waits out its backoff, and for good once the workload spent
         # its redeploy budget: no runaway of Failed pods (kubernetes#84869).
         gates = list((body.get("spec") or {}).get("schedulingGates") or [])
         patch.setdefault("spec", {})["schedulingGates"] = [*gates, {"name": redeploy.GATE}]
-        patch["metadata"]["annotations"][redeploy.ANN_WORKLOAD] = redeploy.workload_key(body)
 
 
 @kopf.on.validate("", "v1", "pods", id="overrides", operations=["CREATE"], ignore_failures=True)

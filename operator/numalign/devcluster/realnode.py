@@ -368,11 +368,6 @@ class RealNode:
         return [sys.executable, "-c", "import sys; from numalign.cli import main; "
                 "sys.exit(main())"]
 
-    def _supports(self, *args: str, needle: str) -> bool:
-        proc = subprocess.run([*self._numalign(), *args, "--help"], capture_output=True,
-                              text=True, timeout=120, check=False)
-        return proc.returncode == 0 and needle in proc.stdout
-
     def _advertised(self, resources: list[str]) -> bool:
         """Whether the Node's allocatable lists every one of ``resources``."""
         body = self.cluster.kube().get_quiet(f"/api/v1/nodes/{self.name}")
@@ -380,42 +375,31 @@ class RealNode:
         return all(alloc.get(r) not in (None, "0") for r in resources)
 
     def _start_helpers(self, say: Log, deadline: float) -> None:
-        """The sample device plugin and the real-node agent, where this numalign has them."""
+        """The sample device plugin and the real-node agent."""
         env = dict(os.environ, KUBECONFIG=str(self.cluster.kubeconfig))
         assert self.machine_file is not None
-        if self._supports("dev", "device-plugin", needle="--kubelet-dir"):
-            self._start("device-plugin",
-                [*self._numalign(), "dev", "device-plugin", "--machine", str(self.machine_file),
-                 "--kubelet-dir", str(self.kubelet_dir)], env=env, program="numalign")
-            resources = sorted({d.resource for d in load_machine(self.machine_file).devices}
-                               or {"numalign.io/sample-device"})
-            self._wait(f"the device plugin to advertise {', '.join(resources)}",
-                       lambda: self._advertised(resources), deadline,
-                       ("kubelet", "device-plugin"))
-            say(f"the sample device plugin advertises {', '.join(resources)}")
-        else:
-            say("this numalign has no 'dev device-plugin': the real node has no devices")
-        if self._supports("agent", needle="--pod-resources"):
-            # one identity across restarts: a restarted agent takes its node's Lease at once
-            self._start("agent", self._agent_argv(say),
-                        env=dict(env, POD_NAME=f"numalign-agent-{self.name}"), program="numalign")
-            say("started the real-node agent")
-        else:
-            say("this numalign's agent has no real-node mode (--pod-resources): not started")
+        self._start("device-plugin",
+            [*self._numalign(), "dev", "device-plugin", "--machine", str(self.machine_file),
+             "--kubelet-dir", str(self.kubelet_dir)], env=env, program="numalign")
+        resources = sorted({d.resource for d in load_machine(self.machine_file).devices}
+                           or {"numalign.io/sample-device"})
+        self._wait(f"the device plugin to advertise {', '.join(resources)}",
+                   lambda: self._advertised(resources), deadline, ("kubelet", "device-plugin"))
+        say(f"the sample device plugin advertises {', '.join(resources)}")
+        # one identity across restarts: a restarted agent takes its node's Lease at once
+        self._start("agent", self._agent_argv(say),
+                    env=dict(env, POD_NAME=f"numalign-agent-{self.name}"), program="numalign")
+        say("started the real-node agent")
 
     def _agent_argv(self, say: Log) -> list[str]:
-        """The real-node agent's command line; in nri mode with containerd's NRI socket,
-        where this numalign's agent can register as an NRI plugin."""
+        """The real-node agent's command line; in nri mode with containerd's NRI socket, so
+        that it registers as an NRI plugin and places the containers."""
         argv = [*self._numalign(), "agent", "--node", self.name, "--root", str(self.dir),
                 "--pod-resources", str(self.pod_resources_socket),
                 "--kubelet-config", str(self.kubelet_config)]
         if self.mode == MODE_NRI:
-            if self._supports("agent", needle="--nri-socket"):
-                argv += ["--nri-socket", str(self.nri_socket)]
-                say(f"the agent places containers through NRI ({self.nri_socket})")
-            else:
-                say("this numalign's agent has no NRI plugin (--nri-socket): nothing places "
-                    "the containers of this nri-mode node")
+            argv += ["--nri-socket", str(self.nri_socket)]
+            say(f"the agent places containers through NRI ({self.nri_socket})")
         return argv
 
     def _start(self, name: str, argv: list[str], env: dict[str, str] | None = None,

@@ -52,7 +52,7 @@ from numalign.agent.nri.plugin import CpuSet, NriPlugin, Placement, Rejected
 from numalign.agent.nri.pods import PodIndex
 from numalign.agent.podresources import PodResourcesClient, PodResourcesError, Snapshot
 from numalign.agent.state import AdmittedPod
-from numalign.api.kube import Kube, pod_path, q
+from numalign.api.kube import MERGE_PATCH, Kube, pod_path, q
 from numalign.api.wire import (
     ANN_ALLOCATION,
     ANN_REJECTION,
@@ -66,7 +66,6 @@ from numalign.topology.machine import Machine
 
 log = logging.getLogger(__name__)
 
-MERGE_PATCH = "application/merge-patch+json"
 TERMINAL = ("Failed", "Succeeded")
 MAX_REASSERTS = 5  # a rejection written again when the kubelet reverted it
 

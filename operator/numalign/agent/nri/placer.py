@@ -38,10 +38,12 @@ from numalign.agent import engine
 from numalign.agent.nri.devices import Assigned, assigned_overrides
 from numalign.agent.nri.plugin import CpuSet, Placement, Rejected
 from numalign.api.wire import REJECT_REASON, Allocation, Resolved
+from numalign.topology import quantity
 from numalign.topology.errors import TopologyError
 from numalign.topology.ledger import ContainerAllocation as LedgerContainer
 from numalign.topology.ledger import Ledger, LedgerError
 from numalign.topology.machine import Machine
+from numalign.topology.quantity import format_cpulist
 
 log = logging.getLogger(__name__)
 
@@ -57,32 +59,15 @@ class PodView:
 
 def cpulist(ids: Iterable[int]) -> str:
     """The kernel's list format, with ranges: [0, 1, 2, 5] -> "0-2,5"."""
-    out: list[str] = []
-    run: list[int] = []
-    for c in sorted(set(ids)):
-        if run and c == run[-1] + 1:
-            run.append(c)
-            continue
-        if run:
-            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-        run = [c]
-    if run:
-        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-    return ",".join(out)
+    return format_cpulist(set(ids))
 
 
 def parse_cpulist(text: str, where: str = "cpulist") -> set[int]:
-    out: set[int] = set()
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        try:
-            a, b = int(lo), int(hi or lo)
-        except ValueError:
-            raise ValueError(f"{where}: {text!r} is not a cpu list") from None
-        out |= set(range(a, b + 1))
-    return out
+    """The engine's bounded parser of the kernel's list format; ValueError names ``where``."""
+    try:
+        return set(quantity.parse_cpulist(text))
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
 
 
 def kernel_memory_nodes(sysfs: Path = Path("/sys")) -> set[int]:

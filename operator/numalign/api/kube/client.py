@@ -62,7 +62,7 @@ class ApiError(Exception):
 
 
 # Everything a request may raise: an answer that is an error, or no answer.
-REQUEST_ERRORS = (ApiError, OSError, TimeoutError, aiohttp.ClientError)
+REQUEST_ERRORS = (ApiError, *TRANSPORT_ERRORS)
 
 
 def is_status(e: BaseException, *codes: int) -> bool:

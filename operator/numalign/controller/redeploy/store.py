@@ -16,7 +16,7 @@ from .record import MAX_DATA_BYTES, REPLICATED_KINDS, WorkloadState, controller_
 
 def load_state(namespace: str) -> tuple[dict[str, str], str | None]:
     """The ConfigMap's data and resourceVersion (None when it does not exist yet), from
-    the watch-fed cache (:func:`save_state` refreshes it on a conflict)."""
+    the operator's cache (:func:`save_state` refreshes it on a conflict)."""
     return cache.state(namespace)
 
 
