@@ -47,16 +47,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from bench_agent import pct
+
 WITHOUT, WITH = "without plugin", "with plugin"
 NAMESPACE = "bench-nri"
 METRICS = ("pod start", "container creation", "  to created", "  created to started")
 CONNECTED = re.compile(r'plugin \\?"[^"\\]+\\?" connected and synchronized')
 CLOSED = re.compile(r'connection to plugin \\?"[^"\\]+\\?" closed')
-
-
-def pct(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
 @dataclass
@@ -342,12 +339,12 @@ def _report(results: dict[str, dict[str, list[float]]], modes: list[str],
         for mode in modes:
             xs = results[mode][metric]
             if xs:
-                print(f"    {mode:<15} p50 {pct(xs, 0.5) * 1e3:8.1f} ms  p90 "
-                      f"{pct(xs, 0.9) * 1e3:8.1f} ms  p99 {pct(xs, 0.99) * 1e3:8.1f} ms  "
+                print(f"    {mode:<15} p50 {pct(xs, 50) * 1e3:8.1f} ms  p90 "
+                      f"{pct(xs, 90) * 1e3:8.1f} ms  p99 {pct(xs, 99) * 1e3:8.1f} ms  "
                       f"mean {statistics.mean(xs) * 1e3:8.1f} ms  (n={len(xs)})")
         if WITH in modes and results[WITH][metric] and results[WITHOUT][metric]:
             w, wo = results[WITH][metric], results[WITHOUT][metric]
-            d50, d99 = pct(w, 0.5) - pct(wo, 0.5), pct(w, 0.99) - pct(wo, 0.99)
+            d50, d99 = pct(w, 50) - pct(wo, 50), pct(w, 99) - pct(wo, 99)
             print(f"    plugin adds     p50 {d50 * 1e3:+8.1f} ms                p99 "
                   f"{d99 * 1e3:+8.1f} ms"
                   + ("  (target: < 50 ms)" if metric == "container creation" else ""))

@@ -58,6 +58,15 @@ def test_recorded_allocation_is_read_back() -> None:
     v = idx("r")
     assert v is not None and v.allocation is not None
     assert v.allocation.containers["main"].cpus == [2] and v.allocation.numa_nodes == [1]
+    # a new record replaces the old one (the parse is kept per text, not per pod)
+    alloc["containers"]["main"]["cpus"] = [3]
+    idx.on_pod("MODIFIED", pod("r", annotations={ANN_ALLOCATION: json.dumps(alloc)}))
+    v = idx("r")
+    assert v is not None and v.allocation is not None
+    assert v.allocation.containers["main"].cpus == [3]
+    idx.on_pod("MODIFIED", pod("r", annotations={ANN_ALLOCATION: "{broken"}))
+    v = idx("r")
+    assert v is not None and v.allocation is None
 
 
 async def test_a_pod_delivered_late_is_still_admitted_by_the_engine() -> None:

@@ -19,6 +19,7 @@ from numalign.agent.nri.placer import PodView
 from numalign.api.wire import (
     ANN_ALLOCATION,
     ANN_RESOLVED,
+    Allocation,
     WireError,
     node_default,
     parse_allocation,
@@ -30,6 +31,8 @@ class PodIndex:
     def __init__(self) -> None:
         self.pods: dict[str, Mapping[str, Any]] = {}
         self.node_spec: Mapping[str, Any] | None = None
+        # uid -> (the annotation's text, its allocation): parsed once per text, not per lookup
+        self._allocations: dict[str, tuple[str, Allocation | None]] = {}
         self._changed = asyncio.Event()
 
     def on_pod(self, typ: str, pod: Mapping[str, Any]) -> None:
@@ -38,6 +41,7 @@ class PodIndex:
             return
         if typ == "DELETED":
             self.pods.pop(uid, None)
+            self._allocations.pop(uid, None)
         else:
             self.pods[uid] = pod
         self._changed.set()
@@ -53,13 +57,20 @@ class PodIndex:
         resolved = resolved_or_none(ann.get(ANN_RESOLVED))
         if resolved is None or resolved.policy is None:
             resolved = node_default(self.node_spec)
+        return PodView(pod, resolved, self._allocation(uid, str(ann.get(ANN_ALLOCATION) or "")))
+
+    def _allocation(self, uid: str, text: str) -> Allocation | None:
+        cached = self._allocations.get(uid)
+        if cached is not None and cached[0] == text:
+            return cached[1]
         allocation = None
-        if ann.get(ANN_ALLOCATION):
+        if text:
             try:
-                allocation = parse_allocation(str(ann[ANN_ALLOCATION]))
+                allocation = parse_allocation(text)
             except WireError:
                 allocation = None
-        return PodView(pod, resolved, allocation)
+        self._allocations[uid] = (text, allocation)
+        return allocation
 
     async def wait_for(self, uid: str, timeout: float) -> bool:
         """Wait until the pod with ``uid`` is known; False after ``timeout`` seconds."""
