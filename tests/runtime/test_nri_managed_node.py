@@ -31,8 +31,9 @@ import pytest
 from containerd_helpers import Containerd
 from cri_helpers import Cri, cgroup_cpuset, wait_until
 from numalign.agent.node import RealNode
-from numalign.agent.nri.managed import KUBELET_MANAGERS_ON, NOT_MANAGED, ManagedNode
+from numalign.agent.nri.managed import ManagedNode
 from numalign.api.kube import ApiError, Kube, load_config, pod_path
+from numalign.api.nodetopology import NRI_KUBELET_MANAGERS_ON, NRI_NOT_MANAGED
 from numalign.api.wire import (
     ANN_ALLOCATION,
     ANN_REJECTION,
@@ -222,7 +223,7 @@ async def test_the_agent_places_rejects_and_survives_a_restart_mid_creation(
         # -- the label removed: the plugin disconnects; new containers are the runtime's --
         await kube.patch(f"/api/v1/nodes/{node}",
                          {"metadata": {"labels": {LABEL_MANAGED: None}}})
-        await wait_until(lambda: agent.managed.status.reason == NOT_MANAGED,
+        await wait_until(lambda: agent.managed.status.reason == NRI_NOT_MANAGED,
                          "the agent to stop placing")
         assert agent.managed.plugin._client is None
         free = await c.sandbox("free", str(uuid.uuid4()), namespace)
@@ -236,10 +237,10 @@ async def test_the_agent_places_rejects_and_survives_a_restart_mid_creation(
                                               "cpuManagerPolicy: static"))
         os.utime(config, (1, 1))  # another mtime: the agent reads it again
         agent.node.wake()
-        await wait_until(lambda: agent.managed.status.reason == KUBELET_MANAGERS_ON,
+        await wait_until(lambda: agent.managed.status.reason == NRI_KUBELET_MANAGERS_ON,
                          "the agent to refuse")
         assert agent.managed.plugin._client is None
-        conds = await eventually(lambda: _condition(kube, node, KUBELET_MANAGERS_ON),
+        conds = await eventually(lambda: _condition(kube, node, NRI_KUBELET_MANAGERS_ON),
                                  "the refusal in NodeTopology status")
         assert "cpuManagerPolicy static" in conds["message"]
     finally:

@@ -75,15 +75,13 @@ def _pod(name: str, cpu: str) -> dict[str, Any]:
 
 
 async def test_writes_what_changed_and_nothing_when_nothing_did() -> None:
-    from numalign.agent.annotations import resolve_pod
-
     st = NodeState("n1", load_machine(MACHINES / "seed-figure1.yaml"))
     kube = FakeKube()
     pub = Publisher(kube, {"n1": st})  # type: ignore[arg-type]
     await pub.write("n1")
     assert kube.calls[-1][0] == JSON_PATCH  # the first write: the whole status
     pod = _pod("a", "1")
-    st.decide(pod, resolve_pod(pod, st.default)[0])
+    st.decide(pod, st.default)
     await pub.write("n1")
     kind, body = kube.calls[-1]
     assert kind == MERGE_PATCH
@@ -161,8 +159,6 @@ class VersionedKube:
 
 
 async def test_status_writes_carry_the_resource_version_they_were_computed_against() -> None:
-    from numalign.agent.annotations import resolve_pod
-
     st = NodeState("n1", load_machine(MACHINES / "seed-figure1.yaml"))
     kube = VersionedKube()
     pub = Publisher(kube, {"n1": st}, preconditions=True)  # type: ignore[arg-type]
@@ -174,7 +170,7 @@ async def test_status_writes_carry_the_resource_version_they_were_computed_again
     foreign["rejected"] = 99
     kube.foreign_write(foreign)
     pod = _pod("a", "1")
-    st.decide(pod, resolve_pod(pod, st.default)[0])
+    st.decide(pod, st.default)
     await pub.write("n1")
     # Our diff was stale: refused, the object read again, and the status is exactly ours.
     assert kube.conflicts == 1

@@ -147,3 +147,21 @@ def test_not_reported_and_what_if(monkeypatch: pytest.MonkeyPatch,
     doc = run(monkeypatch, capsys, objects, "b", "--policy", "restricted")
     assert doc["policy"] == "restricted"
     assert any("not compared" in n for n in doc["notes"])
+
+
+def test_numalign_managed_node_replays_the_pods_own_policy(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """On an NRI-managed node the kubelet's managers are `none` (status.kubelet says so)
+    but numalign places with the pod's resolved policy: explain replays that one and does
+    not compare with a kubelet decision."""
+    nt = nodetopology([], {})
+    nt["status"]["kubelet"] = {"topologyManagerPolicy": "none", "cpuManagerPolicy": "none"}
+    nt["status"]["conditions"].append({"type": "NRIPlacement", "status": "True",
+                                       "reason": "Registered"})
+    p = pod("c", "uid-c", "Pending")
+    p["metadata"]["annotations"] = {"numalign.io/resolved": json.dumps(
+        {"policy": "single-numa-node", "scope": "pod", "source": "TopologyPolicy/rt"})}
+    doc = run(monkeypatch, capsys, {"pod/ns/c": p, "nt/real-1": nt}, "c")
+    assert (doc["policy"], doc["scope"]) == ("single-numa-node", "pod")
+    assert doc["source"] == "TopologyPolicy/rt"
+    assert doc.get("kubelet") is None

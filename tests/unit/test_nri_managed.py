@@ -13,11 +13,6 @@ import pytest
 from numalign.agent.kubelet_config import KubeletConfig, parse_kubelet_config
 from numalign.agent.nri.devices import AssignedDevices, asks_for_devices, assigned_of
 from numalign.agent.nri.managed import (
-    KUBELET_MANAGERS_ON,
-    NOT_MANAGED,
-    REGISTERED,
-    RUNTIME_UNAVAILABLE,
-    STARTING,
     ManagedNode,
     allocation_patch,
     is_managed,
@@ -30,6 +25,13 @@ from numalign.agent.nri.plugin import Rejected
 from numalign.agent.podresources import DeviceSet, KubeletContainer, KubeletPod
 from numalign.agent.publish import build_status
 from numalign.agent.state import NodeState
+from numalign.api.nodetopology import (
+    NRI_KUBELET_MANAGERS_ON,
+    NRI_NOT_MANAGED,
+    NRI_REGISTERED,
+    NRI_RUNTIME_UNAVAILABLE,
+    NRI_STARTING,
+)
 from numalign.api.wire import (
     ANN_ALLOCATION,
     ANN_REJECTION,
@@ -211,24 +213,24 @@ def test_the_label_and_the_condition_say_whether_numalign_places() -> None:
     assert not is_managed(None)
     sock = Path("nri.sock")
     off = placement_status(False, None, True, None, sock)
-    assert (off.active, off.reason) == (False, NOT_MANAGED)
+    assert (off.active, off.reason) == (False, NRI_NOT_MANAGED)
     assert f"{LABEL_MANAGED}={MANAGED_NRI}" in off.message
     refused = placement_status(True, "the kubelet places containers itself", True, None, sock)
-    assert (refused.active, refused.reason) == (False, KUBELET_MANAGERS_ON)
+    assert (refused.active, refused.reason) == (False, NRI_KUBELET_MANAGERS_ON)
     waiting = placement_status(True, None, False, None, sock)
-    assert (waiting.active, waiting.reason) == (False, RUNTIME_UNAVAILABLE)
+    assert (waiting.active, waiting.reason) == (False, NRI_RUNTIME_UNAVAILABLE)
     # the kubelet's devices not read yet: the plugin waits (recorded allocations name them)
     early = placement_status(True, None, False, None, sock, devices_known=False)
-    assert (early.active, early.reason) == (False, STARTING) and "PodResources" in early.message
+    assert (early.active, early.reason) == (False, NRI_STARTING) and "PodResources" in early.message
     on = placement_status(True, None, True, ("containerd", "v2.4.2"), sock)
-    assert (on.active, on.reason) == (True, REGISTERED) and "containerd v2.4.2" in on.message
+    assert (on.active, on.reason) == (True, NRI_REGISTERED) and "containerd v2.4.2" in on.message
 
     # NodeTopology status carries it as the condition NRIPlacement
     st = NodeState("n", MACHINE, admits=False)
     st.placement = (off.active, off.reason, off.message)
     conds = {c["type"]: c for c in build_status(st)["conditions"]}
     assert conds["NRIPlacement"]["status"] == "False"
-    assert conds["NRIPlacement"]["reason"] == NOT_MANAGED
+    assert conds["NRIPlacement"]["reason"] == NRI_NOT_MANAGED
     assert "NRIPlacement" not in {c["type"] for c in build_status(
         NodeState("m", MACHINE, admits=False))["conditions"]}
 

@@ -301,3 +301,24 @@ def test_unfit_on_a_real_node_judged_by_its_kubelets_policy(
         {"policy": "best-effort", "scope": "container", "source": "namespace-default"})}},
         "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "2"}}}]}}
     assert fit.unfit_nodes(pod) == ["real"]
+
+
+def test_unfit_on_a_numalign_managed_node_judged_by_the_pods_own_policy(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A numalign-managed (NRI) node publishes its kubelet's managers at none, yet numalign
+    places there with the pod's own policy: a single-numa-node pod of 2 CPUs does not fit
+    two zones of 1 free CPU each; the same pod under best-effort fits."""
+    zones = [{"id": 0, "available": {"cpu": 1}}, {"id": 1, "available": {"cpu": 1}}]
+    nri = {"type": "NRIPlacement", "status": "True", "reason": "Registered"}
+    nts = [{"metadata": {"name": "nri"}, "spec": {},
+            "status": {"zones": zones, "conditions": [nri],
+                       "kubelet": {"topologyManagerPolicy": "none"}}}]
+    monkeypatch.setattr(fit.cache, "node_topologies", lambda: nts)
+
+    def pod(policy: str) -> dict[str, Any]:
+        return {"metadata": {"name": "p", "annotations": {"numalign.io/resolved": json.dumps(
+            {"policy": policy, "scope": "pod", "source": "pod"})}},
+            "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "2"}}}]}}
+
+    assert fit.unfit_nodes(pod("single-numa-node")) == ["nri"]
+    assert fit.unfit_nodes(pod("best-effort")) == []

@@ -7,7 +7,6 @@ import json
 
 import pytest
 
-from numalign.agent.annotations import resolve_pod
 from numalign.api.wire import (
     ANN_ALLOCATION,
     ANN_RESOLVED,
@@ -23,14 +22,6 @@ from numalign.api.wire import (
     parse_resolved,
 )
 from numalign.topology.policy import PolicyOptions
-
-DEFAULT = Resolved("restricted", "pod", {}, "node-default")
-
-
-def _pod(annotations: dict[str, str] | None = None) -> dict[str, object]:
-    return {"metadata": {"name": "p", "namespace": "ns", "uid": "u1",
-                         "annotations": annotations or {}}}
-
 
 def test_resolved_annotation_parsed() -> None:
     r = parse_resolved(json.dumps({"policy": "single-numa-node", "scope": "pod",
@@ -58,21 +49,6 @@ def test_malformed_resolved_names_the_problem(value: str, problem: str) -> None:
     with pytest.raises(WireError, match=problem) as e:
         parse_resolved(value)
     assert ANN_RESOLVED in str(e.value)
-
-
-def test_resolve_pod_falls_back_to_node_default() -> None:
-    assert resolve_pod(_pod(), DEFAULT) == (DEFAULT, None)
-    r, problem = resolve_pod(_pod({ANN_RESOLVED: '{"policy": 7}'}), DEFAULT)
-    assert r == DEFAULT
-    assert problem is not None and "policy must be one of" in problem
-    r, problem = resolve_pod(_pod({ANN_RESOLVED: '{"policy": "none", "source": "none"}'}), DEFAULT)
-    assert r.policy == "none" and problem is None
-
-
-def test_deferred_resolution_takes_the_node_default_without_a_warning() -> None:
-    # The operator resolves unbound pods that no policy matches to "this node's default".
-    deferred = '{"options":{},"policy":null,"scope":null,"source":"node-default"}'
-    assert resolve_pod(_pod({ANN_RESOLVED: deferred}), DEFAULT) == (DEFAULT, None)
 
 
 def test_node_default_from_spec() -> None:

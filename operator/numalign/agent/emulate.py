@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from numalign.api.effective import EMULATED, NodePolicy, effective_policy
 from numalign.api.kube import MERGE_PATCH, NT_BASE, ApiError, Kube, nt_path, pod_path, q
 from numalign.api.wire import (
     ANN_ALLOCATION,
@@ -29,7 +30,6 @@ from numalign.api.wire import (
 )
 from numalign.topology.machine import Machine
 
-from .annotations import resolve_pod
 from .kubelet_status import (
     lease_object,
     node_addresses,
@@ -477,7 +477,8 @@ class Emulator:
             st.decided[uid] = False
             return
         self._seen.setdefault(uid, time.monotonic())
-        resolved, problem = resolve_pod(pod, st.default)
+        eff = effective_policy(pod, NodePolicy(EMULATED, st.default))
+        resolved, problem = eff.resolved, eff.problem
         try:
             decision = st.decide(pod, resolved)
         except Exception as e:  # a pod the engine cannot read is rejected

@@ -37,6 +37,14 @@ READY = "Ready"  # the agent publishes this node's topology and admits its pods
 POLICY_APPLIED = "PolicyApplied"  # status.observedPolicyGeneration == spec.policyGeneration
 # real nodes started with the runtime's NRI socket: numalign places the containers
 NRI_PLACEMENT = "NRIPlacement"
+# Its reasons: True while the plugin is registered; False while it starts or the runtime is
+# away (the node stays numalign-managed), or for good when the node is not managed.
+NRI_REGISTERED = "Registered"
+NRI_STARTING = "Starting"
+NRI_RUNTIME_UNAVAILABLE = "RuntimeUnavailable"
+NRI_NOT_MANAGED = "NotManaged"  # the Node lacks numalign.io/managed=nri
+NRI_KUBELET_MANAGERS_ON = "KubeletManagersOn"  # refused: the kubelet's managers place
+NRI_NOT_PLACING = (NRI_NOT_MANAGED, NRI_KUBELET_MANAGERS_ON)  # the kubelet decides there
 
 ResourceList = dict[str, Quantity]
 

@@ -70,6 +70,7 @@ EVENT_INVALID_GPU = "InvalidGpuRequest"  # agent: a bad GPU request (pod status 
 SOURCE_POD = "pod"
 SOURCE_NODE_DEFAULT = "node-default"
 SOURCE_NONE = "none"
+SOURCE_KUBELET = "kubelet"  # a kubelet-managed node's own policy (never in the annotation)
 SOURCE_POLICY_PREFIX = "TopologyPolicy/"
 DEFAULT_SCOPE = SCOPE_CONTAINER
 

@@ -34,6 +34,12 @@ from typing import Any, NoReturn
 
 import yaml
 
+from numalign.api.effective import (
+    FROM_NODE_DEFAULT,
+    KUBELET_MANAGED,
+    NodePolicy,
+    effective_policy,
+)
 from numalign.api.nodestatus import (
     held_from_admitted,
     held_from_document,
@@ -46,9 +52,7 @@ from numalign.api.wire import (
     ANN_RESOLVED,
     ANN_SCOPE,
     WireError,
-    node_default,
     parse_admitted,
-    parse_resolved,
 )
 from numalign.commands import explain_realnode as realnode
 from numalign.commands.explain_text import render_text
@@ -263,43 +267,35 @@ def _live(args: argparse.Namespace) -> Explanation:
     ledger, more = ledger_from_held(machine, held, (uid, ns, name))
     notes += more
 
-    # The policy: on a real node its kubelet's; else the operator's resolution, else
-    # what the agent admitted it with, else the node default; --policy/--scope/--option
-    # replace it.
-    policy = scope = None
-    options: dict[str, str] = {}
-    source = "none"
-    deferred = False
+    # The policy the node applies (its kubelet's on a kubelet-managed node, else the
+    # operator's resolution); where that gives the node default for want of a usable
+    # resolution, what the agent admitted the pod with; --policy/--scope/--option replace it.
+    eff = effective_policy(pod, NodePolicy.from_nodetopology(nt))
+    r = eff.resolved
+    policy, scope, options, source = r.policy, r.scope, dict(r.options.given), r.source
     ann = annotations.get(ANN_RESOLVED)
-    if settings is not None:
-        # A real node: its kubelet admits the pod with its own configuration.
-        policy, scope, options = realnode.kubelet_policy(settings)
+    if eff.by_kubelet:
         source = realnode.SOURCE
         if ann is not None:
             notes.append(f"node {node} is a real node: its kubelet applies its own policy "
                          f"({policy}, scope {scope}), not the pod's {ANN_RESOLVED}")
-    elif ann is not None:
-        try:
-            r = parse_resolved(str(ann))
-            policy, scope, options, source = r.policy, r.scope, dict(r.options.given), r.source
-            deferred = r.deferred
-        except WireError as e:
-            notes.append(f"{e}; using the node default")
-    if policy is None and mine is not None:
-        try:
-            got = parse_admitted(mine, f"NodeTopology {node} status.admitted entry").resolved
+    elif eff.origin == FROM_NODE_DEFAULT:
+        if eff.problem is not None:
+            notes.append(f"{eff.problem}; using the node default")
+        got = None
+        if mine is not None:
+            try:
+                got = parse_admitted(mine, f"NodeTopology {node} status.admitted entry").resolved
+            except WireError as e:
+                notes.append(f"{e}; using the node default")
+        if got is not None and got.policy is not None:
             policy, scope, options = got.policy, got.scope, dict(got.options.given)
-            source = str(mine.get("source") or "NodeTopology status.admitted")
+            source = str((mine or {}).get("source") or "NodeTopology status.admitted")
             notes += [f"{p}; replayed with the default" for p in got.problems]
-        except WireError as e:
-            notes.append(f"{e}; using the node default")
-    if policy is None:
-        r = node_default(nt.get("spec"))
-        policy, scope, options, source = r.policy, r.scope, dict(r.options.given), r.source
-        if deferred:
+        elif ann is not None and eff.problem is None:
             notes.append(f"{ANN_RESOLVED} defers to the node's default (the pod was not "
                          "bound when the operator resolved it): using the node default")
-        else:
+        elif eff.problem is None:
             notes.append(f"the pod has no usable {ANN_RESOLVED} annotation (is the operator "
                          "running?): using the node default")
     if args.policy or args.scope or args.option:
@@ -332,7 +328,7 @@ def _live(args: argparse.Namespace) -> Explanation:
     reason = (pod.get("status") or {}).get("reason")
     if phase == "Failed" and reason:
         notes.append(f"the pod is Failed with reason {reason}")
-    if settings is not None:
+    if settings is not None and eff.node_kind == KUBELET_MANAGED:
         ex.kubelet = realnode.kubelet_decision(pod, mine)
         if ex.source == realnode.SOURCE:
             notes += realnode.compare(ex, ex.kubelet, machine, settings)

@@ -4,8 +4,9 @@ A coarse, fast check (no provider hints): the pod's effective request (the engin
 pod-scope rule) against what each NUMA zone reports ``available``. Under
 ``single-numa-node`` one zone must hold every requested resource that the zones
 report; otherwise the zones' sum must. Resources that no zone reports (or nodes
-without zones) are not judged: the node is not avoided. On a real node (NodeTopology
-``status.kubelet``) the policy is its kubelet's, whatever numalign resolved for the pod.
+without zones) are not judged: the node is not avoided. The policy is the one the node
+applies (:func:`numalign.api.effective.effective_policy`): on a kubelet-managed node its
+kubelet's, whatever numalign resolved for the pod.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
-from numalign.api.wire import ANN_RESOLVED, resolved_or_none
+from numalign.api.effective import NodePolicy, effective_policy
 from numalign.topology.errors import TopologyError
 from numalign.topology.pod import pod_from_dict
 from numalign.topology.quantity import parse_quantity
@@ -66,22 +67,13 @@ def unfit_nodes(pod: Mapping[str, Any], skip: list[str] | None = None) -> list[s
         requests = pod_requests(pod)
         if not requests:
             return []
-        ann = ((pod.get("metadata") or {}).get("annotations") or {})
-        res = resolved_or_none(ann.get(ANN_RESOLVED))
         out: list[str] = []
         for nt in cache.node_topologies():
             name = str((nt.get("metadata") or {}).get("name", ""))
             if not name or name in (skip or []):
                 continue
-            status = nt.get("status") or {}
-            kubelet = status.get("kubelet")
-            if isinstance(kubelet, Mapping) and kubelet.get("topologyManagerPolicy"):
-                # A real node: its kubelet admits with its own policy.
-                policy = kubelet.get("topologyManagerPolicy")
-            else:
-                policy = res.policy if res is not None and res.policy else (
-                    (nt.get("spec") or {}).get("policy"))
-            zones = status.get("zones") or []
+            policy = effective_policy(pod, NodePolicy.from_nodetopology(nt)).resolved.policy
+            zones = (nt.get("status") or {}).get("zones") or []
             if node_fits(requests, list(zones), policy == "single-numa-node") is False:
                 out.append(name)
         return sorted(out)

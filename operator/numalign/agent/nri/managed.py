@@ -53,6 +53,13 @@ from numalign.agent.nri.pods import PodIndex
 from numalign.agent.podresources import PodResourcesClient, PodResourcesError, Snapshot
 from numalign.agent.state import AdmittedPod
 from numalign.api.kube import MERGE_PATCH, Kube, pod_path, q
+from numalign.api.nodetopology import (
+    NRI_KUBELET_MANAGERS_ON,
+    NRI_NOT_MANAGED,
+    NRI_REGISTERED,
+    NRI_RUNTIME_UNAVAILABLE,
+    NRI_STARTING,
+)
 from numalign.api.wire import (
     ANN_ALLOCATION,
     ANN_REJECTION,
@@ -69,11 +76,6 @@ log = logging.getLogger(__name__)
 TERMINAL = ("Failed", "Succeeded")
 MAX_REASSERTS = 5  # a rejection written again when the kubelet reverted it
 
-REGISTERED = "Registered"
-NOT_MANAGED = "NotManaged"
-KUBELET_MANAGERS_ON = "KubeletManagersOn"
-RUNTIME_UNAVAILABLE = "RuntimeUnavailable"
-STARTING = "Starting"
 
 
 @dataclass(frozen=True)
@@ -114,23 +116,23 @@ def placement_status(labelled: bool | None, refused: str | None, connected: bool
                      runtime: tuple[str, str] | None, socket_path: Path,
                      devices_known: bool = True) -> PlacementStatus:
     if labelled is None:
-        return PlacementStatus(False, STARTING, "reading the Node's labels")
+        return PlacementStatus(False, NRI_STARTING, "reading the Node's labels")
     if not labelled:
-        return PlacementStatus(False, NOT_MANAGED,
+        return PlacementStatus(False, NRI_NOT_MANAGED,
                                f"the Node has no label {LABEL_MANAGED}={MANAGED_NRI}: the "
                                "kubelet places its containers, numalign does not register "
                                "with the runtime")
     if refused is not None:
-        return PlacementStatus(False, KUBELET_MANAGERS_ON, refused)
+        return PlacementStatus(False, NRI_KUBELET_MANAGERS_ON, refused)
     if not devices_known:
-        return PlacementStatus(False, STARTING,
+        return PlacementStatus(False, NRI_STARTING,
                                "waiting for the kubelet's devices (PodResources API): the "
                                "pods' recorded allocations name them")
     if not connected:
-        return PlacementStatus(False, RUNTIME_UNAVAILABLE,
+        return PlacementStatus(False, NRI_RUNTIME_UNAVAILABLE,
                                f"waiting for the container runtime's NRI socket {socket_path}")
     who = f"{runtime[0]} {runtime[1]}" if runtime else "the runtime"
-    return PlacementStatus(True, REGISTERED,
+    return PlacementStatus(True, NRI_REGISTERED,
                            f"numalign places this node's containers through the NRI of {who}")
 
 

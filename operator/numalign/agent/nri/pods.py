@@ -1,7 +1,8 @@
 """The pods of a numalign-managed node, as the NRI placer needs them: by uid, each with its
 resolved policy and its recorded allocation (pure: fed by the agent's pod watch).
 
-- The policy is the pod's ``numalign.io/resolved``; a deferred or missing one is the node's
+- The policy is :func:`numalign.api.effective.effective_policy` on a numalign-managed node:
+  the pod's ``numalign.io/resolved``; a deferred, missing or malformed one is the node's
   default (its ``NodeTopology`` spec), as on emulated nodes.
 - The recorded allocation is the pod's ``numalign.io/allocation`` (a malformed one counts as
   none: the pod is admitted again).
@@ -16,14 +17,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from numalign.agent.nri.placer import PodView
+from numalign.api.effective import NUMALIGN_MANAGED, NodePolicy, effective_policy
 from numalign.api.wire import (
     ANN_ALLOCATION,
-    ANN_RESOLVED,
     Allocation,
     WireError,
     node_default,
     parse_allocation,
-    resolved_or_none,
 )
 
 
@@ -54,10 +54,9 @@ class PodIndex:
         if pod is None:
             return None
         ann = (pod.get("metadata") or {}).get("annotations") or {}
-        resolved = resolved_or_none(ann.get(ANN_RESOLVED))
-        if resolved is None or resolved.policy is None:
-            resolved = node_default(self.node_spec)
-        return PodView(pod, resolved, self._allocation(uid, str(ann.get(ANN_ALLOCATION) or "")))
+        node = NodePolicy(NUMALIGN_MANAGED, node_default(self.node_spec))
+        return PodView(pod, effective_policy(pod, node).resolved,
+                       self._allocation(uid, str(ann.get(ANN_ALLOCATION) or "")))
 
     def _allocation(self, uid: str, text: str) -> Allocation | None:
         cached = self._allocations.get(uid)
