@@ -17,10 +17,11 @@ from numalign.topology.errors import TopologyError
 from numalign.topology.hints import ProviderHints, TopologyHint, mask_of
 from numalign.topology.merge import (
     ResourceHints,
-    filter_single_numa_hints,
+    keep_hints,
     max_of_min_affinity_counts,
     merge,
 )
+from numalign.topology.policies import get_policy
 from numalign.topology.policy import PolicyOptions
 
 # ---------------------------------------------------------------------------------------
@@ -245,7 +246,7 @@ def test_filter_single_numa_hints(given: list[Any], want: list[Any]) -> None:
             for i, hints in enumerate(lists)
         ]
 
-    assert [r.hints for r in filter_single_numa_hints(conv(given))] == [
+    assert [r.hints for r in keep_hints(get_policy("single-numa-node"), conv(given))] == [
         r.hints for r in conv(want)
     ]
 

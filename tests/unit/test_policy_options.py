@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from numalign.topology.errors import TopologyError
+from numalign.topology.merge import merge
 from numalign.topology.policy import (
     DEFAULT_MAX_ALLOWABLE_NUMA_NODES,
     PolicyOptions,
@@ -80,10 +81,13 @@ def test_policy_and_scope_names() -> None:
 
 
 def test_numa_node_limit() -> None:
-    check_numa_node_count("best-effort", list(range(64)), PolicyOptions())
-    check_numa_node_count("none", list(range(100)), PolicyOptions())
+    check_numa_node_count(list(range(64)), PolicyOptions())
     with pytest.raises(TopologyError, match="unsupported on machines with more than 8 NUMA Nodes"):
-        check_numa_node_count("restricted", list(range(9)), PolicyOptions(False, 8))
+        check_numa_node_count(list(range(9)), PolicyOptions(False, 8))
+    # none builds on any machine: it merges nothing
+    assert merge("none", [{}], list(range(100)), None, PolicyOptions(False, 8)).admit
+    with pytest.raises(TopologyError, match="more than 8 NUMA Nodes"):
+        merge("restricted", [{}], list(range(9)), None, PolicyOptions(False, 8))
 
 
 def test_go_quote() -> None:

@@ -23,6 +23,7 @@ from numalign.api.wire import (
 )
 from numalign.topology.policy import PolicyOptions
 
+
 def test_resolved_annotation_parsed() -> None:
     r = parse_resolved(json.dumps({"policy": "single-numa-node", "scope": "pod",
                                    "options": {"preferClosestNumaNodes": True},

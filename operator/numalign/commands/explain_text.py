@@ -9,7 +9,7 @@ from typing import Any
 
 from numalign.topology.explain import Explanation, avg_distance, hint_text, nodes_text
 from numalign.topology.hints import TopologyHint, mask_of
-from numalign.topology.policy import POLICY_NONE
+from numalign.topology.policies import get_policy
 from numalign.topology.quantity import format_bytes, format_cpulist
 
 # How many hints per resource the text view shows (JSON has them all).
@@ -61,7 +61,7 @@ def render_text(e: Explanation) -> str:
         lines.append("")
         title = "Pod-scope decision" if d.unit == "pod" else f"Container {d.unit}"
         lines.append(f"{title}:")
-        if e.policy == POLICY_NONE:
+        if not get_policy(e.policy).aligns:
             lines.append(f"  Why: {d.why}")
             continue
         lines.append("  Hints (* = preferred):")

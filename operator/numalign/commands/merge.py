@@ -22,12 +22,8 @@ from typing import IO, Any
 from numalign.topology.errors import TopologyError
 from numalign.topology.hints import ProviderHints, TopologyHint
 from numalign.topology.merge import merge
-from numalign.topology.policy import (
-    POLICY_NONE,
-    PolicyOptions,
-    check_policy,
-    parse_policy_options,
-)
+from numalign.topology.policies import get_policy
+from numalign.topology.policy import PolicyOptions, parse_policy_options
 
 USAGE = """usage: numalign merge < LINES.jsonl
 
@@ -223,13 +219,13 @@ def decide(doc: Any) -> dict[str, Any]:
     policy = doc["policy"]
     if not isinstance(policy, str):
         raise TopologyError("policy", f"must be a string, not {_type_name(policy)}")
-    check_policy(policy)
+    aligns = get_policy(policy).aligns
     ids = _numa_nodes(doc["numaNodes"])
     raw_options = _options(doc.get("options"))
     distances = _distances(doc.get("distances"), ids)
     providers = _providers(doc["providers"], ids)
     # The kubelet's none policy short-circuits before parsing the options.
-    options = PolicyOptions() if policy == POLICY_NONE else parse_policy_options(raw_options)
+    options = parse_policy_options(raw_options) if aligns else PolicyOptions()
     result = merge(policy, providers, ids, distances, options)
     return result.to_json()
 

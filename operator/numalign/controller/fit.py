@@ -19,6 +19,7 @@ from typing import Any
 from numalign.api.effective import NodePolicy, effective_policy
 from numalign.topology.errors import TopologyError
 from numalign.topology.pod import pod_from_dict
+from numalign.topology.policies import get_policy
 from numalign.topology.quantity import parse_quantity
 
 from . import cache, metrics
@@ -74,7 +75,8 @@ def unfit_nodes(pod: Mapping[str, Any], skip: list[str] | None = None) -> list[s
                 continue
             policy = effective_policy(pod, NodePolicy.from_nodetopology(nt)).resolved.policy
             zones = (nt.get("status") or {}).get("zones") or []
-            if node_fits(requests, list(zones), policy == "single-numa-node") is False:
+            if node_fits(requests, list(zones), get_policy(policy or "none").single_numa) \
+                    is False:
                 out.append(name)
         return sorted(out)
     finally:

@@ -35,14 +35,8 @@ from .ledger import MEMORY, ContainerAllocation, Ledger
 from .machine import Machine
 from .merge import REJECT_MESSAGE, REJECT_REASON, MergeResult, merge
 from .pod import HUGEPAGES_PREFIX, Container, Pod, effective_request, is_hugepages
-from .policy import (
-    POLICY_NONE,
-    SCOPE_CONTAINER,
-    SCOPE_POD,
-    PolicyOptions,
-    check_policy,
-    check_scope,
-)
+from .policies import get_policy
+from .policy import SCOPE_CONTAINER, SCOPE_POD, PolicyOptions, check_scope
 from .providers import (
     Demand,
     cpu_demand,
@@ -197,6 +191,7 @@ class _Run:
         self.work = ledger.copy()
         self.pod = pod
         self.policy = policy
+        self.aligns = get_policy(policy).aligns
         self.options = options
         self.overrides = {r: o for o in overrides for r in o.resources}
         self.gpus: dict[str, list[str]] = {}
@@ -249,7 +244,7 @@ class _Run:
     def decide(self, name: str, unit: Sequence[Container]) -> Decision:
         t0 = time.perf_counter()
         pod, machine, work = self.pod, self.machine, self.work
-        if self.policy == POLICY_NONE:
+        if not self.aligns:
             return Decision(name, [], [], None, TopologyHint(None, False), True,
                             seconds=time.perf_counter() - t0)
         demands: list[Demand] = []
@@ -492,7 +487,7 @@ def admit_pod(machine: Machine, ledger: Ledger, pod: Pod, policy: str,
     machine has is rejected, as the kubelet rejects it).
     """
     t0 = time.perf_counter()
-    check_policy(policy)
+    get_policy(policy)
     check_scope(scope)
     opts = options if options is not None else PolicyOptions()
     if pod.uid in ledger.pods:

@@ -34,12 +34,8 @@ from .ledger import MEMORY, Ledger
 from .machine import Machine
 from .merge import REJECT_REASON, Candidate, MergeResult
 from .pod import HUGEPAGES_PREFIX, Pod
-from .policy import (
-    POLICY_BEST_EFFORT,
-    POLICY_NONE,
-    POLICY_SINGLE_NUMA_NODE,
-    PolicyOptions,
-)
+from .policies import get_policy
+from .policy import PolicyOptions
 
 GPU_PROVIDER = "gpu-groups"
 
@@ -261,7 +257,7 @@ def _why_non_preferred(win: Candidate, others: Sequence[Candidate],
 def _decision_view(result: AdmitResult, index: int, machine: Machine,
                    options: PolicyOptions, gpu_resources: set[str]) -> DecisionView:
     d = result.decisions[index]
-    policy = result.policy
+    pol = get_policy(result.policy)
     views = _resource_views(result, index, gpu_resources)
     m = d.merge
     all_nodes = mask_of(machine.numa_ids)
@@ -270,14 +266,15 @@ def _decision_view(result: AdmitResult, index: int, machine: Machine,
         gen = {"method": d.plan.method, "exact": d.plan.exact, "notes": list(d.plan.notes)}
     if m is None:
         return DecisionView(d.unit, views, [], None, 0, d.hint, d.admit,
-                            "Policy none: the Topology Manager does not align resources; "
-                            "CPUs, memory and devices come from any NUMA node.",
-                            "none admits every pod.", "policy none", gen)
+                            f"Policy {pol.name}: the Topology Manager does not align "
+                            "resources; CPUs, memory and devices come from any NUMA node.",
+                            pol.explain_admit(d.hint, REJECT_REASON), f"policy {pol.name}",
+                            gen)
     winner_mask = d.hint.mask
     cands = list(m.candidates)
     if cands:
         _mark_winner(views, m, winner_mask, all_nodes)
-    closest = options.prefer_closest_numa_nodes and policy != POLICY_SINGLE_NUMA_NODE
+    closest = options.prefer_closest_numa_nodes and pol.closest_applies
     n_pref = m.stats.get("preferred_candidates")
     if not views:
         why = ("No provider has a preference (the container asks for no exclusive CPUs, "
@@ -293,19 +290,8 @@ def _decision_view(result: AdmitResult, index: int, machine: Machine,
                                      m.best_non_preferred_affinity_count, closest)
     else:
         why = m.reason[:1].upper() + m.reason[1:] + "."
-    if policy == POLICY_SINGLE_NUMA_NODE:
-        why += (" Under single-numa-node only preferred hints one NUMA node wide (or with no "
-                "preference) take part.")
-        if winner_mask is None and views:
-            why += " The merge gave every NUMA node, which single-numa-node reports as no " \
-                   "affinity."
-    if policy == POLICY_BEST_EFFORT:
-        admit_why = "best-effort admits whatever hint wins."
-    elif d.hint.preferred:
-        admit_why = f"{policy} admits preferred hints: admitted."
-    else:
-        admit_why = (f"{policy} admits only preferred hints and this one is not: rejected "
-                     f"with {REJECT_REASON}.")
+    why += pol.explain_merge(winner_mask is None and bool(views))
+    admit_why = pol.explain_admit(d.hint, REJECT_REASON)
     return DecisionView(d.unit, views, cands, n_pref, m.best_non_preferred_affinity_count,
                         d.hint, d.admit, why, admit_why, m.reason, gen)
 
@@ -332,15 +318,17 @@ def _allocation_json(result: AdmitResult) -> JSON:
 
 def _summary(result: AdmitResult, views: Sequence[DecisionView]) -> str:
     pod = f"{result.pod.namespace}/{result.pod.name}"
-    if result.policy == POLICY_NONE:
-        return f"{pod} is admitted under policy none: no NUMA alignment."
+    if not get_policy(result.policy).aligns:
+        return f"{pod} is admitted under policy {result.policy}: no NUMA alignment."
     if not result.admit:
         failed = views[-1] if views else None
         unit = f" (decision for {failed.unit})" if failed and failed.unit != "pod" else ""
         if result.reason == REJECT_REASON and failed is not None:
+            why = (f"is not preferred and {result.policy} admits only preferred hints"
+                   if not failed.hint.preferred else
+                   f"is preferred, yet {result.policy} does not admit it")
             return (f"{pod} is rejected{unit}: the best merged hint "
-                    f"({hint_text(failed.hint.mask)}) is not preferred and {result.policy} "
-                    f"admits only preferred hints ({REJECT_REASON}).")
+                    f"({hint_text(failed.hint.mask)}) {why} ({REJECT_REASON}).")
         return f"{pod} is rejected{unit}: {result.reason}: {result.message}"
     pref = "preferred" if result.hint.preferred else "not preferred"
     return (f"{pod} is admitted under {result.policy} ({result.scope} scope) with "

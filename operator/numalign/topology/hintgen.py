@@ -52,7 +52,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .hints import NumaMask, TopologyHint, mask_of
-from .policy import POLICY_NONE, POLICY_SINGLE_NUMA_NODE
+from .policies import get_policy
+from .policies.base import AlignmentPolicy
 from .providers import Demand, full_hints
 from .subsets import SEARCH_BUDGET, SearchStats, Table, best_subset
 
@@ -82,12 +83,13 @@ def plan_hints(demands: Sequence[Demand], numa_ids: Sequence[int],
     """Hint lists for ``demands``. ``fixed`` are the other resources' lists of the same
     decision (None = no preference, [] = cannot satisfy), which take part in the merge
     as they are."""
-    if policy == POLICY_NONE:
+    pol = get_policy(policy)
+    if not pol.aligns:
         return HintPlan([[] for _ in demands], "none")
     if len(numa_ids) <= full_limit:
         return HintPlan([full_hints(d) for d in demands], "full")
-    return _reduced(demands, distances if prefer_closest and policy != POLICY_SINGLE_NUMA_NODE
-                    else None, policy, [list(f) for f in fixed if f is not None],
+    return _reduced(demands, distances if prefer_closest and pol.closest_applies
+                    else None, pol, [list(f) for f in fixed if f is not None],
                     mask_of(list(numa_ids)))
 
 
@@ -143,7 +145,7 @@ def _fixed_base(fixed: Sequence[Sequence[TopologyHint]], s: NumaMask,
 
 
 def _reduced(demands: Sequence[Demand], dist: Mapping[int, Mapping[int, int]] | None,
-             policy: str, fixed: Sequence[Sequence[TopologyHint]] = (),
+             policy: AlignmentPolicy, fixed: Sequence[Sequence[TopologyHint]] = (),
              universe: NumaMask = 0) -> HintPlan:
     stats = SearchStats()
     chosen: list[dict[NumaMask, None]] = [{} for _ in demands]
@@ -189,7 +191,7 @@ def _reduced(demands: Sequence[Demand], dist: Mapping[int, Mapping[int, int]] | 
             found = True
             for i in live:
                 chosen[i][p] = None
-    if not found and live and policy != POLICY_SINGLE_NUMA_NODE:
+    if not found and live and not policy.single_numa:
         ok = _non_preferred(demands, live, narrowest, chosen, dist, stats,
                             [f for f in fixed if f], universe)
         common = universe or -1

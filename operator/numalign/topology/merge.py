@@ -28,14 +28,9 @@ from dataclasses import dataclass, field
 
 from numalign.topology.errors import TopologyError
 from numalign.topology.hints import NumaMask, ProviderHints, TopologyHint, mask_ids, mask_of
-from numalign.topology.policy import (
-    POLICY_NONE,
-    POLICY_RESTRICTED,
-    POLICY_SINGLE_NUMA_NODE,
-    PolicyOptions,
-    check_numa_node_count,
-    check_policy,
-)
+from numalign.topology.policies import get_policy
+from numalign.topology.policies.base import AlignmentPolicy
+from numalign.topology.policy import POLICY_NONE, PolicyOptions, check_numa_node_count
 from numalign.topology.reachable import reachable_non_preferred
 
 # How many of the best merged candidates a MergeResult keeps for `numalign explain`.
@@ -116,21 +111,14 @@ def filter_providers_hints(providers: Sequence[ProviderHints]) -> list[ResourceH
     return out
 
 
-def filter_single_numa_hints(resources: list[ResourceHints]) -> list[ResourceHints]:
-    """The kubelet's ``filterSingleNumaHints``: keep preferred hints that are nil or
-    exactly one NUMA node wide (a resource may be left with no hint at all)."""
-    return [
-        ResourceHints(
-            r.provider,
-            r.resource,
-            tuple(
-                h
-                for h in r.hints
-                if h.preferred and (h.mask is None or h.mask.bit_count() == 1)
-            ),
-        )
-        for r in resources
-    ]
+def keep_hints(policy: AlignmentPolicy, resources: list[ResourceHints]) -> list[ResourceHints]:
+    """What the merge sees of each resource's hints under ``policy`` (single-numa-node:
+    the kubelet's ``filterSingleNumaHints``; a resource may be left with no hint)."""
+    out: list[ResourceHints] = []
+    for r in resources:
+        kept = policy.keep_hints(r.hints)
+        out.append(r if kept is r.hints else ResourceHints(r.provider, r.resource, kept))
+    return out
 
 
 def max_of_min_affinity_counts(lists: Iterable[Sequence[TopologyHint]]) -> int:
@@ -187,10 +175,11 @@ def merge(
     an unknown policy, more NUMA nodes than ``max-allowable-numa-nodes``, or
     ``prefer-closest-numa-nodes`` without distances.
     """
-    check_policy(policy)
-    if policy == POLICY_NONE:
+    pol = get_policy(policy)
+    if not pol.aligns:
         # The kubelet's none policy does not merge (and does not even parse options).
-        return MergeResult(TopologyHint(None, False), True, policy, reason="policy none")
+        return MergeResult(TopologyHint(None, False), True, policy,
+                           reason=f"policy {policy}")
 
     ids = list(numa_ids)
     if len(set(ids)) != len(ids):
@@ -198,7 +187,7 @@ def merge(
     for i in ids:
         if i < 0:
             raise TopologyError("numaNodes", f"NUMA node id {i} is negative")
-    check_numa_node_count(policy, ids, options)
+    check_numa_node_count(ids, options)
     dist: _Distances | None = None
     if options.prefer_closest_numa_nodes:
         if distances is None:
@@ -208,12 +197,10 @@ def merge(
                 "(the kubelet: error getting NUMA distances from cadvisor)",
             )
         dist = _Distances(distances, ids)
-    closest = dist is not None and policy != POLICY_SINGLE_NUMA_NODE
+    closest = dist is not None and pol.closest_applies
 
     default = mask_of(ids)
-    resources = filter_providers_hints(providers)
-    if policy == POLICY_SINGLE_NUMA_NODE:
-        resources = filter_single_numa_hints(resources)
+    resources = keep_hints(pol, filter_providers_hints(providers))
     lists = [r.hints for r in resources]
     bnp = max_of_min_affinity_counts(lists)
 
@@ -281,9 +268,8 @@ def merge(
         reason += "; default: all NUMA nodes, not preferred"
     else:
         hint = TopologyHint(best, preferred)
-    if policy == POLICY_SINGLE_NUMA_NODE and hint.mask == default:
-        hint = TopologyHint(None, hint.preferred)
-    admit = hint.preferred if policy in (POLICY_RESTRICTED, POLICY_SINGLE_NUMA_NODE) else True
+    hint = pol.report(hint, default)
+    admit = pol.admits(hint)
 
     candidates = tuple(
         Candidate(m, preferred, m.bit_count(), dist.sum(m) if closest and dist else None)

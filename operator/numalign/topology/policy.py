@@ -168,12 +168,11 @@ def parse_policy_options(
 
 
 def check_numa_node_count(
-    policy: str, numa_ids: list[int] | tuple[int, ...], options: PolicyOptions,
-    field: str = "numaNodes",
+    numa_ids: list[int] | tuple[int, ...], options: PolicyOptions, field: str = "numaNodes",
 ) -> None:
-    """The kubelet refuses to build a policy (other than none) on a machine with more
-    NUMA nodes than ``max-allowable-numa-nodes``."""
-    if policy != POLICY_NONE and len(numa_ids) > options.max_allowable_numa_nodes:
+    """The kubelet refuses to build an aligning policy (any but none) on a machine with
+    more NUMA nodes than ``max-allowable-numa-nodes``."""
+    if len(numa_ids) > options.max_allowable_numa_nodes:
         raise TopologyError(
             field,
             f"unsupported on machines with more than {options.max_allowable_numa_nodes} "
