@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import os
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -25,12 +24,12 @@ from typing import Any
 import grpc
 
 from bench_agent import pct
+from criapi.runtime_v1 import api_pb2 as cri
+from criapi.runtime_v1 import api_pb2_grpc as cri_grpc
 from numalign.agent.nri.placer import EnginePlacer, PodView, kernel_memory_nodes
 from numalign.agent.nri.plugin import NriPlugin
 from numalign.api.wire import Resolved
 from numalign.devcluster.images import WORKLOAD_IMAGE, build_images
-from numalign.kubeletapi.runtime_v1 import api_pb2 as cri
-from numalign.kubeletapi.runtime_v1 import api_pb2_grpc as cri_grpc
 from numalign.topology.machine import machine_from_dict
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,7 +89,6 @@ async def _measure(c: Any, per_round: int, rounds: int) -> dict[str, list[float]
 
 
 def main(argv: list[str]) -> int:
-    sys.path.insert(0, str(REPO / "tests"))
     from containerd_helpers import Containerd, node_bin_dir_or_none
 
     bins = node_bin_dir_or_none()

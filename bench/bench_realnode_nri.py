@@ -230,8 +230,8 @@ class Bench:
     def _remove_sandbox(self, sandbox: str) -> None:
         import grpc
 
-        from numalign.kubeletapi.runtime_v1 import api_pb2 as cri
-        from numalign.kubeletapi.runtime_v1 import api_pb2_grpc as cri_grpc
+        from criapi.runtime_v1 import api_pb2 as cri
+        from criapi.runtime_v1 import api_pb2_grpc as cri_grpc
 
         with grpc.insecure_channel(f"unix://{self.node.containerd_socket}") as channel:
             rt = cri_grpc.RuntimeServiceStub(channel)

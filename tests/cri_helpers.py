@@ -13,9 +13,9 @@ from typing import Any
 
 import grpc
 
+from criapi.runtime_v1 import api_pb2 as cri
+from criapi.runtime_v1 import api_pb2_grpc as cri_grpc
 from numalign.devcluster.images import WORKLOAD_IMAGE
-from numalign.kubeletapi.runtime_v1 import api_pb2 as cri
-from numalign.kubeletapi.runtime_v1 import api_pb2_grpc as cri_grpc
 
 
 def parse_list(text: str) -> set[int]:

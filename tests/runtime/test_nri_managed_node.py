@@ -30,6 +30,7 @@ import pytest
 
 from containerd_helpers import Containerd
 from cri_helpers import Cri, cgroup_cpuset, wait_until
+from criapi.runtime_v1 import api_pb2 as cri
 from numalign.agent.node import RealNode
 from numalign.agent.nri.managed import ManagedNode
 from numalign.api.kube import ApiError, Kube, load_config, pod_path
@@ -44,7 +45,6 @@ from numalign.api.wire import (
     Resolved,
     parse_allocation,
 )
-from numalign.kubeletapi.runtime_v1 import api_pb2 as cri
 from numalign.topology.machine import machine_from_dict
 from numalign.topology.quantity import parse_cpulist
 

@@ -22,13 +22,13 @@ the package ``numalign.ttrpc.rpc`` (wire-identical, and no clash with googleapis
 from __future__ import annotations
 
 import argparse
-import filecmp
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from numalign.kubeletapi.generate import GenerateError, _protoc, module_dir, strip_gogo
+from numalign.protogen import GenerateError, module_dir, protoc, strip_gogo
+from numalign.protogen import stale as stale_files
 
 NRI_MODULE = "github.com/containerd/nri"
 NRI_VERSION = "v0.12.3"
@@ -126,7 +126,7 @@ def generate(out_root: Path, sources: dict[str, Path]) -> list[Path]:
             compile_.append((rel, True))
         for rel, pyi in compile_:
             (out_root / rel.parent).mkdir(parents=True, exist_ok=True)
-            _protoc([f"-I{include}", f"--python_out={out_root}",
+            protoc([f"-I{include}", f"--python_out={out_root}",
                      *([f"--pyi_out={out_root}"] if pyi else []), str(include / rel)])
         for package, names in origin.items():
             (out_root / "numalign" / "nriapi" / package / "__init__.py").write_text(
@@ -136,17 +136,12 @@ def generate(out_root: Path, sources: dict[str, Path]) -> list[Path]:
 
 def stale(out_root: Path, fresh_root: Path) -> list[str]:
     """Generated files that differ between two trees (relative to out_root)."""
-    bad: list[str] = []
-    for rel in generated_files():
-        a, b = out_root / rel, fresh_root / rel
-        if not a.exists() or not filecmp.cmp(a, b, shallow=False):
-            bad.append(str(rel))
-    return bad
+    return stale_files(out_root, fresh_root, generated_files())
 
 
 def module_dirs() -> dict[str, Path]:
     """The folders of the NRI and ttrpc modules, downloaded if needed."""
-    return {src.module: module_dir(module=src.module, version=src.version) for src in PROTOS}
+    return {src.module: module_dir(src.module, src.version) for src in PROTOS}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,9 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     out_root = PACKAGE_DIR.parent.parent
     try:
         sources = {
-            NRI_MODULE: args.nri_source or module_dir(module=NRI_MODULE, version=NRI_VERSION),
-            TTRPC_MODULE: args.ttrpc_source or module_dir(module=TTRPC_MODULE,
-                                                          version=TTRPC_VERSION),
+            NRI_MODULE: args.nri_source or module_dir(NRI_MODULE, NRI_VERSION),
+            TTRPC_MODULE: args.ttrpc_source or module_dir(TTRPC_MODULE, TTRPC_VERSION),
         }
         if not args.check:
             for path in generate(out_root, sources):
