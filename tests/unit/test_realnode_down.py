@@ -187,3 +187,13 @@ def test_unmount_under_only_below_its_folder(tmp_path: Path, host: Host) -> None
     for bad in (Path("/"), Path("relative")):
         with pytest.raises(ValueError, match="expected an absolute path below /"):
             unmount_under(bad)
+
+
+def test_a_dangling_realnode_link_is_removed_by_dev_down(tmp_path: Path, host: Host) -> None:
+    cluster = DevCluster(tmp_path / "state")
+    cluster.state_dir.mkdir()
+    link = cluster.state_dir / "realnode"
+    link.symlink_to(tmp_path / "gone", target_is_directory=True)
+    cluster.down()
+    assert not link.is_symlink() and not cluster.state_dir.exists()
+    assert host.commands == [] and host.killed == []

@@ -448,7 +448,7 @@ class DevCluster:
     def _stop_all(self, say: Log = _quiet) -> None:
         """The real node first, then the addons (all at once, SIGKILL after 5s), then the
         control plane in reverse start order."""
-        if (self.state_dir / "realnode").exists():
+        if (self.state_dir / "realnode").exists() or (self.state_dir / "realnode").is_symlink():
             from .realnode import RealNode  # it builds on this module
 
             RealNode(self).down(say)
