@@ -24,6 +24,7 @@ from numalign.devcluster.hostcgroups import (
     own_cgroup_root,
     unmount_under,
 )
+from numalign.devcluster.processes import Process
 from numalign.devcluster.realnode import RealNode
 
 
@@ -197,3 +198,29 @@ def test_a_dangling_realnode_link_is_removed_by_dev_down(tmp_path: Path, host: H
     cluster.down()
     assert not link.is_symlink() and not cluster.state_dir.exists()
     assert host.commands == [] and host.killed == []
+
+
+def test_a_pid_file_naming_a_process_it_did_not_start_is_not_signalled(tmp_path: Path
+                                                                        ) -> None:
+    """A live process of the recorded program, but not one the dev cluster started (those
+    lead their own session), and init: neither is stopped."""
+    sleeper = subprocess.Popen(["sleep", "30"])  # in this session, like any other process
+    try:
+        run = tmp_path / "run"
+        run.mkdir()
+        for name, text in (("kubelet", f"{sleeper.pid}\nsleep\n"), ("init", "1\n\n"),
+                           ("any", f"{sleeper.pid}\n\n")):
+            (run / f"{name}.pid").write_text(text)
+            proc = Process(name, run, tmp_path / "logs")
+            assert not proc.is_running()
+            proc.stop(timeout=0.1)
+        assert sleeper.poll() is None, "the process must not have been signalled"
+        # One that the dev cluster starts itself is found and stopped.
+        own = Process("own", run, tmp_path / "logs")
+        own.start(["sleep", "30"])
+        assert own.is_running()
+        own.stop(timeout=5)
+        assert not own.is_running()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
