@@ -22,6 +22,15 @@ from typing import Any
 import pytest
 import yaml
 
+from numalign.api.wire import (
+    ANN_ALLOCATION,
+    ANN_REJECTION,
+    ANN_RESOLVED,
+    ANN_TOLERATE_UNPLACED,
+    REJECT_REASON,
+)
+from numalign.controller.redeploy.record import ANN_REDEPLOY_OF, ANN_REDEPLOY_OF_UID, GATE
+from numalign.devcluster.policies import load_policies
 from operator_helpers import operator
 
 pytestmark = pytest.mark.cluster
@@ -59,9 +68,12 @@ def installed(kubectl: Kubectl) -> Iterator[Install]:
     try:
         yield Install(dry_run, apply)
     finally:
-        # Remove everything but the CRDs (other tests of the session use them).
-        keep = {"CustomResourceDefinition"}
-        objs = [o for o in _rendered(kubectl, CONFIG / "default") if o["kind"] not in keep]
+        # Remove everything but the CRDs and what the dev cluster installs itself (its
+        # namespace, the pod-annotation policy): other tests of the session use them.
+        keep = {"CustomResourceDefinition", "Namespace"}
+        own = {(o["kind"], o["metadata"]["name"]) for o in load_policies()}
+        objs = [o for o in _rendered(kubectl, CONFIG / "default")
+                if o["kind"] not in keep and (o["kind"], o["metadata"]["name"]) not in own]
         kubectl("delete", "--ignore-not-found", "--wait=false", "-f", "-",
                 input=yaml.safe_dump_all(objs), check=False)
 
@@ -73,13 +85,15 @@ def impersonate(kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
     base = yaml.safe_load(kubeconfig.read_text())
     out_dir = tmp_path_factory.mktemp("impersonate")
 
-    def make(user: str, extra: dict[str, list[str]] | None = None) -> Path:
+    def make(user: str, extra: dict[str, list[str]] | None = None,
+             groups: list[str] | None = None) -> Path:
         kc = json.loads(json.dumps(base))
-        ns = user.split(":")[2]
         auth = kc["users"][0]["user"]
         auth["as"] = user
-        auth["as-groups"] = ["system:serviceaccounts", f"system:serviceaccounts:{ns}",
-                             "system:authenticated"]
+        if groups is None:
+            ns = user.split(":")[2]
+            groups = ["system:serviceaccounts", f"system:serviceaccounts:{ns}"]
+        auth["as-groups"] = [*groups, "system:authenticated"]
         if extra:
             auth["as-user-extra"] = extra
         path = out_dir / f"{uuid.uuid4().hex[:8]}.kubeconfig"
@@ -126,7 +140,7 @@ def test_default_installs_with_dry_run_and_for_real(installed: Install,
         "ghcr.io/numalign/numalign:0.1.0")
     # The policies' CEL type-checks against the API server's schemas.
     for name in (POLICY, "numalign-agent-events", "numalign-agent-lease",
-                 "numalign-operator-restriction"):
+                 "numalign-operator-restriction", "numalign-pod-annotations"):
         vap = json.loads(kubectl("get", f"validatingadmissionpolicy/{name}", "-o",
                                  "json").stdout)
         warnings = ((vap.get("status") or {}).get("typeChecking") or {}).get(
@@ -373,3 +387,230 @@ def test_the_operator_runs_with_its_own_service_account(
             assert bad not in text, text[-6000:]
         # a 403 status, not the milliseconds of a log line's time (",403") or a port
         assert not re.search(r"(?<![\d,.:])403\b", text), text[-6000:]
+
+
+# ----------------------------------------------------------------------------------
+# numalign-pod-annotations (config/tenancy): what numalign trusts on a pod is written by
+# numalign's identities only; tolerate-unplaced only in the namespaces an admin lists.
+
+GUARD = "numalign-pod-annotations"
+TRUSTED_ONLY = (ANN_RESOLVED, ANN_ALLOCATION, ANN_REJECTION)
+
+
+def _pod(name: str, annotations: dict[str, str] | None = None, node: str | None = None,
+         gates: list[str] | None = None) -> str:
+    spec: dict[str, Any] = {"containers": [{"name": "c", "image": "registry.example/none:1"}]}
+    if node:
+        spec["nodeName"] = node
+    if gates:
+        spec["schedulingGates"] = [{"name": g} for g in gates]
+    return yaml.safe_dump({"apiVersion": "v1", "kind": "Pod",
+                           "metadata": {"name": name, "annotations": annotations or {}},
+                           "spec": spec})
+
+
+def _value(annotation: str) -> str:
+    return {ANN_RESOLVED: '{"policy":"none","scope":"container","source":"pod"}',
+            ANN_ALLOCATION: '{"numaNodes":[0],"containers":{"c":{"cpus":"1-7"}}}',
+            ANN_REJECTION: "forged"}.get(annotation, "true")
+
+
+def _denied(proc: subprocess.CompletedProcess[str], by: str, *fragments: str) -> None:
+    assert proc.returncode != 0, f"expected a refusal, got:\n{proc.stdout}"
+    assert by in proc.stderr, proc.stderr
+    for f in fragments:
+        assert f in proc.stderr, proc.stderr
+
+
+@pytest.fixture
+def editor(kubectl: Kubectl, impersonate: Callable[..., Path], namespace: str) -> str:
+    """A kubeconfig of a user with the `edit` role in the test namespace only."""
+    user = f"editor-{uuid.uuid4().hex[:6]}"
+    kubectl("create", "rolebinding", "editor", "--clusterrole=edit", f"--user={user}",
+            "-n", namespace)
+    return str(impersonate(user, groups=[]))
+
+
+def test_namespace_editor_is_refused_each_annotation_on_create(
+        kubectl: Kubectl, kubeconfig: Path, k8s_client: Any, editor: str, namespace: str,
+        tmp_path: Path) -> None:
+    vap = f"ValidatingAdmissionPolicy '{GUARD}'"
+    for i, ann in enumerate((ANN_ALLOCATION, ANN_REJECTION, ANN_TOLERATE_UNPLACED)):
+        _denied(kubectl("--kubeconfig", editor, "create", "-n", namespace, "-f", "-",
+                        input=_pod(f"p{i}", {ann: _value(ann)}), check=False), vap, ann)
+    # numalign.io/resolved at creation: the mutating webhook writes it, and refuses the
+    # creator's own (the policy cannot tell the two apart).
+    with operator(kubeconfig, k8s_client, tmp_path / "operator.log"):
+        _denied(kubectl("--kubeconfig", editor, "create", "-n", namespace, "-f", "-",
+                        input=_pod("forged", {ANN_RESOLVED: _value(ANN_RESOLVED)}),
+                        check=False),
+                'admission webhook "resolve.numalign.io" denied the request',
+                f"{ANN_RESOLVED} is numalign's")
+        # A plain pod is created, with the resolved policy the webhook wrote.
+        kubectl("--kubeconfig", editor, "create", "-n", namespace, "-f", "-",
+                input=_pod("plain"))
+    pod = json.loads(kubectl("get", "-n", namespace, "pod/plain", "-o", "json").stdout)
+    assert ANN_RESOLVED in pod["metadata"]["annotations"]
+
+
+def test_namespace_editor_is_refused_each_annotation_on_update(
+        kubectl: Kubectl, editor: str, namespace: str) -> None:
+    vap = f"ValidatingAdmissionPolicy '{GUARD}'"
+    four = {a: _value(a) for a in (*TRUSTED_ONLY, ANN_TOLERATE_UNPLACED)}
+    kubectl("create", "-n", namespace, "-f", "-", input=_pod("p", four))  # as admin
+    kubectl("create", "-n", namespace, "-f", "-", input=_pod("q"))
+    for ann in TRUSTED_ONLY:
+        _denied(kubectl("--kubeconfig", editor, "annotate", "-n", namespace, "--overwrite",
+                        "pod/p", f"{ann}=changed", check=False),
+                vap, f"may set, change or remove {ann} on a pod")
+        _denied(kubectl("--kubeconfig", editor, "annotate", "-n", namespace, "pod/p",
+                        f"{ann}-", check=False), vap, ann)
+        _denied(kubectl("--kubeconfig", editor, "annotate", "-n", namespace, "pod/q",
+                        f"{ann}={_value(ann)}", check=False), vap, ann)
+    _denied(kubectl("--kubeconfig", editor, "annotate", "-n", namespace, "pod/q",
+                    f"{ANN_TOLERATE_UNPLACED}=true", check=False),
+            vap, f"{ANN_TOLERATE_UNPLACED} is allowed only on pods in the namespaces "
+            f"{NS}, kube-system", f"not in {namespace}")
+    _denied(kubectl("--kubeconfig", editor, "annotate", "-n", namespace, "--overwrite",
+                    "pod/p", f"{ANN_TOLERATE_UNPLACED}=yes", check=False),
+            vap, ANN_TOLERATE_UNPLACED)
+    # Everything else of such a pod stays the editor's to change.
+    kubectl("--kubeconfig", editor, "annotate", "-n", namespace, "pod/p", "team=a")
+    kubectl("--kubeconfig", editor, "label", "-n", namespace, "pod/p", "tier=web")
+    pod = json.loads(kubectl("get", "-n", namespace, "pod/p", "-o", "json").stdout)
+    assert {k: pod["metadata"]["annotations"][k] for k in four} == four
+
+
+def test_tolerate_unplaced_in_the_namespaces_an_admin_lists(
+        kubectl: Kubectl, editor: str, namespace: str, wait: Callable[..., Any]) -> None:
+    param = ["-n", NS, "configmap/numalign-pod-annotations"]
+    before = json.loads(kubectl("get", *param, "-o", "json").stdout)["data"]
+    tolerant = _pod("tolerant", {ANN_TOLERATE_UNPLACED: "true"})
+    _denied(kubectl("--kubeconfig", editor, "create", "-n", namespace, "-f", "-",
+                    input=tolerant, check=False), f"ValidatingAdmissionPolicy '{GUARD}'",
+            ANN_TOLERATE_UNPLACED)
+    listed = f"kube-system, {namespace}"
+    kubectl("patch", *param, "--type=merge",
+            "-p", json.dumps({"data": {"tolerate-unplaced-namespaces": listed}}))
+    try:
+        # The API server reads the parameter through a watch: allowed once it has it.
+        wait(lambda: kubectl("--kubeconfig", editor, "create", "-n", namespace, "-f", "-",
+                             input=tolerant, check=False).returncode == 0,
+             30, "the listed namespace to be allowed")
+    finally:
+        kubectl("patch", *param, "--type=merge", "-p", json.dumps({"data": before}))
+
+
+def test_numaligns_identities_write_the_annotations(
+        agent_with_emulation_rights: None, kubectl: Kubectl,
+        impersonate: Callable[..., Path], namespace: str) -> None:
+    node = _node()
+    kubectl("create", "-n", namespace, "-f", "-", input=_pod("p", node=node))
+    operator_kc = str(impersonate(OPERATOR))
+    kubectl("--kubeconfig", operator_kc, "annotate", "-n", namespace, "pod/p",
+            f"{ANN_RESOLVED}={_value(ANN_RESOLVED)}")
+    agent = str(impersonate(AGENT, {NODE_NAME_EXTRA: [node]}))
+    for ann in (ANN_ALLOCATION, ANN_REJECTION):
+        kubectl("--kubeconfig", agent, "patch", "-n", namespace, "pod/p",
+                "--subresource=status", "--type=merge",
+                "-p", json.dumps({"metadata": {"annotations": {ann: _value(ann)}}}))
+    pod = json.loads(kubectl("get", "-n", namespace, "pod/p", "-o", "json").stdout)
+    assert {a: pod["metadata"]["annotations"].get(a) for a in TRUSTED_ONLY} == {
+        a: _value(a) for a in TRUSTED_ONLY}
+
+
+# ----------------------------------------------------------------------------------
+# numalign-operator-restriction: what the operator's identity may do to pods.
+
+RESTRICTION = "ValidatingAdmissionPolicy 'numalign-operator-restriction'"
+
+
+def _set_status(kubectl: Kubectl, namespace: str, name: str, phase: str,
+                reason: str | None = None) -> None:
+    status: dict[str, Any] = {"phase": phase}
+    if reason:
+        status["reason"] = reason
+    kubectl("patch", "-n", namespace, f"pod/{name}", "--subresource=status", "--type=merge",
+            "-p", json.dumps({"status": status}))
+
+
+def test_operator_deletes_only_topology_rejected_pods(
+        installed: Install, kubectl: Kubectl, impersonate: Callable[..., Path],
+        namespace: str) -> None:
+    operator_kc = str(impersonate(OPERATOR))
+    node = _node()
+    for name, phase, reason in (("running", "Running", None), ("evicted", "Failed", "Evicted"),
+                                ("rejected", "Failed", REJECT_REASON)):
+        kubectl("create", "-n", namespace, "-f", "-", input=_pod(name, node=node))
+        _set_status(kubectl, namespace, name, phase, reason)
+    _denied(kubectl("--kubeconfig", operator_kc, "delete", "-n", namespace, "pod/running",
+                    "--wait=false", check=False), RESTRICTION,
+            "may delete only pods Failed with TopologyAffinityError, not pod "
+            f"{namespace}/running (Running)")
+    _denied(kubectl("--kubeconfig", operator_kc, "delete", "-n", namespace, "pod/evicted",
+                    "--wait=false", check=False), RESTRICTION, "(Failed, Evicted)")
+    kubectl("--kubeconfig", operator_kc, "delete", "-n", namespace, "pod/rejected",
+            "--wait=false")
+
+
+def test_operator_changes_only_the_pod_metadata_it_owns(
+        installed: Install, kubectl: Kubectl, impersonate: Callable[..., Path],
+        namespace: str) -> None:
+    operator_kc = str(impersonate(OPERATOR))
+    kubectl("create", "-n", namespace, "-f", "-",
+            input=_pod("p", {"team": "a"}, gates=[GATE, "example.com/other"]))
+
+    def as_operator(*args: str) -> subprocess.CompletedProcess[str]:
+        return kubectl("--kubeconfig", operator_kc, *args, "-n", namespace, check=False)
+
+    def json_patch(*ops: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+        return as_operator("patch", "pod/p", "--type=json", "-p", json.dumps(list(ops)))
+
+    metadata = "may change only the annotations numalign.io/resolved"
+    _denied(as_operator("label", "pod/p", "app=miner"), RESTRICTION, metadata)
+    _denied(as_operator("annotate", "--overwrite", "pod/p", "team=b"), RESTRICTION, metadata)
+    _denied(json_patch({"op": "replace", "path": "/spec/containers/0/image",
+                        "value": "registry.example/miner:1"}),
+            RESTRICTION, f"may change only its scheduling gate {GATE} in the spec of pod "
+            f"{namespace}/p")
+    _denied(json_patch({"op": "remove", "path": "/spec/schedulingGates/1"}), RESTRICTION,
+            "scheduling gate")
+    # What it owns: the resolved policy, its warning mark, its own gate.
+    assert as_operator("annotate", "pod/p", f"{ANN_RESOLVED}={_value(ANN_RESOLVED)}",
+                       "numalign.io/override-warning=[]").returncode == 0
+    assert json_patch({"op": "test", "path": "/spec/schedulingGates/0/name", "value": GATE},
+                      {"op": "remove", "path": "/spec/schedulingGates/0"}).returncode == 0
+    pod = json.loads(kubectl("get", "-n", namespace, "pod/p", "-o", "json").stdout)
+    assert pod["spec"]["schedulingGates"] == [{"name": "example.com/other"}]
+    assert pod["metadata"].get("labels") is None
+    assert pod["spec"]["containers"][0]["image"] == "registry.example/none:1"
+
+
+@pytest.fixture
+def operator_creates_pods(installed: Install, kubectl: Kubectl) -> Iterator[None]:
+    """The optional component config/recreate-bare-pods: `create` on pods."""
+    role = CONFIG / "recreate-bare-pods" / "role.yaml"
+    kubectl("apply", "-f", str(role))
+    try:
+        yield
+    finally:
+        kubectl("delete", "--ignore-not-found", "-f", str(role), check=False)
+
+
+def test_operator_creates_replacements_only_unbound_and_never_in_kube_system(
+        operator_creates_pods: None, kubectl: Kubectl, impersonate: Callable[..., Path],
+        namespace: str) -> None:
+    operator_kc = str(impersonate(OPERATOR))
+    marks = {ANN_REDEPLOY_OF: "web", ANN_REDEPLOY_OF_UID: str(uuid.uuid4())}
+    name = f"web-r1-{uuid.uuid4().hex[:6]}"
+    _denied(kubectl("--kubeconfig", operator_kc, "create", "-n", "kube-system", "-f", "-",
+                    input=_pod(name, marks), check=False), RESTRICTION,
+            f"may not create pods in kube-system (pod kube-system/{name})")
+    _denied(kubectl("--kubeconfig", operator_kc, "create", "-n", namespace, "-f", "-",
+                    input=_pod(name, marks, node="node-a"), check=False), RESTRICTION,
+            "may create only replacements of rejected pods")
+    _denied(kubectl("--kubeconfig", operator_kc, "create", "-n", namespace, "-f", "-",
+                    input=_pod(name), check=False), RESTRICTION,
+            "may create only replacements of rejected pods")
+    kubectl("--kubeconfig", operator_kc, "create", "-n", namespace, "-f", "-",
+            input=_pod(name, marks))

@@ -4,6 +4,7 @@ their promises: hardened containers, least-privilege RBAC, one image name, every
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -13,6 +14,16 @@ from typing import Any
 
 import pytest
 import yaml
+
+from numalign.api.wire import (
+    ANN_ALLOCATION,
+    ANN_REJECTION,
+    ANN_RESOLVED,
+    ANN_TOLERATE_UNPLACED,
+    REJECT_REASON,
+)
+from numalign.controller.pods import ANN_OVERRIDE_WARNED
+from numalign.controller.redeploy.record import ANN_REDEPLOY_OF, ANN_REDEPLOY_OF_UID, GATE
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "config"
@@ -64,8 +75,8 @@ def _name(obj: Obj) -> str:
     return f"{obj['kind']}/{obj['metadata']['name']}"
 
 
-@pytest.mark.parametrize("path", ["crd", "rbac", "operator", "agent", "webhook", "samples",
-                                  "default"])
+@pytest.mark.parametrize("path", ["crd", "rbac", "operator", "agent", "webhook", "tenancy",
+                                  "samples", "default"])
 def test_every_kustomization_renders(path: str) -> None:
     assert kustomize(CONFIG / path)
 
@@ -242,6 +253,39 @@ def test_node_restriction_policy_is_bound(default: list[Obj]) -> None:
     assert {"nodetopologies", "nodetopologies/status", "pods/status"} <= covered
 
 
+def _cel_names(policy: Obj, prefix: str = "numalign.io/") -> set[str]:
+    """The ``numalign.io/...`` names in a policy's CEL and messages."""
+    text = yaml.safe_dump(policy["spec"], width=10_000)
+    return set(re.findall(re.escape(prefix) + r"[a-z0-9][a-z0-9.-]*[a-z0-9]", text))
+
+
+def test_pod_annotation_guard_names_wires_annotations(default: list[Obj]) -> None:
+    """No drift: the policy guards exactly the annotations numalign.api.wire names."""
+    vap = _named(default, "ValidatingAdmissionPolicy", "numalign-pod-annotations")
+    assert _cel_names(vap) == {ANN_RESOLVED, ANN_ALLOCATION, ANN_REJECTION,
+                               ANN_TOLERATE_UNPLACED}
+    binding = _named(default, "ValidatingAdmissionPolicyBinding", "numalign-pod-annotations")
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert vap["spec"]["failurePolicy"] == "Fail"
+    rule = vap["spec"]["matchConstraints"]["resourceRules"][0]
+    assert set(rule["operations"]) == {"CREATE", "UPDATE"}
+    assert set(rule["resources"]) == {"pods", "pods/status"}
+    param = _named(default, "ConfigMap", "numalign-pod-annotations")
+    assert param["data"]["tolerate-unplaced-namespaces"] == "kube-system"
+    assert param["data"]["trusted-groups"] == "system:masters"
+
+
+def test_operator_restriction_names_the_operators_own_marks(default: list[Obj]) -> None:
+    vap = _named(default, "ValidatingAdmissionPolicy", "numalign-operator-restriction")
+    assert _cel_names(vap) == {ANN_RESOLVED, ANN_OVERRIDE_WARNED, ANN_REDEPLOY_OF,
+                               ANN_REDEPLOY_OF_UID, GATE}
+    text = yaml.safe_dump(vap["spec"], width=10_000)
+    assert f"'{REJECT_REASON}'" in text and "'kube-system'" in text
+    ops = {(op, r) for rule in vap["spec"]["matchConstraints"]["resourceRules"]
+           for op in rule["operations"] for r in rule["resources"]}
+    assert {("DELETE", "pods"), ("UPDATE", "pods"), ("CREATE", "pods")} <= ops
+
+
 def test_samples() -> None:
     objs = kustomize(CONFIG / "samples")
     policies = {o["metadata"]["name"]: o["spec"] for o in of_kind(objs, "TopologyPolicy")}
@@ -306,6 +350,16 @@ def test_admission_policies_bind_the_exact_identities_in_any_overlay(
                 f"{prefix}numalign-agent-events": runs_as["DaemonSet"],
                 f"{prefix}numalign-agent-lease": runs_as["DaemonSet"],
                 f"{prefix}numalign-operator-restriction": runs_as["StatefulSet"]}
+    # The pod-annotation guard's parameter is its ConfigMap in the install namespace,
+    # whose ServiceAccounts (the operator's and the agent's among them) it trusts.
+    [guard] = [b for b in bindings
+               if b["spec"]["policyName"] == f"{prefix}numalign-pod-annotations"]
+    bindings = [b for b in bindings if b is not guard]
+    ref = guard["spec"]["paramRef"]
+    [param] = [c for c in of_kind(objs, "ConfigMap") if c["metadata"]["name"] == ref["name"]]
+    assert ref["namespace"] == param["metadata"]["namespace"] == runs_as["StatefulSet"][0]
+    assert policies[guard["spec"]["policyName"]]["spec"]["paramKind"] == {
+        "apiVersion": "v1", "kind": "ConfigMap"}
     for b in bindings:
         policy = policies[b["spec"]["policyName"]]
         ref = b["spec"]["paramRef"]

@@ -8,6 +8,7 @@ is down")."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -34,6 +35,18 @@ from numalign.api.wire import (
 from . import cache, kube, redeploy
 
 ANN_OVERRIDE_WARNED = "numalign.io/override-warning"
+# Who may create a pod that carries its own numalign.io/resolved: cluster admins and the
+# ServiceAccounts of the operator's namespace (the admission policy
+# numalign-pod-annotations trusts the same; config/tenancy).
+TRUSTED_GROUPS = ("system:masters",)
+
+
+def may_set_resolved(userinfo: Mapping[str, Any] | None) -> bool:
+    """Whether the creator of a pod may give it its own ``numalign.io/resolved``."""
+    groups = set((userinfo or {}).get("groups") or [])
+    own = os.environ.get("POD_NAMESPACE")
+    return bool(groups & set(TRUSTED_GROUPS)) or bool(
+        own and f"system:serviceaccounts:{own}" in groups)
 
 
 async def resolve_pod(pod: Mapping[str, Any], namespace: str | None = None) -> Resolved:
@@ -59,8 +72,15 @@ def _escape(key: str) -> str:
 
 @kopf.on.mutate("", "v1", "pods", id="resolve", operations=["CREATE"], ignore_failures=True)
 async def mutate_pod(body: kopf.Body, patch: kopf.Patch, dryrun: bool, logger: kopf.Logger,
-                     **_: Any) -> None:
+                     userinfo: Mapping[str, Any] | None = None, **_: Any) -> None:
     namespace = str(body.get("metadata", {}).get("namespace") or "")
+    if ANN_RESOLVED in (body.get("metadata", {}).get("annotations") or {}) and not (
+            may_set_resolved(userinfo)):
+        # The admission policy cannot tell a creator's value from the one written here.
+        raise kopf.AdmissionError(
+            f"{ANN_RESOLVED} is numalign's: only its operator and agents may set it, not "
+            f"{(userinfo or {}).get('username') or 'this user'} (remove it from the pod or "
+            "its template)", code=403)
     res = await resolve_pod(body, namespace)
     patch.setdefault("metadata", {}).setdefault("annotations", {})[ANN_RESOLVED] = \
         res.annotation()

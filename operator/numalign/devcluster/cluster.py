@@ -33,6 +33,7 @@ from ..api.kube import KubeConfig, SyncKube
 from . import build, certs
 from .addons import ADDONS, ClusterInfo, MachineSpec
 from .crds import install_crds
+from .policies import PolicyError, install_policies
 from .processes import Process, free_ports
 
 Log = Callable[[str], None]
@@ -377,6 +378,11 @@ class DevCluster:
         t = time.monotonic()
         names = self.install_crds()
         say(f"CRDs established: {', '.join(names)} ({time.monotonic() - t:.1f}s)")
+        try:
+            policies = install_policies(self.kube())
+        except PolicyError as e:
+            raise DevClusterError(str(e)) from e
+        say(f"admission policies installed: {', '.join(policies)}")
 
     # -------------------------------------------------------------------- addons
 
@@ -442,7 +448,7 @@ class DevCluster:
     def _stop_all(self, say: Log = _quiet) -> None:
         """The real node first, then the addons (all at once, SIGKILL after 5s), then the
         control plane in reverse start order."""
-        if (self.state_dir / "realnode").exists():
+        if (self.state_dir / "realnode").exists() or (self.state_dir / "realnode").is_symlink():
             from .realnode import RealNode  # it builds on this module
 
             RealNode(self).down(say)

@@ -40,19 +40,25 @@ def _established(obj: Any) -> bool:
     return any(c.get("type") == "Established" and c.get("status") == "True" for c in conds)
 
 
+def create_or_replace(kube: SyncKube, collection: str, obj: dict[str, Any]) -> None:
+    """Create ``obj`` in ``collection`` (an API path), or replace the one of its name."""
+    name = obj["metadata"]["name"]
+    try:
+        kube.create(f"{collection}?fieldValidation=Strict", obj)
+    except ApiError as e:
+        if e.status != 409:
+            raise
+        current = kube.get(f"{collection}/{quote(name)}")
+        update = dict(obj)
+        update["metadata"] = {**obj["metadata"],
+                              "resourceVersion": current["metadata"]["resourceVersion"]}
+        kube.put(f"{collection}/{quote(name)}?fieldValidation=Strict", update)
+
+
 def apply_crd(kube: SyncKube, crd: dict[str, Any]) -> None:
     name = crd["metadata"]["name"]
     try:
-        try:
-            kube.create(f"{CRD_PATH}?fieldValidation=Strict", crd)
-        except ApiError as e:
-            if e.status != 409:
-                raise
-            current = kube.get(f"{CRD_PATH}/{quote(name)}")
-            update = dict(crd)
-            update["metadata"] = {**crd["metadata"],
-                                  "resourceVersion": current["metadata"]["resourceVersion"]}
-            kube.put(f"{CRD_PATH}/{quote(name)}?fieldValidation=Strict", update)
+        create_or_replace(kube, CRD_PATH, crd)
     except ApiError as e:
         raise CrdError(f"installing CRD {name}: HTTP {e.status}: {e.message}") from e
 

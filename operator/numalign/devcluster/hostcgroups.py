@@ -1,14 +1,51 @@
 """What a real node leaves on the host, found and removed: its cgroups in every hierarchy
-(the processes in them killed first) and the mounts under its folder."""
+(the processes in them killed first) and the mounts under its folder.
+
+Teardown runs as root from names read back from disk, so each function here accepts only
+the names a real node derives itself: a cgroup root ``/numalign-<8 hex digits>``
+(:func:`own_cgroup_root`) and a bridge ``nal<8 hex digits>`` (:func:`own_bridge`);
+anything else (``/``, ``lo``, ``../system.slice``) raises :class:`ForeignNameError`.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import re
 import signal
 import subprocess
 import time
 from pathlib import Path
+
+_DIGEST = "[0-9a-f]{8}"
+CGROUP_ROOT_PATTERN = re.compile(f"/numalign-{_DIGEST}")
+BRIDGE_PATTERN = re.compile(f"nal{_DIGEST}")
+
+
+class ForeignNameError(ValueError):
+    """A cgroup root or bridge name that a real node does not derive: never touched."""
+
+
+def node_digest(state_dir: Path) -> str:
+    """The digest a real node's host names carry: of its cluster's resolved state dir."""
+    return hashlib.sha1(str(state_dir.resolve()).encode()).hexdigest()[:8]
+
+
+def own_cgroup_root(name: str) -> str:
+    """``name`` when it is a real node's cgroup root (``/numalign-<digest>``)."""
+    if not CGROUP_ROOT_PATTERN.fullmatch(name):
+        raise ForeignNameError(f"cgroup root {name!r} is not a real node's "
+                               "(expected /numalign-<8 hex digits>)")
+    return name
+
+
+def own_bridge(name: str) -> str:
+    """``name`` when it is a real node's bridge (``nal<digest>``)."""
+    if not BRIDGE_PATTERN.fullmatch(name):
+        raise ForeignNameError(f"bridge {name!r} is not a real node's "
+                               "(expected nal<8 hex digits>)")
+    return name
 
 
 def mountinfo() -> list[tuple[str, str]]:
@@ -32,11 +69,13 @@ def cgroup_hierarchies() -> list[Path]:
 
 
 def cgroup_dirs(cgroup_root: str) -> list[Path]:
-    """Every cgroup under ``cgroup_root`` (the kubelet's), in every hierarchy, deepest first."""
+    """Every cgroup under ``cgroup_root`` (the kubelet's), in every hierarchy, deepest first.
+    Raises :class:`ForeignNameError` for a root that is not a real node's."""
+    root = own_cgroup_root(cgroup_root).lstrip("/")
     dirs: list[Path] = []
     for h in cgroup_hierarchies():
-        top = h / cgroup_root.lstrip("/")
-        if top.is_dir():
+        top = h / root
+        if top.is_dir() and not top.is_symlink():
             dirs += [Path(p) for p, _, _ in os.walk(top)]
     return sorted(dirs, key=lambda p: len(p.parts), reverse=True)
 
@@ -74,11 +113,23 @@ def remove_cgroups(cgroup_root: str) -> None:
 
 def unmount_under(base: Path) -> None:
     """Detach every mount at or under ``base`` (volumes, netns, shm, rootfs, the shared
-    root dir), deepest first."""
-    top = str(base.resolve())
+    root dir), deepest first. ``base`` is taken as it is (the caller resolved it without
+    following a link out of its folder); a relative path or ``/`` raises ValueError."""
+    if not base.is_absolute() or base == Path(base.anchor):
+        raise ValueError(f"unmount_under({str(base)!r}): expected an absolute path below /")
+    top = str(base)
     for _ in range(3):
         points = [p for p, _ in mountinfo() if p == top or p.startswith(top + "/")]
         if not points:
             return
         for p in sorted(set(points), key=len, reverse=True):
             subprocess.run(["umount", "--lazy", p], capture_output=True, check=False)
+
+
+def delete_bridge(bridge: str) -> bool:
+    """``ip link delete`` a real node's bridge when it exists (True then)."""
+    name = own_bridge(bridge)
+    if not Path(f"/sys/class/net/{name}").exists():
+        return False
+    subprocess.run(["ip", "link", "delete", name], capture_output=True, check=False)
+    return True

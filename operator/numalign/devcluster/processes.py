@@ -47,8 +47,22 @@ def _proc_state(pid: int) -> str | None:
     return stat.rsplit(")", 1)[-1].split()[0]
 
 
+def _leads_own_session(pid: int) -> bool:
+    """Whether ``pid`` leads its own session, as every process :meth:`Process.start` starts
+    does (``start_new_session``): a pid file naming init, a shell's child or any process
+    started otherwise is not ours to signal."""
+    if pid <= 1:
+        return False
+    try:
+        return os.getsid(pid) == pid
+    except OSError:
+        return False
+
+
 def _proc_exe_matches(pid: int, program: str) -> bool:
     """Whether the process runs ``program`` (guards against a recycled pid)."""
+    if not program:
+        return False
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
@@ -122,7 +136,7 @@ class Process:
             return False
         if _proc_state(pid) in ("Z", "X"):
             return False
-        return _proc_exe_matches(pid, self.program)
+        return _leads_own_session(pid) and _proc_exe_matches(pid, self.program)
 
     def exit_code(self) -> int | None:
         return self._popen.poll() if self._popen is not None else None

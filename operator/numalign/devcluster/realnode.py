@@ -24,7 +24,6 @@ numalign's agent has ``--nri-socket``.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -45,7 +44,17 @@ from numalign.topology.policy import POLICIES, SCOPES
 
 from . import certs
 from .cluster import DevCluster, DevClusterError, write_kubeconfig
-from .hostcgroups import cgroup_hierarchies, kill_cgroups, remove_cgroups, unmount_under
+from .hostcgroups import (
+    ForeignNameError,
+    cgroup_hierarchies,
+    delete_bridge,
+    kill_cgroups,
+    node_digest,
+    own_bridge,
+    own_cgroup_root,
+    remove_cgroups,
+    unmount_under,
+)
 from .images import build_images
 from .nodebuild import ensure_node_built, node_bin_dir
 from .processes import Process, free_ports
@@ -116,7 +125,7 @@ class RealNode:
         self.mode = mode
         self.dir = cluster.state_dir / "realnode"
         self.name = NODE_NAME
-        digest = hashlib.sha1(str(cluster.state_dir.resolve()).encode()).hexdigest()[:8]
+        digest = node_digest(cluster.state_dir)
         self.bridge = f"nal{digest}"
         self.cgroup_root = f"/numalign-{digest}"
         self._procs: dict[str, Process] = {}
@@ -477,22 +486,31 @@ class RealNode:
         (``keep_logs``: all but ``logs/``, e.g. after a failed start); False when there was
         no real node. Works from what is on disk alone."""
         say = log or _quiet
-        if not self.dir.exists():
+        if self.dir.is_symlink():
+            # Not a folder up() made: its pid files, mounts and contents are someone
+            # else's. Only the link goes.
+            say(f"{self.dir} is a symbolic link, not a real node's folder: link removed, "
+                "nothing it points to touched")
+            self.dir.unlink()
+            return False
+        if not self.dir.is_dir():
             return False
         t0 = time.monotonic()
         st = self.state()
-        bridge = str(st.get("bridge") or self.bridge)
-        cgroup_root = str(st.get("cgroupRoot") or self.cgroup_root)
+        bridge = self._own_name(st.get("bridge"), own_bridge, self.bridge, say)
+        cgroup_root = self._own_name(st.get("cgroupRoot"), own_cgroup_root, self.cgroup_root,
+                                     say)
         for name in ("agent", "device-plugin", "kubelet"):
             self.process(name).stop(timeout=10)
         if self.process("containerd").is_running():
             self._remove_containers()
         self.process("containerd").stop(timeout=10)
         kill_cgroups(cgroup_root)
-        unmount_under(self.dir)
+        # Mount points are canonical paths: the state dir resolved (it may live under a
+        # linked home), this folder itself not a link (checked above).
+        unmount_under(self.cluster.state_dir.resolve() / self.dir.name)
         remove_cgroups(cgroup_root)
-        if Path(f"/sys/class/net/{bridge}").exists():
-            subprocess.run(["ip", "link", "delete", bridge], capture_output=True, check=False)
+        delete_bridge(bridge)
         self._remove_log_links()
         if keep_logs:
             for child in self.dir.iterdir():
@@ -510,6 +528,18 @@ class RealNode:
         self._deregister()
         say(f"real node stopped and removed ({time.monotonic() - t0:.1f}s)")
         return True
+
+    @staticmethod
+    def _own_name(recorded: Any, check: Callable[[str], str], derived: str, say: Log) -> str:
+        """The name state.json recorded when it has a real node's form, else the one this
+        node derives (state.json is trusted for nothing it could use against the host)."""
+        if recorded is None or recorded == derived:
+            return derived
+        try:
+            return check(str(recorded))
+        except ForeignNameError as e:
+            say(f"state.json ignored: {e}; using {derived}")
+            return derived
 
     def _deregister(self) -> None:
         """Remove the Node and its NodeTopology from a control plane that still runs."""

@@ -26,6 +26,7 @@ from numalign.api.wire import (
 
 from .. import cache, kube, metrics
 from ..fit import with_unfit
+from .guard import RedeployRefused, refusal_to_create, refusal_to_delete
 from .record import (
     ANN_RESET,
     GATE,
@@ -112,9 +113,15 @@ async def _finish(pod: Mapping[str, Any], decision: Mapping[str, Any]) -> str:
     then kept: deleting it would lose the workload)."""
     meta = pod.get("metadata") or {}
     ns, name, uid = str(meta["namespace"]), str(meta["name"]), str(meta["uid"])
+    why = refusal_to_delete(pod)
+    if why is not None:
+        raise RedeployRefused(why)
     if decision.get("action") == "recreate":
         new = build_replacement(pod, str(decision["replacement"]),
                                 list(decision.get("avoid") or []))
+        why = refusal_to_create(pod, new)
+        if why is not None:
+            raise RedeployRefused(why)
         try:
             await kube.client().create(kube.ns_path(ns, "pods"), new)
         except ApiError as e:
@@ -206,6 +213,11 @@ async def _step(pod: Mapping[str, Any], first_seen: float, now: float, held: Rec
         held.release()
         if await _finish(pod, decision) == NAME_TAKEN:
             await _give_up_name_taken(pod, decision, now)
+        return None
+    why = refusal_to_delete(pod)
+    if why is not None:  # the caller reads only rejected pods: a changed rule, a bug
+        held.release()
+        await give_up(pod, why, now)
         return None
     if uid in (st.gave_up or {}):
         return None

@@ -16,6 +16,7 @@ from numalign.api.kube import ApiError
 from .. import cache, kube, metrics
 from .decide import give_up, step
 from .gating import release_held, tell_once, warned, workload_of
+from .guard import PROTECTED_NAMESPACES, RedeployRefused
 from .record import has_gate, is_topology_rejected
 
 # ---------------------------------------------------------------------------
@@ -94,6 +95,9 @@ async def _worker(pod: dict[str, Any], uid: str,
                         wait = min(API_RETRY_MAX, API_RETRY_FIRST * 2 ** (failures - 1))
                         log.info(f"redeploy of {meta.get('name')}: API error {e.status}, "
                                  f"retrying in {wait:.0f}s: {e.reason} {e.message}")
+            except RedeployRefused as e:  # the operator's own checks: never retried
+                log.warning(f"redeploy of {meta.get('name')} refused: {e}")
+                wait = None
             except Exception as e:  # a malformed object must not end the retries silently
                 log.exception(f"redeploy of {meta.get('name')} failed, retrying: {e}")
                 wait = 5.0
@@ -106,8 +110,9 @@ async def _worker(pod: dict[str, Any], uid: str,
 
 
 def _rejected(body: kopf.Body, **_: Any) -> bool:
-    return is_topology_rejected(body) and not (body.get("metadata") or {}).get(
-        "deletionTimestamp")
+    meta = body.get("metadata") or {}
+    return (is_topology_rejected(body) and not meta.get("deletionTimestamp")
+            and meta.get("namespace") not in PROTECTED_NAMESPACES)
 
 
 @kopf.on.event("", "v1", "pods", id="redeploy", when=_rejected)
