@@ -22,6 +22,7 @@ from numalign.topology.quantity import format_bytes, format_cpulist
 
 from . import nrt
 from .kubelet_status import now_iso
+from .nrt import NrtOptions
 from .state import NodeState
 
 log = logging.getLogger(__name__)
@@ -223,7 +224,7 @@ class Publisher:
     def __init__(self, kube: Kube, states: Mapping[str, NodeState], *,
                  delay: float = 0.2, min_interval: float = 1.0, concurrency: int = 8,
                  labels: Callable[[NodeState], Mapping[str, str]] | None = None,
-                 nrt: bool = False,
+                 nrt: bool = False, nrt_options: NrtOptions | None = None,
                  node_uid: Callable[[str], str | None] | None = None,
                  busy: Callable[[], bool] | None = None, busy_interval: float = 8.0,
                  busy_concurrency: int = 2, preconditions: bool = False) -> None:
@@ -237,8 +238,11 @@ class Publisher:
         self.busy_interval = max(busy_interval, min_interval)
         self.busy_concurrency = max(1, busy_concurrency)
         self.nrt = nrt
+        self.nrt_options = nrt_options or NrtOptions()
         self.node_uid = node_uid
         self._nrt_rv: dict[str, str] = {}
+        self._nrt_sent: dict[str, JSON] = {}  # the object last written per node
+        self._nrt_omitted: dict[str, list[int]] = {}
         self._nrt_backoff: dict[str, float] = {}
         self.nrt_writes = 0
         self.nrt_errors = 0
@@ -378,10 +382,20 @@ class Publisher:
         request while nobody else wrote it since our last write (its resourceVersion is
         ours), else through ``nrt.publish_nrt`` (read, merge labels, create or replace)."""
         st = self.states[name]
-        spec = {"policy": st.default.policy, "scope": st.default.scope}
+        spec = {"policy": st.default.policy, "scope": st.default.scope,
+                "options": dict(st.default.options.given)}
         labels = self.labels(st) if self.labels else None
         uid = self.node_uid(name) if self.node_uid else None
-        obj = nrt.build_nrt(name, status, spec, node_uid=uid, labels=labels)
+        obj = nrt.build_nrt(name, status, spec, node_uid=uid, labels=labels,
+                            legacy_policies=self.nrt_options.legacy_policies)
+        nrt.add_fingerprint(obj, st.pods.values(), self.nrt_options)
+        omitted = nrt.omitted_zones(status)
+        if omitted and self._nrt_omitted.get(name) != omitted:
+            log.warning("NodeResourceTopology %s: NUMA nodes %s left out (the scheduler "
+                        "plugin reads ids 0-%d only)", name, omitted, nrt.MAX_ZONE_ID)
+        self._nrt_omitted[name] = omitted
+        if self._nrt_rv.get(name) and self._nrt_sent.get(name) == obj:
+            return  # nothing changed since our last write
         rv = self._nrt_rv.get(name)
         stored: JSON | None = None
         if rv:
@@ -395,6 +409,7 @@ class Publisher:
         if stored is None:
             stored = await nrt.publish_nrt(self.kube, obj)
         self._nrt_rv[name] = str((stored.get("metadata") or {}).get("resourceVersion") or "")
+        self._nrt_sent[name] = obj
         self.nrt_writes += 1
 
     def pending(self) -> bool:
