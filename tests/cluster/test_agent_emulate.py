@@ -14,6 +14,7 @@ import pytest
 
 import testdata
 from agent_helpers import Agent, StartAgent
+from numalign.agent import podfingerprint as pfp
 from numalign.api.wire import EVENT_INVALID_GPU
 from numalign.topology.quantity import parse_cpulist
 
@@ -265,7 +266,11 @@ def test_publish_nrt(start_agent: StartAgent, kubectl: Kubectl, namespace: str,
             assert z["cpu"]["available"] == z["cpu"]["capacity"] == "4"
             assert z[GPU]["available"] == "1"
         assert {a["name"]: a["value"] for a in before["attributes"]} == {
-            "topologyManagerPolicy": "none", "topologyManagerScope": "container"}
+            "topologyManagerPolicy": "none", "topologyManagerScope": "container",
+            "topologyManagerMaxNUMANodes": "64",
+            "nodeTopologyPodsFingerprint": pfp.sign([]),
+            "nodeTopologyPodsFingerprintMethod": "with-exclusive-resources"}
+        assert before["topologyPolicies"] == ["None"]
         node_uid = get(kubectl, "node", node)["metadata"]["uid"]
         assert before["metadata"]["ownerReferences"][0]["uid"] == node_uid
 
@@ -278,7 +283,11 @@ def test_publish_nrt(start_agent: StartAgent, kubectl: Kubectl, namespace: str,
             obj = get(kubectl, "noderesourcetopology", node)
             return obj if nrt_resources(obj)[zone]["cpu"]["available"] == "2" else None
 
-        after = nrt_resources(wait(updated, 30, "NRT available CPUs to go down"))
+        updated_obj = wait(updated, 30, "NRT available CPUs to go down")
+        after = nrt_resources(updated_obj)
+        # the pod set the scheduler's reserve-aware cache checks: a holds exclusive CPUs
+        attrs = {a["name"]: a["value"] for a in updated_obj["attributes"]}
+        assert attrs["nodeTopologyPodsFingerprint"] == pfp.sign([(namespace, "a")])
         assert after[zone][GPU]["available"] == "0"
         assert after[zone][NIC]["available"] == "0"
         other = "node-1" if zone == "node-0" else "node-0"
@@ -296,8 +305,8 @@ def test_publish_nrt(start_agent: StartAgent, kubectl: Kubectl, namespace: str,
             return got if got["topologyManagerPolicy"] == "single-numa-node" else None
 
         got = wait(attributes, 30, "NRT attributes to follow the node default")
-        assert got == {"topologyManagerPolicy": "single-numa-node",
-                       "topologyManagerScope": "pod"}
+        assert {k: got[k] for k in ("topologyManagerPolicy", "topologyManagerScope")} == {
+            "topologyManagerPolicy": "single-numa-node", "topologyManagerScope": "pod"}
     finally:
         kubectl("delete", "noderesourcetopology", node, "--ignore-not-found", check=False)
 
