@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -33,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_agent import api_floor, pct, wait_nodes, watch_pods
+from bench_agent import api_floor, bench_cluster, pct, stop_agent, wait_nodes, watch_pods
 from numalign.agent.nrt import BASE_PATH as NRT_BASE
 from numalign.agent.podfingerprint import ATTRIBUTE, sign
 from numalign.api.kube import ApiError, Kube, load_config, nt_path
@@ -177,20 +176,11 @@ async def run_bench(kubeconfig: str, nodes: int, pods: int, rate: float,
         stop.set()
         await _clean_up(kube, names)
         await kube.close()
-        agent.send_signal(signal.SIGTERM)
-        try:
-            agent.wait(20)
-        except subprocess.TimeoutExpired:
-            agent.kill()
+        stop_agent(agent, log_path)
         for n in names:  # the emulated nodes and what they published
             for path in (f"/api/v1/nodes/{n}", f"{NRT_BASE}/{n}", nt_path(n)):
                 subprocess.run(["kubectl", "--kubeconfig", kubeconfig, "delete", "--raw", path],
                                capture_output=True, check=False, timeout=30)
-        log_text = Path(log_path).read_text(errors="replace")
-        os.unlink(log_path)
-        for line in log_text.splitlines():
-            if " WARNING " in line or " ERROR " in line:
-                print(f"agent: {line}", file=sys.stderr)
     return result
 
 
@@ -218,19 +208,8 @@ def main(argv: list[str]) -> int:
     args, _ = p.parse_known_args(argv)
     nodes = args.nodes or (5 if args.quick else 20)
     pods = args.pods or (60 if args.quick else 400)
-    cluster = None
-    kubeconfig = args.kubeconfig
-    if kubeconfig is None:
-        from numalign.devcluster.cluster import DevCluster
-
-        cluster = DevCluster(state_dir=Path(tempfile.mkdtemp(prefix="numalign-bench-nrt-")))
-        cluster.up(log=lambda m: print(f"[devcluster] {m}", file=sys.stderr))
-        kubeconfig = str(cluster.kubeconfig)
-    try:
+    with bench_cluster(args.kubeconfig, "numalign-bench-nrt-") as kubeconfig:
         r = asyncio.run(run_bench(kubeconfig, nodes, pods, args.rate, args.timeout))
-    finally:
-        if cluster is not None:
-            cluster.down()
     print(f"NodeResourceTopology freshness: {r['nodes']} emulated nodes, {r['pods']} pods at "
           f"{r['rate']:g}/s")
     print(f"  admission -> NRT  p50 {r['lag_p50_s']} s, p99 {r['lag_p99_s']} s, max "
