@@ -102,6 +102,8 @@ class Emulator:
                                    min_interval=publish_interval,
                                    labels=lambda st: {LABEL_MACHINE: st.machine.name},
                                    nrt=publish_nrt, nrt_options=nrt_options,
+                                   nrt_kube=kube.lane(8) if publish_nrt else None,
+                                   nrt_concurrency=8,
                                    node_uid=self._node_uids.get,
                                    busy=self.deciding, busy_interval=busy_publish_interval,
                                    busy_concurrency=max(1, background_connections // 2))

@@ -227,6 +227,7 @@ class Publisher:
                  labels: Callable[[NodeState], Mapping[str, str]] | None = None,
                  nrt: bool = False, nrt_options: NrtOptions | None = None,
                  nrt_delay: float = 0.1, nrt_interval: float = 0.5, nrt_concurrency: int = 4,
+                 nrt_kube: Kube | None = None,
                  node_uid: Callable[[str], str | None] | None = None,
                  busy: Callable[[], bool] | None = None, busy_interval: float = 8.0,
                  busy_concurrency: int = 2, preconditions: bool = False) -> None:
@@ -241,6 +242,7 @@ class Publisher:
         self.busy_concurrency = max(1, busy_concurrency)
         self.nrt = nrt
         self.nrt_options = nrt_options or NrtOptions()
+        self.nrt_kube = nrt_kube or kube  # NodeResourceTopology writes (a lane of their own)
         self.node_uid = node_uid
         self._nrt_rv: dict[str, str] = {}
         self._nrt_sent: dict[str, JSON] = {}  # the object last written per node
@@ -405,12 +407,12 @@ class Publisher:
             body = dict(obj)
             body["metadata"] = {**obj["metadata"], "resourceVersion": rv}
             try:
-                stored = await self.kube.put(nrt.nrt_path(name), body)
+                stored = await self.nrt_kube.put(nrt.nrt_path(name), body)
             except ApiError as e:
                 if e.status not in (404, 409):
                     raise
         if stored is None:
-            stored = await nrt.publish_nrt(self.kube, obj)
+            stored = await nrt.publish_nrt(self.nrt_kube, obj)
         self._nrt_rv[name] = str((stored.get("metadata") or {}).get("resourceVersion") or "")
         self._nrt_sent[name] = obj
         self.nrt_writes += 1
