@@ -264,3 +264,29 @@ def test_krew_archive_is_what_the_manifest_names(tmp_path: Path) -> None:
         text = script.read().decode()
     assert text.startswith("#!/bin/sh") and "-m numalign.commands.kubectl" in text
     assert [op["from"] for op in pl["files"]] == [pl["bin"]]
+
+
+def test_malformed_objects_do_not_break_the_reports() -> None:
+    nts: list[dict[str, Any]] = [
+        {"metadata": {"name": "odd"}, "status": {"zones": [
+            "zone", {"id": 0, "allocatable": {"cpu": "lots", "memory": None},
+                     "available": ["x"]},
+            {"id": 1, "allocatable": {"cpu": 4, "example.com/x": "2"},
+             "available": {"cpu": "-", "example.com/x": "1"}}],
+            "conditions": ["Ready"], "summary": {"pods": "many"}}},
+        {"metadata": {"name": "empty"}},
+    ]
+    rows = kubectl_nodes.nodes_report(nts)
+    odd = next(r for r in rows if r["name"] == "odd")
+    assert odd["zones"] == [{"id": 1, "cpu": {"free": None, "total": 4},
+                             "memory": {"free": None, "total": None}, "hugepages": {},
+                             "devices": {"example.com/x": {"free": 1, "total": 2}}}]
+    text = kubectl_nodes.render_nodes(rows)
+    assert "?/4" in text and "empty" in text
+    events = [{"involvedObject": "pod"}, {"involvedObject": {"name": "big"}, "count": "x"},
+              {"regarding": {"kind": "Pod", "name": "big"}, "note": "from events.k8s.io"}]
+    pod = rejected_pod()
+    report = kubectl_why.why_report(pod, events, nts, {"data": {workload_key(pod): "{nope"}})
+    assert [e["message"] for e in report["events"]] == ["", "from events.k8s.io"]
+    assert report["redeploy"]["attempts"] == 0
+    kubectl_why.render_why(report)

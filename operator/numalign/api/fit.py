@@ -43,7 +43,8 @@ def node_fits(requests: Mapping[str, Decimal], zones: list[Mapping[str, Any]],
     avail: list[dict[str, Decimal]] = []
     for z in zones:
         a: dict[str, Decimal] = {}
-        for k, v in ((z.get("available") if isinstance(z, Mapping) else None) or {}).items():
+        raw = z.get("available") if isinstance(z, Mapping) else None
+        for k, v in (raw.items() if isinstance(raw, Mapping) else ()):
             try:
                 a[str(k)] = parse_quantity(v)
             except (ValueError, ArithmeticError):
@@ -85,8 +86,8 @@ def unfit_among(pod: Mapping[str, Any], node_topologies: Iterable[Mapping[str, A
         name = str((nt.get("metadata") or {}).get("name", ""))
         if not name or name in skipped:
             continue
-        zones = (nt.get("status") or {}).get("zones") or []
+        zones = (nt.get("status") or {}).get("zones")
         single = node_policy(nt, resolved) == "single-numa-node"
-        if node_fits(requests, list(zones), single) is False:
+        if isinstance(zones, list) and node_fits(requests, zones, single) is False:
             out.append(name)
     return sorted(out)

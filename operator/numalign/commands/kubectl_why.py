@@ -37,16 +37,19 @@ def pod_events(events: Iterable[Mapping[str, Any]], pod: Mapping[str, Any]) -> l
     out: list[JSON] = []
     for ev in events:
         inv = ev.get("involvedObject") or ev.get("regarding") or {}
+        if not isinstance(inv, Mapping):
+            continue
         if inv.get("kind", "Pod") != "Pod" or inv.get("name") != meta.get("name"):
             continue
         if uid and inv.get("uid") and inv.get("uid") != uid:
             continue  # an earlier pod of the same name
         source = ev.get("reportingComponent") or (ev.get("source") or {}).get("component") \
             or ev.get("reportingController") or ""
+        count = ev.get("count")
         out.append({"type": str(ev.get("type") or ""), "reason": str(ev.get("reason") or ""),
                     "message": str(ev.get("message") or ev.get("note") or ""),
-                    "count": int(ev.get("count") or 1), "source": str(source),
-                    "last": _when(ev)})
+                    "count": count if isinstance(count, int) and count > 0 else 1,
+                    "source": str(source), "last": _when(ev)})
     out.sort(key=lambda e: e["last"])
     return out[-MAX_EVENTS:]
 
