@@ -35,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -284,18 +284,23 @@ async def run_bench(kubeconfig: str, nodes: int, pods: int, timeout: float) -> d
         result["seconds_to_delete_all"] = round(time.monotonic() - t1, 1)
     finally:
         await kube.close()
-        agent.send_signal(signal.SIGTERM)
-        try:
-            agent.wait(20)
-        except subprocess.TimeoutExpired:
-            agent.kill()
-        log_text = Path(log_path).read_text(errors="replace")
-        os.unlink(log_path)
-        result.update(agent_summary(log_text))
-        for line in log_text.splitlines():
-            if " WARNING " in line or " ERROR " in line:
-                print(f"agent: {line}", file=sys.stderr)
+        result.update(agent_summary(stop_agent(agent, log_path)))
     return result
+
+
+def stop_agent(agent: subprocess.Popen[bytes], log_path: str) -> str:
+    """Stop the agent process; its log (deleted), its warnings and errors echoed."""
+    agent.send_signal(signal.SIGTERM)
+    try:
+        agent.wait(20)
+    except subprocess.TimeoutExpired:
+        agent.kill()
+    log_text = Path(log_path).read_text(errors="replace")
+    os.unlink(log_path)
+    for line in log_text.splitlines():
+        if " WARNING " in line or " ERROR " in line:
+            print(f"agent: {line}", file=sys.stderr)
+    return log_text
 
 
 SUMMARY = re.compile(r"summary: .*watch-to-written p50 ([0-9.na]+)s p99 ([0-9.na]+)s; "
@@ -316,6 +321,23 @@ def agent_summary(log_text: str) -> dict[str, Any]:
             "agent_nodetopology_writes": int(nt_writes), "agent_api_requests": int(requests)}
 
 
+@contextlib.contextmanager
+def bench_cluster(kubeconfig: str | None, prefix: str) -> Iterator[str]:
+    """``kubeconfig``, else that of a control plane started here (numalign.devcluster)
+    and stopped at the end."""
+    if kubeconfig is not None:
+        yield kubeconfig
+        return
+    from numalign.devcluster.cluster import DevCluster
+
+    cluster = DevCluster(state_dir=Path(tempfile.mkdtemp(prefix=prefix)))
+    cluster.up(log=lambda m: print(f"[devcluster] {m}", file=sys.stderr))
+    try:
+        yield str(cluster.kubeconfig)
+    finally:
+        cluster.down()
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="bench_agent")
     p.add_argument("--quick", action="store_true", help="10 nodes, 100 pods")
@@ -326,19 +348,8 @@ def main(argv: list[str]) -> int:
     args, _ = p.parse_known_args(argv)
     nodes = args.nodes or (10 if args.quick else 100)
     pods = args.pods or (100 if args.quick else 2000)
-    cluster = None
-    kubeconfig = args.kubeconfig
-    if kubeconfig is None:
-        from numalign.devcluster.cluster import DevCluster
-
-        cluster = DevCluster(state_dir=Path(tempfile.mkdtemp(prefix="numalign-bench-agent-")))
-        cluster.up(log=lambda m: print(f"[devcluster] {m}", file=sys.stderr))
-        kubeconfig = str(cluster.kubeconfig)
-    try:
+    with bench_cluster(args.kubeconfig, "numalign-bench-agent-") as kubeconfig:
         result = asyncio.run(run_bench(kubeconfig, nodes, pods, args.timeout))
-    finally:
-        if cluster is not None:
-            cluster.down()
     qps = os.environ.get("NUMALIGN_DEV_CLIENT_QPS", DEFAULT_CLIENT_QPS)
     print(f"control plane client rate limits (NUMALIGN_DEV_CLIENT_QPS): {qps}")
     print(f"agent: {result['nodes']} emulated nodes in one process, {result['pods']} pods "

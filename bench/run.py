@@ -24,6 +24,8 @@ BENCHMARKS: dict[str, str] = {
            "without the plugin (p50/p99)",
     "realnode-nri": "pod start and container creation on the NRI-managed real node, with "
                     "and without numalign's plugin (p50/p99)",
+    "nrt": "NodeResourceTopology freshness: pod admission to the NRT update that includes "
+           "it (fingerprint-checked), p50/p99, 20 nodes, 400 pods at 20/s",
 }
 
 

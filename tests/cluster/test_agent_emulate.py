@@ -5,18 +5,16 @@ safety, node default policies and malformed policy annotations."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import sys
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import testdata
+from agent_helpers import Agent, StartAgent
+from numalign.agent import podfingerprint as pfp
 from numalign.api.wire import EVENT_INVALID_GPU
 from numalign.topology.quantity import parse_cpulist
 
@@ -32,74 +30,6 @@ REASON = "TopologyAffinityError"
 MESSAGE = "Pod was rejected: Resources cannot be allocated with Topology locality"
 
 Kubectl = Callable[..., subprocess.CompletedProcess[str]]
-
-
-class Agent:
-    """``numalign agent --emulate`` as a subprocess, for one emulated node."""
-
-    def __init__(self, kubeconfig: Path, machine: Path, index: int, log: Path,
-                 extra: tuple[str, ...] = ()) -> None:
-        self.kubeconfig = kubeconfig
-        self.machine = machine
-        self.index = index
-        self.log = log
-        self.extra = extra
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.node = f"{machine.stem}-{index}"
-
-    def start(self) -> None:
-        out = self.log.open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "numalign.cli", "agent", "--kubeconfig",
-             str(self.kubeconfig), "--emulate", f"{self.machine}=1", "--start", str(self.index),
-             "--publish-interval", "0.3", "--log-level", "DEBUG", *self.extra],
-            stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
-
-    def kill(self) -> None:
-        """SIGKILL: no chance to flush anything."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-        self.proc = None
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.proc = None
-
-
-StartAgent = Callable[..., Agent]
-
-
-@pytest.fixture
-def start_agent(kubeconfig: Path, kubectl: Kubectl, tmp_path: Path) -> Iterator[StartAgent]:
-    """``start_agent(machine=SEED, *extra_args)``: one emulated node, cleaned up after."""
-    started: list[Agent] = []
-
-    def start(machine: Path = SEED, *extra: str) -> Agent:
-        a = Agent(kubeconfig, machine, 100 + uuid.uuid4().int % 9000,
-                  tmp_path / f"agent-{len(started)}.log", tuple(extra))
-        started.append(a)
-        a.start()
-        return a
-
-    try:
-        yield start
-    finally:
-        for a in started:
-            a.stop()
-            kubectl("delete", "node", a.node, "--ignore-not-found", "--wait=false",
-                    check=False)
-            kubectl("delete", "nodetopology", a.node, "--ignore-not-found", "--wait=false",
-                    check=False)
-            kubectl("-n", "kube-node-lease", "delete", "lease", a.node, "--ignore-not-found",
-                    check=False)
-            if a.log.exists():
-                sys.stderr.write(a.log.read_text()[-4000:])
 
 
 @pytest.fixture
@@ -336,7 +266,11 @@ def test_publish_nrt(start_agent: StartAgent, kubectl: Kubectl, namespace: str,
             assert z["cpu"]["available"] == z["cpu"]["capacity"] == "4"
             assert z[GPU]["available"] == "1"
         assert {a["name"]: a["value"] for a in before["attributes"]} == {
-            "topologyManagerPolicy": "none", "topologyManagerScope": "container"}
+            "topologyManagerPolicy": "none", "topologyManagerScope": "container",
+            "topologyManagerMaxNUMANodes": "64",
+            "nodeTopologyPodsFingerprint": pfp.sign([]),
+            "nodeTopologyPodsFingerprintMethod": "with-exclusive-resources"}
+        assert before["topologyPolicies"] == ["None"]
         node_uid = get(kubectl, "node", node)["metadata"]["uid"]
         assert before["metadata"]["ownerReferences"][0]["uid"] == node_uid
 
@@ -349,7 +283,11 @@ def test_publish_nrt(start_agent: StartAgent, kubectl: Kubectl, namespace: str,
             obj = get(kubectl, "noderesourcetopology", node)
             return obj if nrt_resources(obj)[zone]["cpu"]["available"] == "2" else None
 
-        after = nrt_resources(wait(updated, 30, "NRT available CPUs to go down"))
+        updated_obj = wait(updated, 30, "NRT available CPUs to go down")
+        after = nrt_resources(updated_obj)
+        # the pod set the scheduler's reserve-aware cache checks: a holds exclusive CPUs
+        attrs = {a["name"]: a["value"] for a in updated_obj["attributes"]}
+        assert attrs["nodeTopologyPodsFingerprint"] == pfp.sign([(namespace, "a")])
         assert after[zone][GPU]["available"] == "0"
         assert after[zone][NIC]["available"] == "0"
         other = "node-1" if zone == "node-0" else "node-0"
@@ -367,8 +305,8 @@ def test_publish_nrt(start_agent: StartAgent, kubectl: Kubectl, namespace: str,
             return got if got["topologyManagerPolicy"] == "single-numa-node" else None
 
         got = wait(attributes, 30, "NRT attributes to follow the node default")
-        assert got == {"topologyManagerPolicy": "single-numa-node",
-                       "topologyManagerScope": "pod"}
+        assert {k: got[k] for k in ("topologyManagerPolicy", "topologyManagerScope")} == {
+            "topologyManagerPolicy": "single-numa-node", "topologyManagerScope": "pod"}
     finally:
         kubectl("delete", "noderesourcetopology", node, "--ignore-not-found", check=False)
 

@@ -43,14 +43,24 @@ def test_nrt_crd_and_publish(kubectl: Kubectl, kubeconfig: Path,
         assert got["attributes"] == obj["attributes"]
         assert got["topologyPolicies"] == ["SingleNUMANodePodLevel"]
 
+        # without the deprecated topologyPolicies (--no-nrt-topology-policies): the CRD
+        # takes it, and the replace drops the field
         status["zones"][0]["available"]["cpu"] = 3
-        again = nrt.build_nrt(name, status, {"policy": "restricted", "scope": "container"})
+        again = nrt.build_nrt(name, status, {"policy": "restricted", "scope": "container",
+                                             "options": {"max-allowable-numa-nodes": "16"}},
+                              legacy_policies=False)
+        nrt.add_fingerprint(again, [], nrt.NrtOptions())
         kube.run(nrt.publish_nrt(kube.kube, again))
         got = json.loads(kubectl("get", "node-res-topo", name, "-o", "json").stdout)
         cpu = next(r for r in got["zones"][0]["resources"] if r["name"] == "cpu")
         assert cpu["available"] == "3"
+        assert "topologyPolicies" not in got
         assert {a["name"]: a["value"] for a in got["attributes"]} == {
-            "topologyManagerPolicy": "restricted", "topologyManagerScope": "container"}
+            "topologyManagerPolicy": "restricted", "topologyManagerScope": "container",
+            "topologyManagerMaxNUMANodes": "16",
+            "topologyManagerPolicyOptions": "max-allowable-numa-nodes=16",
+            "nodeTopologyPodsFingerprint": "pfp0v001ef46db3751d8e999",
+            "nodeTopologyPodsFingerprintMethod": "with-exclusive-resources"}
     finally:
         kube.close()
         kubectl("delete", "noderesourcetopology", name, "--ignore-not-found", check=False)

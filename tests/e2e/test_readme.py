@@ -60,6 +60,11 @@ CHECKS: tuple[Check, ...] = (
     Check(r'numalign explain "\$\(kubectl get pods -n ml .*\)" -n ml',
           ("Policy:   single-numa-node, scope pod  (from TopologyPolicy/ml-training)",
            "Result:   ADMITTED"), live=True),
+    Check(r"kubectl numalign nodes", ("NODE", "POLICY", "NUMA", "CPU", "group4-gpu-0",
+                                      "fragmented-8numa-0", "single-numa-node"), live=True),
+    Check(r'kubectl numalign explain "\$\(kubectl get pods -n ml .*\)" -n ml',
+          ("Policy:   single-numa-node, scope pod  (from TopologyPolicy/ml-training)",
+           "Result:   ADMITTED"), live=True),
 )
 
 

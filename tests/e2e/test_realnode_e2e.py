@@ -16,6 +16,8 @@ import pytest
 from kubernetes import client
 
 from e2e_helpers import wait_for
+from numalign.agent import nrt
+from numalign.agent import podfingerprint as pfp
 from numalign.agent.podresources import PodResourcesError
 from numalign.api.wire import (
     EVENT_REDEPLOY,
@@ -154,6 +156,24 @@ def _nodetopology(k8s_client: Any, namespace: str) -> Allocations:
     return out
 
 
+def _nrt_fingerprint(k8s_client: Any, core: client.CoreV1Api, namespace: str,
+                     exclusive: list[str]) -> bool:
+    """Whether the real node's NodeResourceTopology fingerprint is that of the pods the
+    scheduler plugin counts (its Dedicated informer: the node's pods not Pending; method
+    with-exclusive-resources), ``exclusive`` of ``namespace`` among them."""
+    nrt_obj = client.CustomObjectsApi(k8s_client).get_cluster_custom_object(
+        "topology.node.k8s.io", "v1alpha2", "noderesourcetopologies", "localhost")
+    pods = core.list_pod_for_all_namespaces(field_selector="spec.nodeName=localhost").items
+    entries = [pfp.pod_entry(k8s_client.sanitize_for_serialization(p)) for p in pods]
+    counted = [e for e in entries if e.listed(pfp.INFORMER_DEDICATED)
+               and e.exclusive(nrt.resource_names(nrt_obj))]
+    assert {e.name for e in counted if e.namespace == namespace} <= set(exclusive)
+    if {e.name for e in counted if e.namespace == namespace} != set(exclusive):
+        return False
+    attrs = {a["name"]: a["value"] for a in nrt_obj.get("attributes") or []}
+    return bool(attrs.get(pfp.ATTRIBUTE) == pfp.sign((e.namespace, e.name) for e in counted))
+
+
 def _explain(kubeconfig: Path, namespace: str, name: str) -> dict[str, Any]:
     """``numalign explain POD -o json`` on the real node: the kubelet's decision beside the
     engine's replay. Prints one row of the engine-vs-kubelet table."""
@@ -208,6 +228,11 @@ def test_pods_with_devices_nodetopology_shows_what_podresources_reports(
 
     wait_for(lambda: _nodetopology(k8s_client, namespace) == kubelet, 60,
              f"NodeTopology localhost to show what PodResources lists: {kubelet}")
+    # Its NodeResourceTopology (dev up --real-node publishes it) carries the pod
+    # fingerprint scheduler-plugins computes from the API server's pods: both hold
+    # exclusive resources (a pinned pod; a device the object lists).
+    wait_for(lambda: _nrt_fingerprint(k8s_client, core, namespace, ["pinned-dev", "shared-dev"]),
+             60, "NodeResourceTopology localhost to carry the pods' fingerprint")
 
     logs = wait_for(lambda: (lambda o: o if "Cpus_allowed_list" in o else None)(
         kubectl("logs", "-n", namespace, "pinned-dev", check=False).stdout), 60,

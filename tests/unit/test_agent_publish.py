@@ -176,3 +176,70 @@ async def test_status_writes_carry_the_resource_version_they_were_computed_again
     assert kube.conflicts == 1
     assert kube.obj["status"] == build_status(st, kube.obj["status"])
     assert [a["pod"] for a in kube.obj["status"]["admitted"]] == ["a"]
+
+
+class NrtKube(FakeKube):
+    """FakeKube that also stores NodeResourceTopologies (create, get, put)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.nrts: dict[str, dict[str, Any]] = {}
+        self.nrt_puts: list[tuple[float, dict[str, Any]]] = []
+
+    async def get(self, path: str) -> dict[str, Any]:
+        name = path.rsplit("/", 1)[-1]
+        if name not in self.nrts:
+            raise ApiError(404, {"reason": "NotFound"}, "GET", path)
+        return self.nrts[name]
+
+    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        if "noderesourcetopologies" not in path:
+            return body
+        return await self.put(f"{path}/{body['metadata']['name']}", body)
+
+    async def put(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        stored = copy.deepcopy(body)
+        stored["metadata"]["resourceVersion"] = str(len(self.nrt_puts) + 1)
+        self.nrts[path.rsplit("/", 1)[-1]] = stored
+        self.nrt_puts.append((time.monotonic(), stored))
+        return stored
+
+
+async def test_nrt_stays_fresh_while_status_writes_wait() -> None:
+    from numalign.agent import podfingerprint as pfp
+    from numalign.agent.annotations import resolve_pod
+
+    st = NodeState("n1", load_machine(MACHINES / "seed-figure1.yaml"))
+    kube = NrtKube()
+    pub = Publisher(kube, {"n1": st}, delay=0.01, min_interval=0.05,  # type: ignore[arg-type]
+                    busy=lambda: True, busy_interval=30, nrt=True, nrt_delay=0.01,
+                    nrt_interval=0.05)
+    pub._last_write["n1"] = time.monotonic()  # NodeTopology written just now: busy, waits
+    task = asyncio.create_task(pub.run())
+    try:
+        for i in range(3):
+            pod = _pod(f"p{i}", "1")
+            st.decide(pod, resolve_pod(pod, st.default)[0])
+            pub.mark("n1")
+            marked = time.monotonic()
+
+            def has(n: int = i) -> bool:
+                attrs = {a["name"]: a["value"] for a in
+                         (kube.nrts.get("n1") or {}).get("attributes", [])}
+                return attrs.get(pfp.ATTRIBUTE) == pfp.sign(
+                    [("ns", f"p{k}") for k in range(n + 1)])
+
+            for _ in range(100):
+                if has():
+                    break
+                await asyncio.sleep(0.01)
+            assert has(), f"p{i} not in the NodeResourceTopology"
+            assert kube.nrt_puts[-1][0] - marked < 0.5
+        assert pub.writes == 0  # the status writes still wait for the burst to end
+        n = len(kube.nrt_puts)
+        pub.mark("n1")  # nothing changed: no write
+        await asyncio.sleep(0.2)
+        assert len(kube.nrt_puts) == n
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

@@ -67,7 +67,7 @@ class FakeClient:
 def run(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
         objects: dict[str, Any], name: str, *extra: str) -> dict[str, Any]:
     monkeypatch.setattr(FakeClient, "objects", objects)
-    monkeypatch.setattr(explain, "_Client", FakeClient)
+    monkeypatch.setattr(explain, "LiveClient", FakeClient)
     assert explain.main([name, "-n", "ns", *extra]) == 0
     text_rc = explain.main([name, "-n", "ns", "-o", "json", *extra])
     assert text_rc == 0

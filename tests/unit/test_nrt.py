@@ -55,14 +55,47 @@ def test_zones_resources_and_costs_from_a_published_status() -> None:
 def test_topology_manager_attributes(policy: str, scope: str, legacy: str) -> None:
     obj = nrt.build_nrt("n1", status_of("seed-figure1.yaml"), {"policy": policy, "scope": scope})
     assert obj["attributes"] == [{"name": "topologyManagerPolicy", "value": policy},
-                                 {"name": "topologyManagerScope", "value": scope}]
+                                 {"name": "topologyManagerScope", "value": scope},
+                                 {"name": "topologyManagerMaxNUMANodes", "value": "64"}]
     assert obj["topologyPolicies"] == [legacy]
+    dropped = nrt.build_nrt("n1", status_of("seed-figure1.yaml"),
+                            {"policy": policy, "scope": scope}, legacy_policies=False)
+    assert "topologyPolicies" not in dropped
+    assert dropped["attributes"] == obj["attributes"]
 
 
 def test_no_spec_is_none_container() -> None:
     obj = nrt.build_nrt("n1", status_of("seed-figure1.yaml"))
     attrs = {a["name"]: a["value"] for a in obj["attributes"]}
-    assert attrs == {"topologyManagerPolicy": "none", "topologyManagerScope": "container"}
+    assert attrs == {"topologyManagerPolicy": "none", "topologyManagerScope": "container",
+                     "topologyManagerMaxNUMANodes": "64"}
+
+
+@pytest.mark.parametrize("options,max_numa,given", [
+    ({"maxAllowableNumaNodes": 16}, "16", "max-allowable-numa-nodes=16"),
+    ({"prefer-closest-numa-nodes": "true", "max-allowable-numa-nodes": "8"}, "8",
+     "max-allowable-numa-nodes=8,prefer-closest-numa-nodes=true"),
+    ({"preferClosestNumaNodes": False}, "64", "prefer-closest-numa-nodes=false"),
+])
+def test_policy_options_as_attributes(options: dict[str, Any], max_numa: str,
+                                      given: str) -> None:
+    obj = nrt.build_nrt("n1", status_of("seed-figure1.yaml"),
+                        {"policy": "single-numa-node", "scope": "pod", "options": options})
+    attrs = {a["name"]: a["value"] for a in obj["attributes"]}
+    assert attrs["topologyManagerMaxNUMANodes"] == max_numa
+    assert attrs["topologyManagerPolicyOptions"] == given
+
+
+def test_zone_ids_from_64_are_left_out() -> None:
+    # the scheduler plugin indexes zones by id in a 64-entry table (node-64 would crash it)
+    ids = [0, 1, 63, 64, 65, 200]
+    status = {"zones": [{"id": i, "cpus": str(i), "memory": "1Gi"} for i in ids],
+              "distances": {str(a): {str(b): 10 if a == b else 20 for b in ids} for a in ids}}
+    obj = nrt.build_nrt("big", status)
+    assert [z["name"] for z in obj["zones"]] == ["node-0", "node-1", "node-63"]
+    for z in obj["zones"]:
+        assert [c["name"] for c in z["costs"]] == ["node-0", "node-1", "node-63"]
+    assert nrt.omitted_zones(status) == [64, 65, 200]
 
 
 def test_available_reflects_admitted_pods_and_hugepages() -> None:
@@ -100,6 +133,11 @@ def test_zone_without_resource_maps_and_sparse_ids() -> None:
     ({"zones": [{"id": "x"}]}, None, "id"),
     ({"zones": [{"id": 0, "capacity": {"memory": "lots"}}]}, None, "memory"),
     ({"zones": [{"id": 0, "cpus": "0"}]}, {"policy": "strict"}, "spec.policy"),
+    ({"zones": [{"id": 0, "cpus": "0"}]}, {"policy": "none", "options": {"x": 1}},
+     "spec.options"),
+    ({"zones": [{"id": 0, "cpus": "0"}]},
+     {"policy": "none", "options": {"max-allowable-numa-nodes": "four"}},
+     "spec.options: option maxAllowableNumaNodes must be an integer"),
 ])
 def test_bad_input(status: dict[str, Any], spec: dict[str, Any] | None, needle: str) -> None:
     with pytest.raises(nrt.NrtError, match=needle):
@@ -117,6 +155,7 @@ def test_crd_matches_the_objects() -> None:
     top = schema["properties"]
     assert set(obj) - {"apiVersion", "kind", "metadata"} <= set(top)
     assert set(schema["required"]) <= set(obj)
+    assert schema["required"] == ["zones"]  # topologyPolicies may be left out
     zone = top["zones"]["items"]
     for z in obj["zones"]:
         assert set(z) <= set(zone["properties"]) and set(zone["required"]) <= set(z)

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from numalign.api.fit import node_fits, pod_requests
 from numalign.api.resolution import PolicyRef
 from numalign.api.topologypolicy import RedeployPolicy
 from numalign.controller import fit, policies
-from numalign.controller.fit import node_fits, pod_requests
 from numalign.controller.nodedefaults import desired_spec, spec_patch
 from numalign.controller.redeploy import (
     Workload,

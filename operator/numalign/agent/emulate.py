@@ -40,6 +40,7 @@ from .kubelet_status import (
     running_status,
     scheduled_at,
 )
+from .nrt import NrtOptions
 from .podips import PodIps
 from .publish import Publisher
 from .state import NodeState, pod_uid
@@ -84,7 +85,8 @@ class Emulator:
                  publish_delay: float = 0.2, publish_interval: float = 1.0,
                  concurrency: int = 96, index_offset: int = 0,
                  publish_nrt: bool = False, background_connections: int = 4,
-                 busy_publish_interval: float = 8.0) -> None:
+                 busy_publish_interval: float = 8.0,
+                 nrt_options: NrtOptions | None = None) -> None:
         self.kube = kube
         # Everything but pod decisions and watches: its own small connection pool.
         self.bg = kube.lane(max(1, background_connections))
@@ -99,7 +101,10 @@ class Emulator:
         self.publisher = Publisher(self.bg, self.states, delay=publish_delay,
                                    min_interval=publish_interval,
                                    labels=lambda st: {LABEL_MACHINE: st.machine.name},
-                                   nrt=publish_nrt, node_uid=self._node_uids.get,
+                                   nrt=publish_nrt, nrt_options=nrt_options,
+                                   nrt_kube=kube.lane(8) if publish_nrt else None,
+                                   nrt_concurrency=8,
+                                   node_uid=self._node_uids.get,
                                    busy=self.deciding, busy_interval=busy_publish_interval,
                                    busy_concurrency=max(1, background_connections // 2))
         self._pod_writes = 0  # pod status writes queued or in flight
@@ -475,6 +480,8 @@ class Emulator:
         phase = (pod.get("status") or {}).get("phase")
         if phase in ("Succeeded", "Failed"):
             st.decided[uid] = False
+            if st.track(pod):
+                self.publisher.mark(node)
             return
         self._seen.setdefault(uid, time.monotonic())
         eff = effective_policy(pod, NodePolicy(EMULATED, st.default))
@@ -484,6 +491,8 @@ class Emulator:
         except Exception as e:  # a pod the engine cannot read is rejected
             log.exception("%s: cannot admit %s/%s", node, meta.get("namespace"), meta.get("name"))
             st.decided[uid] = False
+            st.track(pod, "Failed")
+            self.publisher.mark(node)
             self._spawn(self._write_rejected(st, pod, "UnexpectedAdmissionError", str(e), problem))
             return
         self._last_decision = time.monotonic()

@@ -28,6 +28,7 @@ from numalign.topology.machine import Machine
 
 from .kubelet_config import KubeletConfig, load_kubelet_config
 from .lease import NodeLease
+from .nrt import NrtOptions
 from .podresources import PodResourcesClient, PodResourcesError
 from .publish import Publisher
 from .realnode import apply_snapshot, kubelet_settings, machine_with_devices
@@ -52,6 +53,7 @@ def discover_machine(name: str, root: str = "/") -> Machine:
 class RealNode:
     def __init__(self, kube: Kube, name: str, machine: Machine, *,
                  resync: float = 300.0, publish_nrt: bool = False,
+                 nrt_options: NrtOptions | None = None,
                  pod_resources: str | None = None, kubelet_config: str | None = None,
                  refresh: float = 10.0, debounce: float = 0.3,
                  max_backoff: float = 60.0, lease: NodeLease | None = None,
@@ -64,7 +66,8 @@ class RealNode:
         self.node_uid: str | None = None
         self.publisher = Publisher(kube, self.states,
                                    labels=lambda st: {LABEL_MACHINE: st.machine.name},
-                                   nrt=publish_nrt, node_uid=lambda _: self.node_uid,
+                                   nrt=publish_nrt, nrt_options=nrt_options,
+                                   node_uid=lambda _: self.node_uid,
                                    preconditions=True)
         self.resync = resync
         self.client = PodResourcesClient(pod_resources) if pod_resources else None
@@ -218,11 +221,15 @@ class RealNode:
         if typ == "DELETED":
             if self.uids.get(key) == uid:
                 del self.uids[key]
+            changed = self.state.untrack(uid)
         else:
             self.uids[key] = uid
             status = pod.get("status") or {}
             if status.get("phase") == "Failed" and status.get("reason") == REJECT_REASON:
                 self.rejected.add(uid)
+            changed = self.state.track(pod)
+        if changed and self.publisher.nrt:  # the NodeResourceTopology's pod fingerprint
+            self.publisher.mark(self.state.name)
         if self.managed is not None:
             self.managed.on_pod(typ, pod)
         self.wake()
@@ -239,6 +246,9 @@ class RealNode:
                     self.managed.index.pods.clear()
                 for pod in items:
                     self.on_pod("ADDED", pod)
+                alive = {str((p.get("metadata") or {}).get("uid") or "") for p in items}
+                for gone in [u for u in self.state.pods if u not in alive]:
+                    self.state.untrack(gone)
                 if self.managed is not None:
                     self.managed.pods_synced()
                 async for ev in self.kube.watch(path, {**selector, "resourceVersion": rv}):

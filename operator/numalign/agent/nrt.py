@@ -11,14 +11,22 @@ The conversion (``build_nrt``, pure) follows the conventions those readers expec
   devices with a NUMA node as counts), from the zone's ``capacity`` / ``allocatable`` /
   ``available`` (missing ones derived from the zone's cpus, memory and hugepages);
 * zone ``costs``: the NUMA distances, ``name: node-<id>`` -> ``value`` (self included);
-* top-level ``attributes`` ``topologyManagerPolicy`` (``single-numa-node``,
-  ``restricted``, ``best-effort``, ``none``) and ``topologyManagerScope``
-  (``container``, ``pod``), and the deprecated ``topologyPolicies`` list
-  (``SingleNUMANodeContainerLevel`` ...) older plugin versions read.
-
-The policy and scope are the node's default (``NodeTopology.spec``). numalign also admits
-pods under per-pod or per-namespace policies; the scheduler plugin only knows one policy
-per node, so pods whose policy differs from the node default are filtered by the default.
+* only NUMA nodes 0..63: scheduler-plugins reads a zone's id from its name
+  (``numanode.NameToID``) into a 64-entry table and the kubelet's NUMA bitmask holds 64
+  ids, so it skips ids above 64 and fails on 64 itself; a zone with id >= 64 (and costs
+  naming one) is left out (:func:`omitted_zones` lists them, the agent logs it);
+* top-level ``attributes`` as scheduler-plugins (``nodeconfig``) and NFD read them:
+  ``topologyManagerPolicy`` (``single-numa-node``, ``restricted``, ``best-effort``,
+  ``none``), ``topologyManagerScope`` (``container``, ``pod``),
+  ``topologyManagerMaxNUMANodes`` (the policy option ``max-allowable-numa-nodes`` the
+  node's admission applies: given, else numalign's default 64), and, when options are
+  given, ``topologyManagerPolicyOptions`` in the kubelet's flag syntax
+  (``max-allowable-numa-nodes=16,prefer-closest-numa-nodes=true``);
+* with ``fingerprint`` (agent/podfingerprint.py): ``nodeTopologyPodsFingerprint`` and
+  ``nodeTopologyPodsFingerprintMethod``, which the plugin's reserve-aware cache needs to
+  resynchronise a node it marked dirty;
+* the deprecated ``topologyPolicies`` list (``SingleNUMANodeContainerLevel`` ...) older
+  plugin versions read, unless ``legacy_policies=False``.
 
 How it is called: with ``numalign agent --publish-nrt`` the agent's publisher
 (``publish.Publisher.write_nrt``) does this after each successful NodeTopology status
@@ -42,12 +50,16 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from numalign.api.kube import ApiError, Kube, q
+from numalign.api.wire import WireError, parse_options
 from numalign.topology.policy import POLICIES, SCOPES
 from numalign.topology.quantity import format_bytes, parse_cpulist, quantity_bytes
+
+from . import podfingerprint as pfp
 
 GROUP = "topology.node.k8s.io"
 VERSION = "v1alpha2"
@@ -59,6 +71,10 @@ BASE_PATH = f"/apis/{GROUP}/{VERSION}/{PLURAL}"
 ZONE_TYPE = "Node"
 POLICY_ATTRIBUTE = "topologyManagerPolicy"
 SCOPE_ATTRIBUTE = "topologyManagerScope"
+MAX_NUMA_NODES_ATTRIBUTE = "topologyManagerMaxNUMANodes"
+POLICY_OPTIONS_ATTRIBUTE = "topologyManagerPolicyOptions"
+# scheduler-plugins' maxNUMAId: zone ids it can hold (0..63)
+MAX_ZONE_ID = 63
 
 # The deprecated topologyPolicies value per (policy, scope).
 _LEGACY: dict[tuple[str, str], str] = {
@@ -137,6 +153,13 @@ def _resources(zone: Mapping[str, Any], where: str) -> list[JSON]:
     return out
 
 
+def omitted_zones(status: Mapping[str, Any]) -> list[int]:
+    """The NUMA node ids of ``status`` a NodeResourceTopology leaves out (ids >= 64)."""
+    return sorted(z["id"] for z in status.get("zones") or []
+                  if isinstance(z, Mapping) and isinstance(z.get("id"), int)
+                  and z["id"] > MAX_ZONE_ID)
+
+
 def _costs(zone_id: int, distances: Mapping[str, Any] | None, ids: list[int]) -> list[JSON]:
     if not distances:
         return []
@@ -153,9 +176,10 @@ def _costs(zone_id: int, distances: Mapping[str, Any] | None, ids: list[int]) ->
 
 def build_nrt(node: str, status: Mapping[str, Any], spec: Mapping[str, Any] | None = None, *,
               node_uid: str | None = None,
-              labels: Mapping[str, str] | None = None) -> JSON:
+              labels: Mapping[str, str] | None = None,
+              legacy_policies: bool = True) -> JSON:
     """The NodeResourceTopology object of ``node`` from its NodeTopology ``status``
-    (zones, distances) and ``spec`` (the node default policy and scope).
+    (zones, distances) and ``spec`` (the node default policy, scope and options).
 
     Raises NrtError when the status has no zones or a zone is malformed."""
     zones_raw = status.get("zones")
@@ -171,10 +195,13 @@ def build_nrt(node: str, status: Mapping[str, Any], spec: Mapping[str, Any] | No
     if distances is not None and not isinstance(distances, Mapping):
         raise NrtError("status.distances: must map a NUMA node id to its row")
     zones: list[JSON] = []
+    kept = [zid for zid in ids if 0 <= zid <= MAX_ZONE_ID]
     for i, (zid, z) in enumerate(zip(ids, zones_raw, strict=True)):
+        if zid not in kept:
+            continue
         zone: JSON = {"name": zone_name(zid), "type": ZONE_TYPE,
                       "resources": _resources(z, f"status.zones[{i}]")}
-        costs = _costs(zid, distances, ids)
+        costs = _costs(zid, distances, kept)
         if costs:
             zone["costs"] = costs
         zones.append(zone)
@@ -184,21 +211,57 @@ def build_nrt(node: str, status: Mapping[str, Any], spec: Mapping[str, Any] | No
         raise NrtError(f"spec.policy: {policy!r} is not one of {', '.join(POLICIES)}")
     if scope not in SCOPES:
         raise NrtError(f"spec.scope: {scope!r} is not one of {', '.join(SCOPES)}")
+    try:
+        options = parse_options((spec or {}).get("options"), "spec.options")
+    except WireError as e:
+        raise NrtError(str(e)) from None
+    attributes = [{"name": POLICY_ATTRIBUTE, "value": policy},
+                  {"name": SCOPE_ATTRIBUTE, "value": scope},
+                  {"name": MAX_NUMA_NODES_ATTRIBUTE,
+                   "value": str(options.engine.max_allowable_numa_nodes)}]
+    if options.given:
+        attributes.append({"name": POLICY_OPTIONS_ATTRIBUTE, "value": ",".join(
+            f"{k}={v}" for k, v in sorted(options.given.items()))})
     meta: JSON = {"name": node}
     if labels:
         meta["labels"] = dict(labels)
     if node_uid:
         meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": node,
                                     "uid": node_uid}]
-    return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "metadata": meta,
-        "topologyPolicies": [_LEGACY[(policy, scope)]],
-        "attributes": [{"name": POLICY_ATTRIBUTE, "value": policy},
-                       {"name": SCOPE_ATTRIBUTE, "value": scope}],
-        "zones": zones,
-    }
+    out: JSON = {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta}
+    if legacy_policies:
+        out["topologyPolicies"] = [_LEGACY[(policy, scope)]]
+    out["attributes"] = attributes
+    out["zones"] = zones
+    return out
+
+
+@dataclass(frozen=True)
+class NrtOptions:
+    """How the agent publishes NodeResourceTopology: the pod fingerprint's method and the
+    scheduler's pod informer mode it must agree with (agent/podfingerprint.py), and
+    whether to write the deprecated ``topologyPolicies``."""
+
+    method: str = pfp.METHOD_EXCLUSIVE
+    informer: str = pfp.INFORMER_DEDICATED
+    legacy_policies: bool = True
+
+
+def resource_names(obj: Mapping[str, Any]) -> set[str]:
+    """The resource names a NodeResourceTopology lists in any zone."""
+    return {str(r.get("name")) for z in obj.get("zones") or []
+            for r in z.get("resources") or []}
+
+
+def add_fingerprint(obj: JSON, pods: Iterable[pfp.PodEntry], options: NrtOptions) -> str:
+    """Add ``nodeTopologyPodsFingerprint`` (of ``pods`` as ``options`` select them) and
+    ``nodeTopologyPodsFingerprintMethod`` to ``obj``'s attributes; returns the fingerprint."""
+    sign = pfp.fingerprint(pods, options.method, resource_names(obj), options.informer)
+    attrs = [a for a in obj.get("attributes") or []
+             if a.get("name") not in (pfp.ATTRIBUTE, pfp.ATTRIBUTE_METHOD)]
+    obj["attributes"] = [*attrs, {"name": pfp.ATTRIBUTE, "value": sign},
+                         {"name": pfp.ATTRIBUTE_METHOD, "value": options.method}]
+    return sign
 
 
 def nrt_path(name: str) -> str:

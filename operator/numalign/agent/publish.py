@@ -6,6 +6,7 @@ interval however many pods changed, retried on conflicts and transient errors).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -22,6 +23,7 @@ from numalign.topology.quantity import format_bytes, format_cpulist
 
 from . import nrt
 from .kubelet_status import now_iso
+from .nrt import NrtOptions
 from .state import NodeState
 
 log = logging.getLogger(__name__)
@@ -223,7 +225,9 @@ class Publisher:
     def __init__(self, kube: Kube, states: Mapping[str, NodeState], *,
                  delay: float = 0.2, min_interval: float = 1.0, concurrency: int = 8,
                  labels: Callable[[NodeState], Mapping[str, str]] | None = None,
-                 nrt: bool = False,
+                 nrt: bool = False, nrt_options: NrtOptions | None = None,
+                 nrt_delay: float = 0.1, nrt_interval: float = 0.5, nrt_concurrency: int = 4,
+                 nrt_kube: Kube | None = None,
                  node_uid: Callable[[str], str | None] | None = None,
                  busy: Callable[[], bool] | None = None, busy_interval: float = 8.0,
                  busy_concurrency: int = 2, preconditions: bool = False) -> None:
@@ -237,8 +241,18 @@ class Publisher:
         self.busy_interval = max(busy_interval, min_interval)
         self.busy_concurrency = max(1, busy_concurrency)
         self.nrt = nrt
+        self.nrt_options = nrt_options or NrtOptions()
+        self.nrt_kube = nrt_kube or kube  # NodeResourceTopology writes (a lane of their own)
         self.node_uid = node_uid
         self._nrt_rv: dict[str, str] = {}
+        self._nrt_sent: dict[str, JSON] = {}  # the object last written per node
+        self._nrt_omitted: dict[str, list[int]] = {}
+        self._nrt_dirty: set[str] = set()
+        self._nrt_event = asyncio.Event()
+        self._nrt_last: dict[str, float] = {}
+        self.nrt_delay = nrt_delay
+        self.nrt_interval = nrt_interval
+        self.nrt_concurrency = max(1, nrt_concurrency)
         self._nrt_backoff: dict[str, float] = {}
         self.nrt_writes = 0
         self.nrt_errors = 0
@@ -262,10 +276,20 @@ class Publisher:
     def mark(self, name: str) -> None:
         self._dirty.add(name)
         self._event.set()
+        if self.nrt:
+            self.mark_nrt(name)
 
     def mark_all(self) -> None:
         self._dirty.update(self.states)
         self._event.set()
+        for name in self.states if self.nrt else ():
+            self.mark_nrt(name)
+
+    def mark_nrt(self, name: str) -> None:
+        """Ask for the node's NodeResourceTopology to be written (its own loop, not
+        slowed down by pod decisions: see :meth:`run_nrt`)."""
+        self._nrt_dirty.add(name)
+        self._nrt_event.set()
 
     async def ensure(self, name: str, existing: Mapping[str, Any] | None) -> JSON | None:
         """Create the node's NodeTopology when it does not exist yet; the object created,
@@ -357,54 +381,104 @@ class Publisher:
         self._previous[name] = status
         self._published_version[name] = version
         self._last_write[name] = time.monotonic()
-        if self.nrt:
-            try:
-                await self.write_nrt(name, status)
-            except Exception as e:  # any failure: the NodeTopology write stands
-                # Write both again later, backing off.
-                self.nrt_errors += 1
-                hint = (" (is the NodeResourceTopology CRD installed? config/nrt)"
-                        if isinstance(e, ApiError) and e.status == 404 else "")
-                backoff = min(60.0, 2 * self._nrt_backoff.get(name, 0.5))
-                self._nrt_backoff[name] = backoff
-                log.warning("NodeResourceTopology %s: %s%s; retrying in %.0fs", name, e, hint,
-                            backoff)
-                asyncio.get_running_loop().call_later(backoff, self.mark, name)
-            else:
-                self._nrt_backoff.pop(name, None)
 
     async def write_nrt(self, name: str, status: Mapping[str, Any]) -> None:
-        """The node's NodeResourceTopology from the status just written: replaced in one
+        """The node's NodeResourceTopology from ``status`` (its state's): replaced in one
         request while nobody else wrote it since our last write (its resourceVersion is
         ours), else through ``nrt.publish_nrt`` (read, merge labels, create or replace)."""
         st = self.states[name]
-        spec = {"policy": st.default.policy, "scope": st.default.scope}
+        spec = {"policy": st.default.policy, "scope": st.default.scope,
+                "options": dict(st.default.options.given)}
         labels = self.labels(st) if self.labels else None
         uid = self.node_uid(name) if self.node_uid else None
-        obj = nrt.build_nrt(name, status, spec, node_uid=uid, labels=labels)
+        obj = nrt.build_nrt(name, status, spec, node_uid=uid, labels=labels,
+                            legacy_policies=self.nrt_options.legacy_policies)
+        nrt.add_fingerprint(obj, st.pods.values(), self.nrt_options)
+        omitted = nrt.omitted_zones(status)
+        if omitted and self._nrt_omitted.get(name) != omitted:
+            log.warning("NodeResourceTopology %s: NUMA nodes %s left out (the scheduler "
+                        "plugin reads ids 0-%d only)", name, omitted, nrt.MAX_ZONE_ID)
+        self._nrt_omitted[name] = omitted
+        if self._nrt_rv.get(name) and self._nrt_sent.get(name) == obj:
+            return  # nothing changed since our last write
         rv = self._nrt_rv.get(name)
         stored: JSON | None = None
         if rv:
             body = dict(obj)
             body["metadata"] = {**obj["metadata"], "resourceVersion": rv}
             try:
-                stored = await self.kube.put(nrt.nrt_path(name), body)
+                stored = await self.nrt_kube.put(nrt.nrt_path(name), body)
             except ApiError as e:
                 if e.status not in (404, 409):
                     raise
         if stored is None:
-            stored = await nrt.publish_nrt(self.kube, obj)
+            stored = await nrt.publish_nrt(self.nrt_kube, obj)
         self._nrt_rv[name] = str((stored.get("metadata") or {}).get("resourceVersion") or "")
+        self._nrt_sent[name] = obj
         self.nrt_writes += 1
 
+    async def _nrt_one(self, name: str) -> None:
+        """Write one node's NodeResourceTopology from its state now; on failure, try
+        again later (backing off); the NodeTopology writes go on regardless."""
+        self._nrt_last[name] = time.monotonic()
+        try:
+            await self.write_nrt(name, build_status(self.states[name],
+                                                    self._previous.get(name)))
+        except Exception as e:  # any failure: retried, the NodeTopology write stands
+            self.nrt_errors += 1
+            hint = (" (is the NodeResourceTopology CRD installed? config/nrt)"
+                    if isinstance(e, ApiError) and e.status == 404 else "")
+            backoff = min(60.0, 2 * self._nrt_backoff.get(name, 0.5))
+            self._nrt_backoff[name] = backoff
+            log.warning("NodeResourceTopology %s: %s%s; retrying in %.0fs", name, e, hint,
+                        backoff)
+            asyncio.get_running_loop().call_later(backoff, self.mark_nrt, name)
+        else:
+            self._nrt_backoff.pop(name, None)
+
+    async def _nrt_many(self, names: list[str]) -> None:
+        sem = asyncio.Semaphore(self.nrt_concurrency)
+
+        async def one(n: str) -> None:
+            async with sem:
+                await self._nrt_one(n)
+
+        await asyncio.gather(*(one(n) for n in names))
+
+    async def run_nrt(self) -> None:
+        """Keep every node's NodeResourceTopology fresh: a node marked dirty is written
+        ``nrt_delay`` later (gathering the changes meanwhile), at most once per
+        ``nrt_interval``, ``nrt_concurrency`` at a time -- whether or not pod decisions
+        are being made (the NodeTopology status waits then; a topology-aware scheduler
+        reading a stale NodeResourceTopology places pods on resources already taken)."""
+        while True:
+            await self._nrt_event.wait()
+            self._nrt_event.clear()
+            await asyncio.sleep(self.nrt_delay)
+            now = time.monotonic()
+            due = [n for n in sorted(self._nrt_dirty)
+                   if now - self._nrt_last.get(n, float("-inf")) >= self.nrt_interval]
+            self._nrt_dirty.difference_update(due)
+            if due:
+                await self._nrt_many(due)
+            if self._nrt_dirty:
+                wait = min(self.nrt_interval - (time.monotonic() - self._nrt_last.get(n, 0.0))
+                           for n in self._nrt_dirty)
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                self._nrt_event.set()
+
     def pending(self) -> bool:
-        return bool(self._dirty)
+        return bool(self._dirty) or bool(self._nrt_dirty)
 
     async def flush(self) -> None:
         """Write every node marked dirty now (ignores the interval)."""
         names = sorted(self._dirty)
         self._dirty.clear()
         await self._write_many(names)
+        nrt_names = sorted(self._nrt_dirty)
+        self._nrt_dirty.clear()
+        await self._nrt_many(nrt_names)
 
     async def _write_many(self, names: list[str], concurrency: int | None = None) -> None:
         sem = asyncio.Semaphore(concurrency or self.concurrency)
@@ -421,6 +495,20 @@ class Publisher:
         await asyncio.gather(*(one(n) for n in names))
 
     async def run(self) -> None:
+        """Write NodeTopology status (and, with ``nrt``, NodeResourceTopology: its own
+        loop) until cancelled."""
+        if not self.nrt:
+            await self._run()
+            return
+        nrt_loop = asyncio.create_task(self.run_nrt(), name="noderesourcetopology")
+        try:
+            await self._run()
+        finally:
+            nrt_loop.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await nrt_loop
+
+    async def _run(self) -> None:
         while True:
             await self._event.wait()
             self._event.clear()

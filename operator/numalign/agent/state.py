@@ -27,6 +27,7 @@ from numalign.api.wire import (
 from numalign.topology.machine import Machine
 
 from . import engine
+from .podfingerprint import PodEntry, pod_entry
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,9 @@ class NodeState:
         self.ledger = engine.new_ledger(machine)
         self.admitted: dict[str, AdmittedPod] = {}
         self.decided: dict[str, bool] = {}  # uid -> admitted?
+        # The pods this node took out of Pending (uid -> entry): the set the
+        # NodeResourceTopology's pod fingerprint covers (agent/podfingerprint.py).
+        self.pods: dict[str, PodEntry] = {}
         self.rejected_total = 0
         self.default: Resolved = NONE
         self.spec_generation: int | None = None
@@ -118,6 +122,26 @@ class NodeState:
 
     # -- decisions ---------------------------------------------------------------------
 
+    def track(self, pod: Mapping[str, Any], phase: str | None = None) -> bool:
+        """Note that ``pod`` is on this node in ``phase`` (default: its own); a Pending
+        pod is not counted. True when the set of pods (or a phase) changed."""
+        uid = pod_uid(pod)
+        entry = pod_entry(pod, phase)
+        if entry.phase == "Pending" or not uid:
+            return self.untrack(uid)
+        old = self.pods.get(uid)
+        if old == entry:
+            return False
+        self.pods[uid] = entry
+        self.version += 1
+        return True
+
+    def untrack(self, uid: str) -> bool:
+        if self.pods.pop(uid, None) is None:
+            return False
+        self.version += 1
+        return True
+
     def decide(self, pod: Mapping[str, Any], resolved: Resolved) -> Decision:
         """Admit or reject ``pod`` (once: a decided pod gets its first answer again)."""
         uid = pod_uid(pod)
@@ -128,6 +152,7 @@ class NodeState:
                             resolved=held.resolved if held else resolved)
         result = engine.admit(self.machine, self.ledger, pod, resolved, uid)
         self.decided[uid] = result.admit
+        self.track(pod, "Running" if result.admit else "Failed")
         self.version += 1
         if result.admit:
             alloc = result.allocation or Allocation()
@@ -142,6 +167,7 @@ class NodeState:
     def release(self, uid: str) -> bool:
         """Forget a pod (deleted or finished); True if it held resources."""
         was_decided = self.decided.pop(uid, None) is not None
+        self.untrack(uid)
         held = self.admitted.pop(uid, None)
         if held is not None:
             engine.release(self.ledger, uid)
@@ -184,6 +210,7 @@ class NodeState:
             ann = (meta.get("annotations") or {}).get(ANN_ALLOCATION)
             if phase == "Failed" or phase == "Succeeded":
                 self.decided[uid] = False
+                self.track(pod)
                 if phase == "Failed" and st.get("reason") == REJECT_REASON:
                     report.rejected.append(uid)
                 continue
@@ -191,6 +218,7 @@ class NodeState:
                 continue
             if phase == "Running" or ann is not None:
                 to_restore.append((pod, ann))
+                self.track(pod, "Running")
                 continue
             pending.append(pod)
         # What the agent itself published first: a pod's annotation can be edited by its

@@ -22,10 +22,14 @@ import signal
 import socket
 import sys
 from collections.abc import Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from numalign.agent import podfingerprint as pfp
 from numalign.topology.errors import TopologyError
 from numalign.topology.machine import Machine, load_machine
+
+if TYPE_CHECKING:
+    from numalign.agent.nrt import NrtOptions
 
 PROG = "numalign agent"
 
@@ -76,10 +80,28 @@ def _parser() -> argparse.ArgumentParser:
                    help="also publish each node's NodeResourceTopology "
                         "(topology.node.k8s.io/v1alpha2, for topology-aware schedulers) "
                         "after each NodeTopology status write; needs its CRD (config/nrt)")
+    p.add_argument("--nrt-fingerprint-method", choices=pfp.METHODS, default=pfp.METHOD_EXCLUSIVE,
+                   help="pods the NodeResourceTopology's nodeTopologyPodsFingerprint covers: "
+                        "those holding exclusive resources (default) or all")
+    p.add_argument("--nrt-informer-mode", choices=pfp.INFORMER_MODES,
+                   default=pfp.INFORMER_DEDICATED,
+                   help="the scheduler plugin's cache informerMode the fingerprint agrees "
+                        "with: Dedicated (its default: pods not Pending) or Shared (Running)")
+    p.add_argument("--no-nrt-topology-policies", dest="nrt_topology_policies",
+                   action="store_false",
+                   help="leave out the deprecated topologyPolicies field of "
+                        "NodeResourceTopology (its attributes say the same)")
     p.add_argument("--metrics-port", type=int, default=0,
                    help="serve Prometheus metrics on this port (default: off)")
     p.add_argument("--log-level", default=os.environ.get("NUMALIGN_LOG_LEVEL", "INFO"))
     return p
+
+
+def _nrt_options(args: argparse.Namespace) -> NrtOptions:
+    from numalign.agent.nrt import NrtOptions
+
+    return NrtOptions(args.nrt_fingerprint_method, args.nrt_informer_mode,
+                      args.nrt_topology_policies)
 
 
 def parse_emulate(items: list[str]) -> list[tuple[Machine, int]]:
@@ -174,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
                 emulator = Emulator(kube, nodes, lease_interval=args.lease_interval,
                                     publish_interval=interval,
                                     concurrency=args.concurrency,
-                                    publish_nrt=args.publish_nrt)
+                                    publish_nrt=args.publish_nrt,
+                                    nrt_options=_nrt_options(args))
                 if args.metrics_port:
                     _metrics(args.metrics_port, emulator)
                 await emulator.run()
@@ -186,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
                 identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
                 lease = NodeLease(kube, name, namespace, identity)
                 await RealNode(kube, name, machine, publish_nrt=args.publish_nrt,
+                               nrt_options=_nrt_options(args),
                                pod_resources=args.pod_resources,
                                kubelet_config=args.kubelet_config,
                                refresh=args.refresh_interval, lease=lease,

@@ -206,7 +206,7 @@ def _offline(args: argparse.Namespace) -> Explanation:
 # ---------------------------------------------------------------- live
 
 
-def _read(client: _Client, args: argparse.Namespace
+def _read(client: LiveClient, args: argparse.Namespace
           ) -> tuple[dict[str, Any], str, dict[str, Any]]:
     """The pod, its node and the node's NodeTopology (errors name what is missing)."""
     ns = args.namespace or client.namespace
@@ -230,7 +230,7 @@ def _live(args: argparse.Namespace) -> Explanation:
     if args.machine or args.pod or args.allocated:
         raise ExplainError("give either a pod name (live mode) or --machine and --pod "
                            "(offline mode), not both")
-    client = _Client(args.kubeconfig, args.context)
+    client = LiveClient(args.kubeconfig, args.context)
     try:
         pod, node, nt = _read(client, args)
     finally:
@@ -339,10 +339,12 @@ def _live(args: argparse.Namespace) -> Explanation:
     return ex
 
 
-class _Client:
-    """The few reads live mode makes, through the one client (errors -> ExplainError)."""
+class LiveClient:
+    """The reads live mode (and ``kubectl numalign``) makes, through the one client
+    (errors -> ExplainError, one line)."""
 
-    def __init__(self, kubeconfig: str | None, context: str | None) -> None:
+    def __init__(self, kubeconfig: str | None, context: str | None,
+                 user_agent: str = "numalign-explain") -> None:
         from numalign.api.kube import SyncKube, load_config
 
         try:
@@ -352,25 +354,45 @@ class _Client:
                                "--kubeconfig (e.g. from 'numalign dev kubeconfig')") from None
         self.namespace = config.namespace or "default"
         self.host = config.host
-        self.kube = SyncKube(config, max_connections=2, user_agent="numalign-explain")
+        self.kube = SyncKube(config, max_connections=2, user_agent=user_agent)
 
     def _get(self, path: str, what: str) -> dict[str, Any] | None:
+        return self.read(path, what)
+
+    def read(self, path: str, what: str, params: Mapping[str, str] | None = None
+             ) -> dict[str, Any] | None:
+        """GET ``path`` (``what`` names it in errors); None when it does not exist."""
         from numalign.api.kube import ApiError
 
         try:
-            return self.kube.request("GET", path, timeout=30)
+            return self.kube.request("GET", path, params=params, timeout=30)
         except ApiError as e:
             if e.status == 404:
                 return None
             if e.status in (401, 403):
                 raise ExplainError(f"not allowed to read {what} ({e.status} {e.reason}): "
-                                   "use credentials that may get pods and nodetopologies"
-                                   ) from None
+                                   "use credentials that may get pods, events and "
+                                   "nodetopologies") from None
             raise ExplainError(f"reading {what} failed: {e.status} {e.reason}") from None
         except Exception as e:  # connection refused, DNS, TLS ...
             raise ExplainError(f"cannot reach the API server at {self.host}: "
                                f"{type(e).__name__}; is the cluster up? check --kubeconfig"
                                ) from None
+
+    def list(self, path: str, what: str, params: Mapping[str, str] | None = None
+             ) -> list[dict[str, Any]]:
+        """Every item of the list at ``path`` (none when the API is not there)."""
+        items: list[dict[str, Any]] = []
+        p = {**(params or {}), "limit": "500"}
+        while True:
+            doc = self.read(path, what, p)
+            if doc is None:
+                return items
+            items += [i for i in doc.get("items") or [] if isinstance(i, dict)]
+            cont = (doc.get("metadata") or {}).get("continue")
+            if not cont:
+                return items
+            p["continue"] = str(cont)
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         from numalign.api.kube import pod_path
@@ -384,6 +406,12 @@ class _Client:
 
     def close(self) -> None:
         self.kube.close()
+
+
+def explain_live(argv: list[str]) -> Explanation:
+    """Live mode for another command (``kubectl numalign explain``): ``argv`` as this
+    command takes it (POD, -n, --kubeconfig, --context, --policy ...); ExplainError."""
+    return _live(_parser().parse_args(argv))
 
 
 # ---------------------------------------------------------------- main

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .crds import NRT_CRD
 from .processes import free_ports
 
 
@@ -92,6 +93,8 @@ def _agent_argv(info: ClusterInfo) -> list[str] | None:
     argv = ["-m", "numalign.cli", "agent", "--kubeconfig", str(info.kubeconfig)]
     for m in info.machines:
         argv += ["--machine", str(m)]
+    if NRT_CRD.is_file():  # installed with the CRDs: kubectl get noderesourcetopologies
+        argv.append("--publish-nrt")
     return argv
 
 

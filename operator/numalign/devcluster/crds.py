@@ -1,4 +1,6 @@
-"""Install the numalign CRDs into a cluster and wait until they are Established."""
+"""Install the numalign CRDs into a cluster and wait until they are Established; with
+them, where the repository's ``config/nrt/crd.yaml`` is at hand, the NodeResourceTopology
+CRD the dev cluster's agents publish (``--publish-nrt``)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import yaml
 from ..api.kube import ApiError, SyncKube
 
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+NRT_CRD = Path(__file__).resolve().parents[3] / "config" / "nrt" / "crd.yaml"
 
 
 class CrdError(RuntimeError):
@@ -20,11 +23,15 @@ class CrdError(RuntimeError):
 
 
 def load_crds(crd_dir: Path | None = None) -> list[dict[str, Any]]:
-    """The CRDs in ``crd_dir``'s YAML files, or (None) the ones generated from the models."""
+    """The CRDs in ``crd_dir``'s YAML files, or (None) the ones generated from the models
+    and the NodeResourceTopology CRD (``NRT_CRD``, when the repository is at hand)."""
     if crd_dir is None:
         from ..api.crdgen import crds
 
-        return crds()
+        out = crds()
+        if NRT_CRD.is_file():
+            out += [d for d in yaml.safe_load_all(NRT_CRD.read_text()) if isinstance(d, dict)]
+        return out
     docs: list[dict[str, Any]] = []
     for path in sorted(crd_dir.glob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):

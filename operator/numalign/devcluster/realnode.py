@@ -44,6 +44,7 @@ from numalign.topology.policy import POLICIES, SCOPES
 
 from . import certs
 from .cluster import DevCluster, DevClusterError, write_kubeconfig
+from .crds import NRT_CRD
 from .hostcgroups import (
     ForeignNameError,
     cgroup_hierarchies,
@@ -406,6 +407,8 @@ class RealNode:
         argv = [*self._numalign(), "agent", "--node", self.name, "--root", str(self.dir),
                 "--pod-resources", str(self.pod_resources_socket),
                 "--kubelet-config", str(self.kubelet_config)]
+        if NRT_CRD.is_file():  # installed with the CRDs (devcluster/crds.py)
+            argv.append("--publish-nrt")
         if self.mode == MODE_NRI:
             argv += ["--nri-socket", str(self.nri_socket)]
             say(f"the agent places containers through NRI ({self.nri_socket})")
