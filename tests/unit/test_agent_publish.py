@@ -207,8 +207,6 @@ class NrtKube(FakeKube):
 
 async def test_nrt_stays_fresh_while_status_writes_wait() -> None:
     from numalign.agent import podfingerprint as pfp
-    from numalign.agent.annotations import resolve_pod
-
     st = NodeState("n1", load_machine(MACHINES / "seed-figure1.yaml"))
     kube = NrtKube()
     pub = Publisher(kube, {"n1": st}, delay=0.01, min_interval=0.05,  # type: ignore[arg-type]
@@ -219,7 +217,7 @@ async def test_nrt_stays_fresh_while_status_writes_wait() -> None:
     try:
         for i in range(3):
             pod = _pod(f"p{i}", "1")
-            st.decide(pod, resolve_pod(pod, st.default)[0])
+            st.decide(pod, st.default)
             pub.mark("n1")
             marked = time.monotonic()
 

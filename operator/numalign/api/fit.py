@@ -20,8 +20,8 @@ from typing import Any
 
 from numalign.api.effective import NodePolicy, effective_policy
 from numalign.topology.errors import TopologyError
-from numalign.topology.policies import get_policy
 from numalign.topology.pod import pod_from_dict
+from numalign.topology.policies import get_policy
 from numalign.topology.quantity import parse_quantity
 
 
