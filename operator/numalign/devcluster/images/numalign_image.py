@@ -26,6 +26,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -136,7 +137,7 @@ def update_lock(repo: Path, log: Log) -> Path:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         _pip(["install", "--dry-run", "--ignore-installed", "--quiet", "--report",
-              str(report), str(repo)], log)
+              str(report), str(_staged(repo, Path(tmp) / "src"))], log)
         doc = json.loads(report.read_text())
     pins = sorted((normalize(i["metadata"]["name"]), i["metadata"]["version"])
                   for i in doc["install"] if normalize(i["metadata"]["name"]) != "numalign")
@@ -149,17 +150,36 @@ def update_lock(repo: Path, log: Log) -> Path:
     return out
 
 
+def source_files(repo: Path) -> list[Path]:
+    """The files the wheel is built from (paths relative to ``repo``), without byte code
+    and build metadata left by earlier builds."""
+    out: list[Path] = []
+    for top in SOURCES:
+        base = repo / top
+        if base.is_file():
+            out.append(Path(top))
+            continue
+        out += sorted(p.relative_to(repo) for p in base.rglob("*") if p.is_file()
+                      and not any(part == "__pycache__" or part.endswith(".egg-info")
+                                  for part in p.parts) and p.suffix != ".pyc")
+    return out
+
+
 def source_key(repo: Path) -> str:
     """A hash of every file the wheel is built from."""
     h = hashlib.sha256()
-    for top in SOURCES:
-        base = repo / top
-        files = [base] if base.is_file() else sorted(
-            p for p in base.rglob("*")
-            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
-        for f in files:
-            h.update(f.relative_to(repo).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    for rel in source_files(repo):
+        h.update(rel.as_posix().encode() + b"\0" + (repo / rel).read_bytes() + b"\0")
     return h.hexdigest()[:16]
+
+
+def _staged(repo: Path, dest: Path) -> Path:
+    """A copy of the wheel's sources in ``dest``: pip builds there, leaving the checkout
+    without build/ and egg-info."""
+    for rel in source_files(repo):
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(repo / rel, dest / rel)
+    return dest
 
 
 def _dependencies(repo: Path) -> bytes:
@@ -281,7 +301,8 @@ def _check_pins(site: Path, pins: dict[str, str]) -> None:
 
 
 def _wheel(repo: Path, out: Path, log: Log) -> Path:
-    _pip(["wheel", "--quiet", "--no-deps", "--wheel-dir", str(out), str(repo)], log)
+    src = _staged(repo, out / "src")
+    _pip(["wheel", "--quiet", "--no-deps", "--wheel-dir", str(out), str(src)], log)
     wheels = sorted(out.glob("numalign-*.whl"))
     if len(wheels) != 1:
         raise ImageError(f"pip wheel left {len(wheels)} numalign wheels in {out}")
