@@ -177,3 +177,31 @@ def test_scripts_run_with_the_images_interpreter(tmp_path: Path) -> None:
     assert (bindir / "numalign").read_text() == shebang + body
     assert (bindir / "long").read_text() == shebang + body
     assert (bindir / "plain.sh").read_text() == "#!/bin/sh\necho hi\n"
+
+
+def test_wheel_sources_leave_build_leftovers_out(tmp_path: Path) -> None:
+    for rel in ("pyproject.toml", "README.md", "operator/numalign/__init__.py",
+                "operator/numalign/__pycache__/x.cpython-311.pyc",
+                "operator/numalign.egg-info/PKG-INFO", "build/lib/numalign/__init__.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x")
+    assert [p.as_posix() for p in dev_image.source_files(tmp_path)] == [
+        "pyproject.toml", "README.md", "operator/numalign/__init__.py"]
+    key = dev_image.source_key(tmp_path)
+    (tmp_path / "operator/numalign.egg-info/SOURCES.txt").write_text("new")
+    assert dev_image.source_key(tmp_path) == key, "a build's egg-info changes nothing"
+    (tmp_path / "operator/numalign/__init__.py").write_text("y")
+    assert dev_image.source_key(tmp_path) != key
+
+
+def test_every_installed_distribution_must_be_pinned(tmp_path: Path) -> None:
+    for name, version in (("numalign", "0.1.0"), ("PyYAML", "6.0.4"), ("kopf", "1.45.2")):
+        info = tmp_path / f"{name}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\n"
+                                       f"Version: {version}\n")
+    dev_image.check_pins(tmp_path, {"pyyaml": "6.0.4", "kopf": "1.45.2"})
+    with pytest.raises(ImageError, match=r"kopf 1\.45\.2 \(lock: 1\.40\.0\)"):
+        dev_image.check_pins(tmp_path, {"pyyaml": "6.0.4", "kopf": "1.40.0"})
+    with pytest.raises(ImageError, match=r"pyyaml 6\.0\.4 \(lock: missing\)"):
+        dev_image.check_pins(tmp_path, {"kopf": "1.45.2"})

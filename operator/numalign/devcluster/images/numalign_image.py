@@ -283,7 +283,7 @@ def _remove_empty_dirs(top: Path) -> None:
             Path(dirpath).rmdir()
 
 
-def _check_pins(site: Path, pins: dict[str, str]) -> None:
+def check_pins(site: Path, pins: dict[str, str]) -> None:
     """Every distribution pip installed is pinned, at the version installed."""
     bad = []
     for meta in sorted(site.glob("*.dist-info/METADATA")):
@@ -340,7 +340,7 @@ def build_image(out_dir: Path | None = None, log: Log | None = None) -> tuple[Pa
             _venv_skeleton(tree, python_version)
             _install(tree, ["--constraint", str(repo / LOCK), str(the_wheel())], say)
             site = tree / SITE_PACKAGES.lstrip("/")
-            _check_pins(site, pins)
+            check_pins(site, pins)
             for path in _own_files(site, "numalign"):  # numalign is the next layer's
                 if path.is_file() or path.is_symlink():
                     path.unlink()
