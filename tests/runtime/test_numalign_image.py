@@ -8,6 +8,7 @@ index (the image's layers are cached after the first build)."""
 from __future__ import annotations
 
 import json
+import shutil
 import tarfile
 import uuid
 from pathlib import Path
@@ -22,6 +23,8 @@ FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs" / "16amd64-
 
 @pytest.fixture
 def numalign_image(containerd: Containerd, tmp_path: Path) -> Containerd:
+    if shutil.which("apt-get") is None:
+        pytest.skip("the image's runtime comes from Debian packages: no apt-get here")
     archive, _manifest = build_image(tmp_path / "image")
     out = containerd.ctr("images", "import", "--no-unpack=false", str(archive), timeout=300)
     assert out.returncode == 0, out.stderr

@@ -1,7 +1,7 @@
 """``numalign dev``: the local control plane for the demo and the tests.
 
     numalign dev build [--real-node]         # build (or find cached) the binaries
-                                             # (the control plane and the kubelet oracle)
+                                             # (the control plane, the kubelet oracle, helm)
     numalign dev up [--machine FILE[=COUNT]]... [--state-dir DIR]
     numalign dev up --demo [--state-dir DIR]  # + emulated nodes and the sample workloads
     numalign dev up --real-node [FILE]       # + a real kubelet and containerd (root)
@@ -31,6 +31,7 @@ from ..devcluster.build import BuildError, ensure_built
 from ..devcluster.cluster import DevCluster, DevClusterError, default_state_dir
 from ..devcluster.crds import CrdError
 from ..devcluster.demo import REPO, SAMPLES, Demo, DemoResult, Kubectl, pods_of, story
+from ..devcluster.helmbuild import ensure_helm_built
 from ..devcluster.images.numalign_image import (
     IMAGE,
     LOCK,
@@ -117,8 +118,8 @@ def _parser() -> argparse.ArgumentParser:
     with_state(sub.add_parser("kubeconfig", help="print the kubeconfig path "
                                                  "(export KUBECONFIG=$(numalign dev kubeconfig))"))
     with_state(sub.add_parser("status", help="say whether the control plane runs"))
-    build = sub.add_parser("build", help="build the binaries and the kubelet oracle the "
-                                         "tests use (cached: instant when built)")
+    build = sub.add_parser("build", help="build the binaries, the kubelet oracle and helm "
+                                         "the tests use (cached: instant when built)")
     build.add_argument("--real-node", action="store_true",
                        help="also build the real node's kubelet, containerd, runc and CNI "
                             "plugins (what 'dev up --real-node' runs)")
@@ -176,6 +177,7 @@ def _run(args: argparse.Namespace) -> int:
         _log(f"binaries in {path} ({time.monotonic() - t0:.1f}s)")
         oracle = ensure_oracle_built(log=_log)
         _log(f"kubelet oracle (the tests' reference) at {oracle}")
+        _log(f"helm (the chart's tests) at {ensure_helm_built(log=_log)}")
         print(path)
         if args.real_node:
             t0 = time.monotonic()
