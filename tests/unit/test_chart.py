@@ -81,8 +81,13 @@ def _folded(value: Any) -> Any:
 
 
 def _normalized(obj: Obj) -> Obj:
-    """The object without the labels and, for a cluster-scoped kind, its namespace."""
+    """The object without the labels, Helm's annotations (helm.sh/resource-policy) and,
+    for a cluster-scoped kind, its namespace."""
     meta = {k: v for k, v in obj["metadata"].items() if k != "labels"}
+    notes = {k: v for k, v in (meta.pop("annotations", None) or {}).items()
+             if not k.startswith("helm.sh/")}
+    if notes:
+        meta["annotations"] = notes
     if obj["kind"] not in NAMESPACED:
         meta.pop("namespace", None)
     return dict(_folded({**obj, "metadata": meta}))
