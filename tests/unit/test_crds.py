@@ -29,6 +29,19 @@ def test_crds_are_current() -> None:
     )
 
 
+def test_chart_crds_are_crds_and_kopfs() -> None:
+    """Helm installs CRDs only from the chart's crds/: the same files as crds/ (and no
+    other), plus Kopf's peering CRDs as config/crd has them."""
+    chart = crdgen.chart_crd_dir()
+    stale = crdgen.stale_files(chart, crdgen.chart_files())
+    assert not stale, (
+        f"{chart} is stale ({', '.join(stale)}): run 'python -m numalign.api.crdgen'")
+    for f in CRDS.glob("*.yaml"):
+        assert (chart / f.name).read_text() == f.read_text()
+    assert (chart / crdgen.CHART_KOPF_PEERING).read_text() == \
+        (CRDS.parent / "config/crd/kopf-peering.yaml").read_text()
+
+
 def test_check_flag_reports_stale(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert crdgen.main(["--check", "--out", str(tmp_path)]) == 1
     assert "stale" in capsys.readouterr().err

@@ -1,13 +1,21 @@
 """The Dockerfile is hadolint-clean and builds what the manifests expect: a multi-stage
-build whose runtime stage runs the ``numalign`` console script as a numeric non-root user."""
+build whose runtime stage runs the ``numalign`` console script as a numeric non-root user,
+with the layout, entry point, user and environment of the image ``numalign dev image``
+builds without a registry (numalign.devcluster.images.numalign_image)."""
 
 from __future__ import annotations
 
+import json
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+from numalign.devcluster.images import numalign_image as dev_image
+from numalign.devcluster.images.oci import Layer, image_blobs
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"
@@ -67,5 +75,84 @@ def test_dockerignore_sends_only_the_sources() -> None:
     lines = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
              if line.strip() and not line.startswith("#")]
     assert lines[0] == "*", "allow-list: ignore everything, then re-include"
-    for needed in ("pyproject.toml", "README.md", "operator/"):
+    for needed in ("pyproject.toml", "README.md", "requirements.lock", "operator/"):
         assert f"!{needed}" in lines
+
+
+def _runtime_stage() -> list[tuple[str, str]]:
+    ins = _instructions()
+    return ins[max(i for i, (word, _) in enumerate(ins) if word == "FROM"):]
+
+
+def _pairs(args: str) -> dict[str, str]:
+    """``KEY=value KEY2="quoted value"`` (ENV, LABEL) as a dict."""
+    return dict(word.split("=", 1) for word in shlex.split(args))
+
+
+def _dev_image_config() -> dict[str, Any]:
+    """The run configuration ``numalign dev image`` writes into the image's config blob."""
+    layer = Layer(Path("unused"), "sha256:" + "0" * 64, "sha256:" + "1" * 64, 1)
+    manifest, blobs = image_blobs(dev_image.image_spec([layer], "amd64"))
+    config_digest = json.loads(blobs[manifest.digest])["config"]["digest"]
+    return dict(json.loads(blobs[config_digest])["config"])
+
+
+def test_dev_image_runs_like_the_dockerfile() -> None:
+    stage = _runtime_stage()
+    cfg = _dev_image_config()
+
+    def last(word: str) -> str:
+        return [args for w, args in stage if w == word][-1]
+
+    assert cfg["Entrypoint"] == json.loads(last("ENTRYPOINT"))
+    assert cfg["Cmd"] == json.loads(last("CMD"))
+    assert cfg["User"] == last("USER")
+    workdirs = [args for w, args in stage if w == "WORKDIR"]
+    assert cfg["WorkingDir"] == (workdirs[-1] if workdirs else "/")
+    env: dict[str, str] = {}
+    for w, args in stage:
+        if w == "ENV":
+            env.update(_pairs(args))
+    assert dict(e.split("=", 1) for e in cfg["Env"]) == env
+    assert env["PATH"].split(":")[0] == f"{dev_image.VENV}/bin", "the venv's scripts first"
+    exposed = {p if "/" in p else f"{p}/tcp" for w, args in stage if w == "EXPOSE"
+               for p in args.split()}
+    assert set(cfg["ExposedPorts"]) == exposed
+    labels: dict[str, str] = {}
+    for w, args in stage:
+        if w == "LABEL":
+            labels.update(_pairs(args))
+    assert cfg["Labels"] == labels
+
+
+def test_dev_image_has_the_dockerfiles_layout() -> None:
+    """Both install numalign into a virtual environment at the same place, for the same
+    Python minor version, with the same non-root user in /etc/passwd (Kopf looks its
+    name up), and pin the dependencies with the same lock."""
+    stage = _runtime_stage()
+    runs = " ".join(args for w, args in stage if w == "RUN")
+    assert f"python -m venv --without-pip {dev_image.VENV} " in runs
+    assert f"--python {dev_image.VENV}/bin/python install" in runs
+    base = next(args for w, args in stage if w == "FROM").split()[0]
+    assert re.match(rf"python:{re.escape(dev_image.PYTHON_MINOR)}\.\d+-", base.split("/")[-1])
+    nonroot = next(line for line in dev_image.PASSWD.splitlines()
+                   if line.split(":")[2] == str(dev_image.UID))
+    assert f'echo "{nonroot}" >> /etc/passwd' in runs
+    group = next(line for line in dev_image.GROUP.splitlines()
+                 if line.split(":")[2] == str(dev_image.GID))
+    assert f'echo "{group}" >> /etc/group' in runs
+    builder = " ".join(args for w, args in _instructions()[:len(_instructions()) - len(stage)]
+                       if w in ("RUN", "COPY"))
+    assert f"--constraint {dev_image.LOCK}" in builder and dev_image.LOCK in builder
+
+
+def test_lock_pins_every_dependency_of_the_project() -> None:
+    """requirements.lock parses and pins each of pyproject's direct dependencies (the
+    image build checks the whole closure against it)."""
+    import tomllib
+
+    pins = dev_image.parse_lock((REPO / dev_image.LOCK).read_text())
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    for dep in deps:
+        name = dev_image.normalize(re.split(r"[<>=!~ ;\[]", dep, maxsplit=1)[0])
+        assert name in pins, f"{dev_image.LOCK} does not pin {name}"

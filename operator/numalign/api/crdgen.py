@@ -1,7 +1,10 @@
 """Generate the CustomResourceDefinitions in ``crds/`` from the pydantic models.
 
-    python -m numalign.api.crdgen            # (re)write crds/
-    python -m numalign.api.crdgen --check    # exit 1 when crds/ is stale
+    python -m numalign.api.crdgen            # (re)write crds/ and the chart's crds/
+    python -m numalign.api.crdgen --check    # exit 1 when either is stale
+
+The Helm chart (``charts/numalign/crds/``) carries the same files plus Kopf's peering
+CRDs (``config/crd/kopf-peering.yaml``), since Helm installs CRDs only from there.
 
 The models' JSON schema is turned into a structural OpenAPI v3 schema: references
 inlined, ``Optional`` unwrapped, ``int | str`` quantities as int-or-string, ``Any`` as
@@ -245,25 +248,45 @@ def render() -> dict[str, str]:
     return {r.filename: HEADER + to_yaml(crd(r)) for r in RESOURCES}
 
 
+_REPO = Path(__file__).resolve().parents[3]  # this file is operator/numalign/api/crdgen.py
+KOPF_PEERING = _REPO / "config" / "crd" / "kopf-peering.yaml"
+CHART_KOPF_PEERING = "kopf.dev_peerings.yaml"
+
+
 def default_out_dir() -> Path:
-    """``crds/`` at the repository root (this file is operator/numalign/api/crdgen.py)."""
-    return Path(__file__).resolve().parents[3] / "crds"
+    """``crds/`` at the repository root."""
+    return _REPO / "crds"
 
 
-def stale_files(out_dir: Path) -> list[str]:
-    """The CRD files in ``out_dir`` that are missing or differ from the models."""
+def chart_crd_dir() -> Path:
+    """The Helm chart's ``crds/``."""
+    return _REPO / "charts" / "numalign" / "crds"
+
+
+def chart_files() -> dict[str, str]:
+    """File name -> text of every CRD the chart installs."""
+    return {**render(), CHART_KOPF_PEERING: KOPF_PEERING.read_text()}
+
+
+def stale_files(out_dir: Path, files: dict[str, str] | None = None) -> list[str]:
+    """The CRD files in ``out_dir`` that are missing or differ from ``files`` (default:
+    the models'), and YAML files there that none of them is."""
+    files = render() if files is None else files
     stale = []
-    for name, text in render().items():
+    for name, text in files.items():
         path = out_dir / name
         if not path.is_file() or path.read_text() != text:
             stale.append(name)
+    if out_dir.is_dir():
+        stale += sorted(p.name for p in out_dir.glob("*.yaml") if p.name not in files)
     return stale
 
 
-def write(out_dir: Path) -> list[Path]:
+def write(out_dir: Path, files: dict[str, str] | None = None) -> list[Path]:
+    files = render() if files is None else files
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, text in render().items():
+    for name, text in files.items():
         path = out_dir / name
         if not path.is_file() or path.read_text() != text:
             path.write_text(text)
@@ -271,33 +294,39 @@ def write(out_dir: Path) -> list[Path]:
     return written
 
 
+def _targets(out: Path | None) -> list[tuple[Path, dict[str, str]]]:
+    if out is not None:
+        return [(out, render())]
+    return [(default_out_dir(), render()), (chart_crd_dir(), chart_files())]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m numalign.api.crdgen",
         description="Generate the numalign CRDs from their pydantic models.",
     )
-    parser.add_argument("--out", type=Path, default=None, help="output directory (crds/)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output directory (default: crds/ and charts/numalign/crds/)")
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 when the files are stale")
     args = parser.parse_args(argv)
-    out_dir: Path = args.out or default_out_dir()
-    if args.check:
-        stale = stale_files(out_dir)
-        if stale:
-            print(
-                f"stale CRDs in {out_dir}: {', '.join(stale)}; "
-                "run 'python -m numalign.api.crdgen' to regenerate them",
-                file=sys.stderr,
-            )
-            return 1
-        print(f"{out_dir}: up to date")
-        return 0
-    written = write(out_dir)
-    for path in written:
-        print(f"wrote {path}")
-    if not written:
-        print(f"{out_dir}: up to date")
-    return 0
+    rc = 0
+    for out_dir, files in _targets(args.out):
+        if args.check:
+            stale = stale_files(out_dir, files)
+            if stale:
+                print(f"stale CRDs in {out_dir}: {', '.join(stale)}; "
+                      "run 'python -m numalign.api.crdgen' to regenerate them", file=sys.stderr)
+                rc = 1
+            else:
+                print(f"{out_dir}: up to date")
+            continue
+        written = write(out_dir, files)
+        for path in written:
+            print(f"wrote {path}")
+        if not written:
+            print(f"{out_dir}: up to date")
+    return rc
 
 
 if __name__ == "__main__":

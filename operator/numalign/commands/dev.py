@@ -1,7 +1,7 @@
 """``numalign dev``: the local control plane for the demo and the tests.
 
     numalign dev build [--real-node]         # build (or find cached) the binaries
-                                             # (the control plane and the kubelet oracle)
+                                             # (the control plane, the kubelet oracle, helm)
     numalign dev up [--machine FILE[=COUNT]]... [--state-dir DIR]
     numalign dev up --demo [--state-dir DIR]  # + emulated nodes and the sample workloads
     numalign dev up --real-node [FILE]       # + a real kubelet and containerd (root)
@@ -10,6 +10,8 @@
     numalign dev status
     numalign dev down
     numalign dev device-plugin --machine FILE --kubelet-dir DIR   # the real node's devices
+    numalign dev image [--out DIR] [--import]  # numalign.local/numalign:dev, no registry
+    numalign dev image --update-lock           # re-pin the image's Python dependencies
 """
 
 from __future__ import annotations
@@ -29,6 +31,15 @@ from ..devcluster.build import BuildError, ensure_built
 from ..devcluster.cluster import DevCluster, DevClusterError, default_state_dir
 from ..devcluster.crds import CrdError
 from ..devcluster.demo import REPO, SAMPLES, Demo, DemoResult, Kubectl, pods_of, story
+from ..devcluster.helmbuild import ensure_helm_built
+from ..devcluster.images.numalign_image import (
+    IMAGE,
+    LOCK,
+    build_image,
+    repo_root,
+    update_lock,
+)
+from ..devcluster.images.oci import ImageError
 from ..devcluster.nodebuild import ensure_node_built
 from ..devcluster.oracle_build import ensure_oracle_built
 from ..devcluster.realnode import PROCESSES, RealNode, cannot_run_containers
@@ -107,11 +118,24 @@ def _parser() -> argparse.ArgumentParser:
     with_state(sub.add_parser("kubeconfig", help="print the kubeconfig path "
                                                  "(export KUBECONFIG=$(numalign dev kubeconfig))"))
     with_state(sub.add_parser("status", help="say whether the control plane runs"))
-    build = sub.add_parser("build", help="build the binaries and the kubelet oracle the "
-                                         "tests use (cached: instant when built)")
+    build = sub.add_parser("build", help="build the binaries, the kubelet oracle and helm "
+                                         "the tests use (cached: instant when built)")
     build.add_argument("--real-node", action="store_true",
                        help="also build the real node's kubelet, containerd, runc and CNI "
                             "plugins (what 'dev up --real-node' runs)")
+    image = with_state(sub.add_parser(
+        "image", help=f"build the image {IMAGE} (operator and agent) from Debian's "
+                      "packages and this checkout, no image registry needed",
+        description=f"Build {IMAGE}: Debian's Python runtime (apt-get download), numalign's "
+                    f"dependencies pinned in {LOCK} and this checkout's wheel, as an OCI "
+                    "archive (layers cached under ~/.cache/numalign/image; a warm build "
+                    "takes seconds). Prints the archive's path."))
+    image.add_argument("--out", type=Path, default=None, metavar="DIR",
+                       help="write the archive into DIR (default: ~/.cache/numalign/image)")
+    image.add_argument("--import", dest="import_", action="store_true",
+                       help="also import it into the running real node's containerd")
+    image.add_argument("--update-lock", action="store_true",
+                       help=f"resolve the dependencies again and rewrite {LOCK} (then build)")
     plugin = sub.add_parser(
         "device-plugin", help="serve a machine file's devices to a kubelet (device plugin API)",
         description="A sample device plugin (v1beta1): advertises the machine file's devices "
@@ -153,6 +177,7 @@ def _run(args: argparse.Namespace) -> int:
         _log(f"binaries in {path} ({time.monotonic() - t0:.1f}s)")
         oracle = ensure_oracle_built(log=_log)
         _log(f"kubelet oracle (the tests' reference) at {oracle}")
+        _log(f"helm (the chart's tests) at {ensure_helm_built(log=_log)}")
         print(path)
         if args.real_node:
             t0 = time.monotonic()
@@ -162,6 +187,8 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     if args.action == "device-plugin":
         return _device_plugin(args)
+    if args.action == "image":
+        return _image(args)
     if args.action == "up" and args.nri:
         if args.real_node is None and (not args.demo or args.no_real_node):
             _log("error: --nri is a mode of the real node: add --real-node")
@@ -210,6 +237,25 @@ def _run(args: argparse.Namespace) -> int:
                       f"  log {real.log_file(name)}")
         return 0 if running else 1
     raise AssertionError(args.action)
+
+
+def _image(args: argparse.Namespace) -> int:
+    try:
+        if args.update_lock:
+            update_lock(repo_root(), _log)
+        archive, _manifest = build_image(args.out, log=_log)
+        if args.import_:
+            real = RealNode(_cluster(args))
+            if not real.is_running():
+                _log("error: --import: no real node runs (numalign dev up --real-node)")
+                return 1
+            real.import_archive(archive)
+            _log(f"{IMAGE} imported into the real node's containerd")
+    except ImageError as e:
+        _log(f"image: error: {e}")
+        return 1
+    print(archive)
+    return 0
 
 
 def _mode_text(state: dict[str, object]) -> str:

@@ -319,12 +319,16 @@ class RealNode:
         self._wait("containerd", ready, deadline, ("containerd",))
 
     def _import_images(self, say: Log) -> None:
-        archives = build_images(self.dir / "images", log=say)
-        for archive in archives:
-            proc = self.ctr("images", "import", "--no-unpack=false", str(archive), timeout=300)
-            if proc.returncode != 0:
-                raise RealNodeError(f"'ctr images import {archive.name}' failed: "
-                                    f"{(proc.stderr or proc.stdout).strip()[-800:]}")
+        for archive in build_images(self.dir / "images", log=say):
+            self.import_archive(archive)
+
+    def import_archive(self, archive: Path) -> None:
+        """Import an OCI archive into this node's containerd (the kubelet's namespace),
+        unpacked, under the name its index gives it."""
+        proc = self.ctr("images", "import", "--no-unpack=false", str(archive), timeout=300)
+        if proc.returncode != 0:
+            raise RealNodeError(f"'ctr images import {archive.name}' failed: "
+                                f"{(proc.stderr or proc.stdout).strip()[-800:]}")
 
     def _start_kubelet(self, deadline: float) -> None:
         # Own mount namespace: the sysfs view over /sys/devices/system/{node,cpu} is the

@@ -11,6 +11,9 @@ Both are small static Go programs (``go/`` next to this file) built with the loc
 toolchain (``CGO_ENABLED=0``) and cached under ``~/.cache/numalign/images-<key>/`` (the
 key covers the sources and the Go version), then written as OCI image-layout archives
 that ``ctr -n k8s.io images import`` names as above.
+
+numalign's own image, ``numalign.local/numalign:dev`` (``numalign dev image``), is built
+from Debian's packages and this checkout by :mod:`.numalign_image`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Write a container image as an OCI image-layout archive (a tar), as ``ctr images import``
 and other OCI tools read it.
 
-The archive holds ``oci-layout``, ``index.json`` and ``blobs/sha256/<digest>``: one
-gzip-compressed layer with the given files, the image config and the manifest. The
+The archive holds ``oci-layout``, ``index.json`` and ``blobs/sha256/<digest>``: the
+gzip-compressed layers (prebuilt ones from disk, see :mod:`.layers`, then one with the
+given files), the image config and the manifest. The
 index names the image twice, as containerd's own exporter does: the full reference in
 ``io.containerd.image.name`` (which ``ctr images import`` uses as the image's name) and
 the tag alone in ``org.opencontainers.image.ref.name`` (the OCI annotation). Everything
@@ -53,6 +54,16 @@ class ImageFile:
 
 
 @dataclass(frozen=True)
+class Layer:
+    """A prebuilt gzip-compressed layer on disk (written by :func:`.layers.tree_layer`)."""
+
+    path: Path
+    digest: str  # sha256 of the gzip blob: "sha256:<hex>"
+    diff_id: str  # sha256 of the uncompressed tar
+    size: int  # bytes of the gzip blob
+
+
+@dataclass(frozen=True)
 class ImageSpec:
     name: str  # full reference with a tag: "numalign.local/pause:dev"
     files: Sequence[ImageFile]
@@ -62,6 +73,10 @@ class ImageSpec:
     architecture: str = "amd64"
     os: str = "linux"
     labels: Mapping[str, str] = field(default_factory=dict)
+    layers: Sequence[Layer] = ()  # below the files' layer, lowest first
+    user: str = ""  # "UID:GID"; empty: root
+    working_dir: str = "/"
+    exposed_ports: Sequence[str] = ()  # "8080/tcp"
 
 
 @dataclass(frozen=True)
@@ -135,20 +150,39 @@ def _gzip(data: bytes) -> bytes:
     return buf.getvalue()
 
 
-def image_blobs(spec: ImageSpec) -> tuple[Descriptor, dict[str, bytes]]:
-    """The manifest's descriptor and every blob (digest -> bytes) of one image."""
-    if not spec.files:
-        raise ImageError("files: an image needs at least one file")
+def _check(spec: ImageSpec) -> None:
+    if not spec.files and not spec.layers:
+        raise ImageError("files: an image needs at least one file or layer")
     if not spec.entrypoint and not spec.cmd:
         raise ImageError("entrypoint: an image needs an entrypoint or a cmd")
+    if not spec.working_dir.startswith("/"):
+        raise ImageError(f"working_dir: {spec.working_dir!r} must be an absolute path")
+    for i, port in enumerate(spec.exposed_ports):
+        if not re.fullmatch(r"[0-9]{1,5}/(tcp|udp|sctp)", port):
+            raise ImageError(f"exposed_ports[{i}]: {port!r} is not like '8080/tcp'")
     split_reference(spec.name)
-    raw = layer_tar(spec.files)
-    layer = _gzip(raw)
-    run_config: dict[str, Any] = {"Env": list(spec.env), "WorkingDir": "/"}
+
+
+def image_blobs(spec: ImageSpec) -> tuple[Descriptor, dict[str, bytes]]:
+    """The manifest's descriptor and the blobs held in memory (digest -> bytes): config,
+    manifest and the files' layer. Prebuilt layers (``spec.layers``) stay on disk."""
+    _check(spec)
+    layers = list(spec.layers)
+    blobs: dict[str, bytes] = {}
+    if spec.files:
+        raw = layer_tar(spec.files)
+        gz = _gzip(raw)
+        blobs[_digest(gz)] = gz
+        layers.append(Layer(Path(), _digest(gz), _digest(raw), len(gz)))
+    run_config: dict[str, Any] = {"Env": list(spec.env), "WorkingDir": spec.working_dir}
     if spec.entrypoint:
         run_config["Entrypoint"] = list(spec.entrypoint)
     if spec.cmd:
         run_config["Cmd"] = list(spec.cmd)
+    if spec.user:
+        run_config["User"] = spec.user
+    if spec.exposed_ports:
+        run_config["ExposedPorts"] = {p: {} for p in spec.exposed_ports}
     if spec.labels:
         run_config["Labels"] = dict(spec.labels)
     config = _json_bytes({
@@ -156,20 +190,21 @@ def image_blobs(spec: ImageSpec) -> tuple[Descriptor, dict[str, bytes]]:
         "architecture": spec.architecture,
         "os": spec.os,
         "config": run_config,
-        "rootfs": {"type": "layers", "diff_ids": [_digest(raw)]},
-        "history": [{"created": EPOCH, "created_by": "numalign.devcluster.images"}],
+        "rootfs": {"type": "layers", "diff_ids": [layer.diff_id for layer in layers]},
+        "history": [{"created": EPOCH, "created_by": "numalign.devcluster.images"}
+                    for _ in layers],
     })
     config_desc = Descriptor(MEDIA_CONFIG, _digest(config), len(config))
-    layer_desc = Descriptor(MEDIA_LAYER_GZIP, _digest(layer), len(layer))
     manifest = _json_bytes({
         "schemaVersion": 2,
         "mediaType": MEDIA_MANIFEST,
         "config": config_desc.to_json(),
-        "layers": [layer_desc.to_json()],
+        "layers": [Descriptor(MEDIA_LAYER_GZIP, layer.digest, layer.size).to_json()
+                   for layer in layers],
     })
     manifest_desc = Descriptor(MEDIA_MANIFEST, _digest(manifest), len(manifest))
-    blobs = {config_desc.digest: config, layer_desc.digest: layer,
-             manifest_desc.digest: manifest}
+    blobs[config_desc.digest] = config
+    blobs[manifest_desc.digest] = manifest
     return manifest_desc, blobs
 
 
@@ -181,21 +216,35 @@ def index_json(spec: ImageSpec, manifest: Descriptor) -> bytes:
     return _json_bytes({"schemaVersion": 2, "mediaType": MEDIA_INDEX, "manifests": [entry]})
 
 
+def _blob_entry(tar: tarfile.TarFile, layer: Layer) -> None:
+    info = tarfile.TarInfo("blobs/sha256/" + layer.digest.split(":", 1)[1])
+    info.mode, info.mtime, info.uid, info.gid = 0o644, 0, 0, 0
+    info.size = layer.path.stat().st_size
+    if info.size != layer.size:
+        raise ImageError(f"layers: {layer.path} has {info.size} bytes, its descriptor says "
+                         f"{layer.size}: the layer cache is damaged (remove the file)")
+    with layer.path.open("rb") as f:
+        tar.addfile(info, f)
+
+
 def write_oci_archive(spec: ImageSpec, out: Path) -> Descriptor:
     """Write ``spec`` as an OCI image-layout tar at ``out`` (atomically); return the
-    manifest's descriptor (its digest is the image's id in containerd)."""
+    manifest's descriptor (its digest is the image's id in containerd). Prebuilt layers
+    are streamed from their files, never held in memory whole."""
     manifest, blobs = image_blobs(spec)
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+    on_disk = {layer.digest: layer for layer in spec.layers if layer.digest not in blobs}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    with tarfile.open(tmp, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         _tar_entry(tar, "oci-layout", _json_bytes({"imageLayoutVersion": LAYOUT_VERSION}),
                    0o644)
         _tar_entry(tar, "index.json", index_json(spec, manifest), 0o644)
         _tar_entry(tar, "blobs/", None, 0o755)
         _tar_entry(tar, "blobs/sha256/", None, 0o755)
-        for dgst in sorted(blobs):
-            _tar_entry(tar, "blobs/sha256/" + dgst.split(":", 1)[1], blobs[dgst], 0o644)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_bytes(buf.getvalue())
+        for dgst in sorted({*blobs, *on_disk}):
+            if dgst in blobs:
+                _tar_entry(tar, "blobs/sha256/" + dgst.split(":", 1)[1], blobs[dgst], 0o644)
+            else:
+                _blob_entry(tar, on_disk[dgst])
     tmp.replace(out)
     return manifest

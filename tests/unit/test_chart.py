@@ -1,0 +1,184 @@
+"""The Helm chart (charts/numalign) installs what config/ installs: ``helm template`` with
+the defaults renders every object of ``kubectl kustomize config/default``, field for field
+(images, args, ports, probes, securityContext, volumes, RBAC rules, webhooks, admission
+policies: the whole object but the labels Helm adds); each optional component's values
+block renders what config/default with that kustomize component renders. Any object added
+to config/ fails this test until the chart has it too. ``helm lint --strict`` passes, the
+values schema refuses unknown and ill-typed values, and the chart follows its release
+namespace where config/ hard-codes numalign-system.
+
+helm is built by ``numalign dev build`` (numalign.devcluster.helmbuild)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from test_config_static import CONFIG, REPO, kustomize
+
+from numalign.devcluster.helmbuild import helm_path, is_helm_built
+
+CHART = REPO / "charts" / "numalign"
+NAMESPACE = "numalign-system"
+KUBE_VERSION = "v1.37.2"
+Obj = dict[str, Any]
+# Objects that exist in a namespace; every other kind config/ renders is cluster-scoped
+# (kustomize still gives some of them a namespace: config/README.md, Notes).
+NAMESPACED = {"ServiceAccount", "Role", "RoleBinding", "Service", "StatefulSet", "DaemonSet",
+              "PodDisruptionBudget", "NetworkPolicy", "ServiceMonitor", "ConfigMap", "Secret",
+              "Deployment"}
+# config/default creates its namespace; a Helm release lives in one that exists already
+# (helm install --create-namespace): README "Install with Helm" says how to label it.
+NOT_IN_CHART = {("Namespace", NAMESPACE)}
+# The kustomize components of config/ and the chart's values that enable the same thing,
+# in the order the chart appends their arguments and volumes.
+COMPONENTS = {
+    "kubelet-resources": ["kubeletResources.enabled=true"],
+    "nri": ["nri.enabled=true"],
+    "nrt": ["nrt.enabled=true"],
+    "prometheus": ["prometheus.serviceMonitor.enabled=true"],
+    "recreate-bare-pods": ["recreateBarePods.enabled=true"],
+}
+
+pytestmark = pytest.mark.skipif(not is_helm_built(),
+                                reason=f"helm is not built in {helm_path()} "
+                                       "(numalign dev build builds it)")
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([str(helm_path()), *args], capture_output=True, text=True,
+                          timeout=120, check=False)
+    if check:
+        assert proc.returncode == 0, f"helm {' '.join(args)} failed:\n{proc.stderr}"
+    return proc
+
+
+def template(*sets: str, namespace: str = NAMESPACE) -> list[Obj]:
+    flags = [f for s in sets for f in ("--set", s)]
+    out = helm("template", "numalign", str(CHART), "--namespace", namespace,
+               "--include-crds", "--kube-version", KUBE_VERSION, *flags).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def _key(obj: Obj) -> tuple[str, str]:
+    return obj["kind"], obj["metadata"]["name"]
+
+
+def _folded(value: Any) -> Any:
+    """Multi-line strings (CEL expressions) with their whitespace runs as one space:
+    kustomize re-emits a folded scalar's more-indented lines with an extra line break."""
+    if isinstance(value, dict):
+        return {k: _folded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_folded(v) for v in value]
+    if isinstance(value, str) and "\n" in value:
+        return " ".join(value.split())
+    return value
+
+
+def _normalized(obj: Obj) -> Obj:
+    """The object without the labels, Helm's annotations (helm.sh/resource-policy) and,
+    for a cluster-scoped kind, its namespace."""
+    meta = {k: v for k, v in obj["metadata"].items() if k != "labels"}
+    notes = {k: v for k, v in (meta.pop("annotations", None) or {}).items()
+             if not k.startswith("helm.sh/")}
+    if notes:
+        meta["annotations"] = notes
+    if obj["kind"] not in NAMESPACED:
+        meta.pop("namespace", None)
+    return dict(_folded({**obj, "metadata": meta}))
+
+
+def assert_chart_renders(expected: list[Obj], chart: list[Obj]) -> None:
+    ours = {_key(o): o for o in chart}
+    assert len(ours) == len(chart), "the chart renders an object twice"
+    theirs = {_key(o): o for o in expected if _key(o) not in NOT_IN_CHART}
+    missing = sorted(set(theirs) - set(ours))
+    assert not missing, f"config/ renders objects the chart lacks: {missing}"
+    extra = sorted(set(ours) - set(theirs))
+    assert not extra, f"the chart renders objects config/ does not: {extra}"
+    for key, want in theirs.items():
+        got = ours[key]
+        assert _normalized(got) == _normalized(want), f"{key[0]}/{key[1]} differs"
+        labels = got["metadata"].get("labels") or {}
+        if got["kind"] != "CustomResourceDefinition":  # crds/ files are not templated
+            missing_labels = {k: v for k, v in (want["metadata"].get("labels") or {}).items()
+                              if labels.get(k) != v}
+            assert not missing_labels, f"{key[0]}/{key[1]} lacks labels {missing_labels}"
+
+
+def overlay(tmp_path: Path, components: list[str]) -> list[Obj]:
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "namespace": NAMESPACE,  # the components' own objects need it too
+        "resources": [os.path.relpath(CONFIG / "default", tmp_path)],
+        "components": [os.path.relpath(CONFIG / c, tmp_path) for c in components]}))
+    return kustomize(tmp_path)
+
+
+def test_helm_lint_strict() -> None:
+    helm("lint", "--strict", "--kube-version", KUBE_VERSION, str(CHART))
+    every = [f for sets in COMPONENTS.values() for s in sets for f in ("--set", s)]
+    helm("lint", "--strict", "--kube-version", KUBE_VERSION, str(CHART), *every)
+
+
+def test_defaults_render_config_default() -> None:
+    assert_chart_renders(kustomize(CONFIG / "default"), template())
+
+
+@pytest.mark.parametrize("components", [
+    ["kubelet-resources"], ["kubelet-resources", "nri"], ["nri"], ["nrt"], ["prometheus"],
+    ["recreate-bare-pods"], list(COMPONENTS)], ids="+".join)
+def test_values_render_each_component(components: list[str], tmp_path: Path) -> None:
+    sets = [s for c in components for s in COMPONENTS[c]]
+    assert_chart_renders(overlay(tmp_path, components), template(*sets))
+
+
+def test_chart_follows_its_release_namespace() -> None:
+    objs = {_key(o): o for o in template(namespace="numalign")}
+    for (kind, name), obj in objs.items():
+        if kind in NAMESPACED:
+            assert obj["metadata"]["namespace"] == "numalign", f"{kind}/{name}"
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        for hook in objs[kind, "numalign.io"]["webhooks"]:
+            assert hook["clientConfig"]["url"].startswith("https://numalign-webhook.numalign.svc:")
+            [expr] = hook["namespaceSelector"]["matchExpressions"]
+            assert expr["values"] == ["kube-system", "numalign"]
+    for (kind, name), obj in objs.items():
+        if kind == "ValidatingAdmissionPolicyBinding":
+            assert obj["spec"]["paramRef"]["namespace"] == "numalign", name
+        if kind.endswith("RoleBinding"):
+            assert {s["namespace"] for s in obj["subjects"]} == {"numalign"}, name
+
+
+def test_values_reach_the_workloads() -> None:
+    objs = {_key(o): o for o in template(
+        "image.repository=registry.example/numalign", "image.tag=1.2.3",
+        "operator.replicas=3", "operator.extraArgs={--verbose}",
+        "agent.nodeSelector.pool=gpu")}
+    sts, ds = objs["StatefulSet", "numalign-operator"], objs["DaemonSet", "numalign-agent"]
+    for workload in (sts, ds):
+        [c] = workload["spec"]["template"]["spec"]["containers"]
+        assert c["image"] == "registry.example/numalign:1.2.3"
+    assert sts["spec"]["replicas"] == 3
+    assert sts["spec"]["template"]["spec"]["containers"][0]["args"][-1] == "--verbose"
+    assert ds["spec"]["template"]["spec"]["nodeSelector"] == {"kubernetes.io/os": "linux",
+                                                              "pool": "gpu"}
+
+
+@pytest.mark.parametrize(("value", "complaint"), [
+    ("operator.replica=3", "replica"),              # a typo: not a property
+    ("operator.replicas=0", "minimum"),
+    ("webhooks.failurePolicy=Sometimes", "failurePolicy"),
+    ("nri.socketDir=var/run/nri", "socketDir"),      # not an absolute path
+    ("kubeletResources.enabled=yes", "enabled"),
+])
+def test_schema_refuses_bad_values(value: str, complaint: str) -> None:
+    proc = helm("template", "numalign", str(CHART), "--kube-version", KUBE_VERSION,
+                "--set", value, check=False)
+    assert proc.returncode != 0, f"{value} was accepted"
+    assert complaint in proc.stderr, proc.stderr
