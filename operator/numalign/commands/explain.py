@@ -41,8 +41,9 @@ from numalign.api.effective import (
     effective_policy,
 )
 from numalign.api.nodestatus import (
-    held_from_admitted,
     held_from_document,
+    held_from_status,
+    kubelet_settings,
     ledger_from_held,
     machine_from_status,
 )
@@ -250,20 +251,12 @@ def _live(args: argparse.Namespace) -> Explanation:
              "NodeTopology status.admitted), which may differ from those at admission"]
     entries = [x for x in status.get("admitted") or [] if isinstance(x, Mapping)]
     mine = next((x for x in entries if uid and x.get("uid") == uid), None)
-    settings = realnode.kubelet_settings(status)
+    settings = kubelet_settings(status)
     if settings is not None and mine is None:  # the kubelet's pods, named as it lists them
         mine = next((x for x in entries if not x.get("uid") and x.get("pod") == name
                      and x.get("namespace") == ns), None)
-    held = []
-    for i, entry in enumerate(entries):
-        try:
-            held.append(held_from_admitted(entry, f"NodeTopology {node} status.admitted[{i}]"))
-        except TopologyError as e:
-            notes.append(f"ignored: {e}")
-    if settings is not None:
-        reserved = realnode.reserved_cpus(settings)
-        if reserved is not None:
-            held.insert(0, reserved)
+    held, more = held_from_status(status, str(node))
+    notes += more
     ledger, more = ledger_from_held(machine, held, (uid, ns, name))
     notes += more
 

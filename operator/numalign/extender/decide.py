@@ -1,0 +1,484 @@
+"""The scheduler extender's decision: would this node admit this pod, and how well.
+
+Pure: NodeTopology objects and pods in (plain mappings), verdicts out; no HTTP, no API
+server. A node is decided exactly as that node will decide: the policy is
+:func:`numalign.api.effective.effective_policy` (the pod's own resolved policy on
+emulated and numalign-managed nodes, the kubelet's on a kubelet-managed one), the
+machine and what it holds come from the NodeTopology status (as ``numalign explain``
+reads them: :mod:`numalign.api.nodestatus`, the kubelet's reserved CPUs held), plus the
+extender's in-flight reservations, and the engine's admission
+(:func:`numalign.topology.admit.admit_pod`, with the GPU group hook) decides.
+
+- :class:`NodeView`: one node as its NodeTopology describes it (built once per
+  ``resourceVersion``).
+- :func:`decide`: a pod on one view (plus reservations) -> :class:`Verdict`.
+- :class:`Decider`: the views of a fleet, kept per ``resourceVersion``, with a cache of
+  verdicts: nodes in the same state (same machine, same allocations held, same
+  reservations) decide a pod of the same shape under the same policy the same way, so a
+  filter over many alike nodes costs one engine run per distinct state.
+
+A node without a usable NodeTopology (none, or not published yet) passes: fail open
+(:attr:`Verdict.covered` False). The score (0-10, :func:`score_admission`) ranks fewest
+NUMA nodes first, then their distance, then GPU island fit, then the room left whole.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from itertools import combinations
+from typing import Any
+
+from numalign.api.effective import EffectivePolicy, NodePolicy, effective_policy
+from numalign.api.nodestatus import (
+    HeldPod,
+    held_from_status,
+    ledger_from_held,
+    machine_from_status,
+)
+from numalign.api.wire import (
+    ANN_GPUS,
+    EVENT_INVALID_GPU,
+    REJECT_REASON,
+    REJECTED_PREFIX,
+    TOPOLOGY_MESSAGE,
+    Resolved,
+)
+from numalign.topology.admit import AdmitResult, admit_pod, default_overrides
+from numalign.topology.errors import TopologyError
+from numalign.topology.hints import mask_ids
+from numalign.topology.ledger import ContainerAllocation, Ledger
+from numalign.topology.machine import Machine
+from numalign.topology.pod import Pod, pod_from_dict
+
+JSON = dict[str, Any]
+
+MIN_SCORE = 0
+MAX_SCORE = 10  # k8s.io/kube-scheduler/extender/v1 MaxExtenderPriority
+NEUTRAL_SCORE = 5  # no opinion: the pod asks for no alignment, or the node is not covered
+# The score's parts (each 0..1), in the order they rank: fewest NUMA nodes, then their
+# distance, then GPU island fit, then the room left whole.
+SCORE_WEIGHTS = {"numa": 0.55, "distance": 0.2, "gpu": 0.15, "room": 0.1}
+
+CANDIDATE_UID = "numalign.io/extender-candidate"  # the uid a pod is decided under
+INVALID_GPU_REASON = EVENT_INVALID_GPU
+UNREADABLE_POD_REASON = "InvalidPod"
+
+# The status fields a machine is read from (the same machine shares one Machine object).
+_MACHINE_FIELDS = ("zones", "distances", "devices", "cpuTopology")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What ``node`` would do with the pod.
+
+    ``fits``: it would admit it. Else ``reason`` and ``message`` are the kubelet's (e.g.
+    ``TopologyAffinityError``, "Resources cannot be allocated with Topology locality");
+    ``resolvable`` False when no change on the node can make it fit (a malformed GPU
+    request). ``score`` 0-10 (:func:`score_admission`; 0 when refused). ``numa_nodes``:
+    the NUMA nodes the pod would get. ``policy``: the effective policy (None when the
+    node is not covered). ``covered`` False: the node has no usable NodeTopology and
+    passes (fail open); ``note`` says why."""
+
+    node: str
+    fits: bool
+    reason: str | None = None
+    message: str | None = None
+    score: int = NEUTRAL_SCORE
+    numa_nodes: tuple[int, ...] = ()
+    policy: EffectivePolicy | None = None
+    covered: bool = True
+    resolvable: bool = True
+    note: str | None = None
+
+    @property
+    def failure(self) -> str:
+        """The refusal as the scheduler shows it (FailedNodes): reason, the kubelet's
+        message, the policy. Free of the node's name, so the scheduler's event counts
+        nodes refused for the same reason together."""
+        if self.fits:
+            return ""
+        text = f"{self.reason}: {(self.message or '').removeprefix(REJECTED_PREFIX)}"
+        if self.policy is not None:
+            r = self.policy.resolved
+            text += f" (numalign: policy {r.policy}, scope {r.scope})"
+        return text
+
+    def to_json(self) -> JSON:
+        out: JSON = {"node": self.node, "fits": self.fits, "score": self.score,
+                     "covered": self.covered, "numaNodes": list(self.numa_nodes)}
+        if not self.fits:
+            out.update({"reason": self.reason, "message": self.message,
+                        "resolvable": self.resolvable})
+        if self.policy is not None:
+            out["policy"] = {**self.policy.resolved.to_json(), "origin": self.policy.origin,
+                             "nodeKind": self.policy.node_kind}
+        if self.note:
+            out["note"] = self.note
+        return out
+
+
+@dataclass
+class NodeView:
+    """One node as its NodeTopology describes it: the policy that decides there, the
+    machine, what it holds (``status.admitted`` and the kubelet's reserved CPUs), the
+    uids it has admitted. ``machine`` None: unusable (``problem`` says why)."""
+
+    name: str
+    resource_version: str
+    policy: NodePolicy
+    machine: Machine | None
+    held: tuple[HeldPod, ...] = ()
+    admitted: frozenset[str] = frozenset()
+    problem: str | None = None
+    notes: tuple[str, ...] = ()
+    machine_key: Hashable = None
+    held_key: Hashable = None
+    _ledger: Ledger | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_nodetopology(cls, nt: Mapping[str, Any],
+                          machines: dict[str, Machine] | None = None) -> NodeView:
+        """Read a NodeTopology object (never raises: an unusable one gives a view with
+        ``machine`` None). ``machines``: a table shared between views so that nodes of
+        the same machine share one Machine object (and their verdicts)."""
+        meta = nt.get("metadata") if isinstance(nt, Mapping) else None
+        meta = meta if isinstance(meta, Mapping) else {}
+        name = str(meta.get("name") or "")
+        rv = str(meta.get("resourceVersion") or "")
+        policy = NodePolicy.from_nodetopology(nt)
+        status = nt.get("status") if isinstance(nt, Mapping) else None
+        if not isinstance(status, Mapping):
+            return cls(name, rv, policy, None, problem="NodeTopology has no status yet")
+        key = json.dumps({k: status.get(k) for k in _MACHINE_FIELDS}, sort_keys=True,
+                         default=str)
+        machine = machines.get(key) if machines is not None else None
+        if machine is None:
+            try:
+                machine = machine_from_status(status, name="node")
+            except (TopologyError, ValueError, TypeError) as e:
+                return cls(name, rv, policy, None, problem=f"NodeTopology {name}: {e}")
+            if machines is not None:
+                machines[key] = machine
+        held, notes = held_from_status(status, name)
+        admitted = frozenset(str(e.get("uid")) for e in status.get("admitted") or ()
+                             if isinstance(e, Mapping) and e.get("uid"))
+        return cls(name, rv, policy, machine, tuple(held), admitted, None, tuple(notes),
+                   machine_key=key, held_key=held_key(held))
+
+    @property
+    def usable(self) -> bool:
+        return self.machine is not None
+
+    def ledger(self) -> Ledger:
+        """The node's ledger as published (built once; callers work on copies)."""
+        if self.machine is None:
+            raise ValueError(f"node {self.name}: {self.problem}")
+        if self._ledger is None:
+            ledger, more = ledger_from_held(self.machine, self.held)
+            self._ledger = ledger
+            self.notes = (*self.notes, *more)
+        return self._ledger
+
+    def ledger_with(self, reservations: Sequence[HeldPod]) -> Ledger:
+        """The published ledger plus ``reservations`` (those it shows already, or that
+        no longer fit, are left out); a copy when there are any."""
+        base = self.ledger()
+        extra = [r for r in reservations if r.uid not in self.admitted and r.uid not in base.pods]
+        if not extra:
+            return base
+        ledger = base.copy()
+        for r in extra:
+            try:
+                ledger.allocate_many(r.uid, list(r.containers), pod_name=r.name,
+                                     namespace=r.namespace)
+            except TopologyError:
+                continue  # the node moved on (it shows other pods there): not held
+        return ledger
+
+
+def _container_key(a: ContainerAllocation) -> tuple[Any, ...]:
+    return (tuple(sorted(a.cpus)),
+            tuple(sorted((t, tuple(sorted(per.items()))) for t, per in a.memory.items())),
+            a.memory_mask, tuple(sorted(a.devices.items())))
+
+
+def held_key(held: Iterable[HeldPod]) -> Hashable:
+    """What a set of held pods takes, independent of who holds it: two nodes of one
+    machine holding equal keys decide every pod the same."""
+    return tuple(sorted(tuple(sorted(_container_key(a) for _, a in p.containers))
+                        for p in held))
+
+
+# ---------------------------------------------------------------- the pod
+
+
+@dataclass(frozen=True)
+class PodShape:
+    """What of a pod its admission depends on (containers' names and resources, init
+    containers' restart policy, the GPU request) as a model decided under
+    :data:`CANDIDATE_UID`, and a key for it; or why the pod cannot be read."""
+
+    key: Hashable
+    model: Pod | None
+    problem: str | None = None
+
+
+def pod_shape(pod: Mapping[str, Any]) -> PodShape:
+    """The pod's shape (never raises: an unreadable pod gives ``model`` None)."""
+    meta = pod.get("metadata") if isinstance(pod, Mapping) else None
+    meta = meta if isinstance(meta, Mapping) else {}
+    ann = meta.get("annotations")
+    gpus = ann.get(ANN_GPUS) if isinstance(ann, Mapping) else None
+    spec = pod.get("spec") if isinstance(pod, Mapping) else None
+    spec = spec if isinstance(spec, Mapping) else {}
+
+    def reduced(cs: Any) -> Any:
+        if not isinstance(cs, list):
+            return cs
+        return [{k: c.get(k) for k in ("name", "resources", "restartPolicy") if k in c}
+                if isinstance(c, Mapping) else c for c in cs]
+
+    doc: JSON = {"metadata": {"name": "candidate", "uid": CANDIDATE_UID,
+                              "annotations": {} if gpus is None else {ANN_GPUS: gpus}},
+                 "spec": {"containers": reduced(spec.get("containers")),
+                          "initContainers": reduced(spec.get("initContainers") or [])}}
+    key = json.dumps(doc, sort_keys=True, default=str)
+    try:
+        return PodShape(key, pod_from_dict(doc))
+    except TopologyError as e:
+        return PodShape(key, None, str(e))
+
+
+def policy_key(r: Resolved) -> Hashable:
+    return (r.policy, r.scope, tuple(sorted(r.options.given.items())))
+
+
+# ---------------------------------------------------------------- the decision
+
+
+def decide(pod: Mapping[str, Any], view: NodeView | None,
+           reservations: Sequence[HeldPod] = (), *, shape: PodShape | None = None,
+           name: str = "") -> Verdict:
+    """Would ``view``'s node admit ``pod``, holding ``reservations`` besides what it
+    publishes? ``view`` None (no NodeTopology) or unusable: the node passes (fail
+    open). Never raises."""
+    node = view.name if view is not None else name
+    if view is None or view.machine is None:
+        why = "no NodeTopology" if view is None else view.problem
+        return Verdict(node, True, covered=False, note=f"not decided by numalign: {why}")
+    eff = effective_policy(pod, view.policy)
+    shape = shape if shape is not None else pod_shape(pod)
+    if shape.model is None:
+        # The API server took it, the engine cannot read it: leave it to the node.
+        return Verdict(node, True, policy=eff, covered=False,
+                       note=f"not decided by numalign: the pod cannot be read: {shape.problem}")
+    ledger = view.ledger_with(reservations)
+    try:
+        result = run_admission(view.machine, ledger, shape.model, eff.resolved)
+    except _InvalidGpu as e:
+        return Verdict(node, False, INVALID_GPU_REASON, f"{REJECTED_PREFIX}{e}", MIN_SCORE,
+                       policy=eff, resolvable=False)
+    except TopologyError as e:  # an unknown policy or scope reached the engine
+        return Verdict(node, True, policy=eff, covered=False,
+                       note=f"not decided by numalign: {e}")
+    if not result.admit:
+        return Verdict(node, False, result.reason or REJECT_REASON,
+                       result.message or TOPOLOGY_MESSAGE, MIN_SCORE, policy=eff)
+    return Verdict(node, True, score=score_admission(view.machine, ledger, result),
+                   numa_nodes=tuple(_pod_numa(result)), policy=eff)
+
+
+class _InvalidGpu(TopologyError):
+    pass
+
+
+def run_admission(machine: Machine, ledger: Ledger, model: Pod, resolved: Resolved,
+                  commit: bool = False) -> AdmitResult:
+    """The engine's admission as the agent runs it (the GPU group hook; a malformed GPU
+    request raises :class:`_InvalidGpu`, the agent's ``InvalidGpuRequest``)."""
+    try:
+        overrides = default_overrides(machine, model)
+    except TopologyError as e:
+        raise _InvalidGpu(e.field, e.problem) from None
+    return admit_pod(machine, ledger, model, resolved.policy or "none",
+                     resolved.scope or "container", resolved.options.engine,
+                     overrides=overrides, commit=commit)
+
+
+def _pod_numa(result: AdmitResult) -> list[int]:
+    if result.hint.mask is not None:
+        return mask_ids(result.hint.mask)
+    return sorted({n for c in result.containers.values() for n in c.numa_nodes})
+
+
+# ---------------------------------------------------------------- the score
+
+
+def score_admission(machine: Machine, ledger: Ledger, result: AdmitResult) -> int:
+    """0-10 for an admitted pod: a weighted sum (:data:`SCORE_WEIGHTS`) of
+
+    - ``numa``: 1 on one NUMA node, 0 across all of them;
+    - ``distance``: 1 when the NUMA nodes are all local to each other, 0 at the
+      machine's largest distance (mean over pairs);
+    - ``gpu``: for each device resource with two or more devices, the share of the
+      machine's group levels (outermost first) all of them share: 1 in one island;
+    - ``room``: the free exclusive CPUs left on the emptiest NUMA node, over the
+      largest NUMA node's CPUs (the room left whole for the next aligned pod).
+
+    A pod with no NUMA affinity (policy none, nothing to align) gets
+    :data:`NEUTRAL_SCORE` on every node: the extender has no opinion about it."""
+    if result.hint.mask is None:
+        return NEUTRAL_SCORE
+    numa = _pod_numa(result)
+    total = len(machine.numa_nodes)
+    parts = {
+        "numa": 1.0 if len(numa) <= 1 or total <= 1 else (total - len(numa)) / (total - 1),
+        "distance": _distance_part(machine, numa),
+        "gpu": _gpu_part(machine, result),
+        "room": _room_part(machine, ledger, result),
+    }
+    value = sum(SCORE_WEIGHTS[k] * v for k, v in parts.items())
+    return max(MIN_SCORE, min(MAX_SCORE, round(MAX_SCORE * value)))
+
+
+def _distance_part(machine: Machine, numa: list[int]) -> float:
+    d = machine.distances
+    if len(numa) <= 1 or not d:
+        return 1.0
+    values = [v for row in d.values() for v in row.values()]
+    local, far = min(values), max(values)
+    if far <= local:
+        return 1.0
+    pairs = [d[a][b] for a, b in combinations(numa, 2) if a in d and b in d[a]]
+    if not pairs:
+        return 1.0
+    mean = sum(pairs) / len(pairs)
+    return max(0.0, 1.0 - (mean - local) / (far - local))
+
+
+def _gpu_part(machine: Machine, result: AdmitResult) -> float:
+    by_id = {(d.resource, d.id): d for d in machine.devices}
+    taken: dict[str, set[str]] = {}
+    for c in result.containers.values():
+        for r, ids in c.allocation.devices.items():
+            taken.setdefault(r, set()).update(ids)
+    parts: list[float] = []
+    for r, got in taken.items():
+        devs = [by_id[(r, i)] for i in sorted(got) if (r, i) in by_id]
+        levels = [lvl for lvl, _ in devs[0].groups] if devs else []
+        if len(devs) < 2 or not levels:
+            continue
+        shared = 0
+        for lvl in levels:
+            if len({d.group(lvl) for d in devs}) != 1:
+                break
+            shared += 1
+        parts.append(shared / len(levels))
+    return sum(parts) / len(parts) if parts else 1.0
+
+
+def _room_part(machine: Machine, ledger: Ledger, result: AdmitResult) -> float:
+    taken = {c for r in result.containers.values() for c in r.allocation.cpus}
+    free = ledger.free_cpus() - taken
+    biggest = max((len(n.cpus) for n in machine.numa_nodes), default=0)
+    if biggest == 0:
+        return 1.0
+    return max(sum(1 for c in n.cpus if c in free) for n in machine.numa_nodes) / biggest
+
+
+# ---------------------------------------------------------------- the fleet
+
+
+class Decider:
+    """The views of a fleet and a cache of verdicts.
+
+    ``update(nt)`` takes a NodeTopology object (a new ``resourceVersion`` rebuilds that
+    node's view; the same one is a no-op), ``remove(name)`` forgets a node,
+    ``decide(pod, node, reservations)`` / ``filter(pod, nodes, reservations)`` give
+    verdicts. Verdicts are cached by (machine, what the node holds, reservations, pod
+    shape, effective policy), at most ``max_cached`` of them (least recently used go)."""
+
+    def __init__(self, max_cached: int = 50_000) -> None:
+        self.views: dict[str, NodeView] = {}
+        self.machines: dict[str, Machine] = {}
+        self.max_cached = max_cached
+        self._cache: OrderedDict[Hashable, Verdict] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def update(self, nt: Mapping[str, Any]) -> NodeView:
+        meta = nt.get("metadata") if isinstance(nt, Mapping) else None
+        meta = meta if isinstance(meta, Mapping) else {}
+        name = str(meta.get("name") or "")
+        rv = str(meta.get("resourceVersion") or "")
+        old = self.views.get(name)
+        if old is not None and rv and old.resource_version == rv:
+            return old
+        view = NodeView.from_nodetopology(nt, self.machines)
+        self.views[name] = view
+        return view
+
+    def remove(self, name: str) -> None:
+        self.views.pop(name, None)
+
+    def view(self, name: str) -> NodeView | None:
+        return self.views.get(name)
+
+    def decide(self, pod: Mapping[str, Any], node: str,
+               reservations: Sequence[HeldPod] = (), *,
+               shape: PodShape | None = None) -> Verdict:
+        view = self.views.get(node)
+        if view is None or view.machine is None:
+            return decide(pod, view, reservations, name=node)
+        shape = shape if shape is not None else pod_shape(pod)
+        eff = effective_policy(pod, view.policy)
+        key = (view.machine_key, view.held_key, held_key(
+            r for r in reservations if r.uid not in view.admitted), shape.key,
+            policy_key(eff.resolved), eff.origin, view.policy.kind)
+        hit = self._cache.get(key)
+        if hit is not None:
+            self.hits += 1
+            self._cache.move_to_end(key)
+            return hit if hit.node == node else replace(hit, node=node)
+        self.misses += 1
+        verdict = decide(pod, view, reservations, shape=shape)
+        self._cache[key] = verdict
+        if len(self._cache) > self.max_cached:
+            self._cache.popitem(last=False)
+        return verdict
+
+    def filter(self, pod: Mapping[str, Any], nodes: Iterable[str],
+               reservations: Mapping[str, Sequence[HeldPod]] | None = None) -> list[Verdict]:
+        """A verdict for each of ``nodes``, in order."""
+        shape = pod_shape(pod)
+        held = reservations or {}
+        return [self.decide(pod, n, held.get(n, ()), shape=shape) for n in nodes]
+
+    def hold(self, pod: Mapping[str, Any], node: str,
+             reservations: Sequence[HeldPod] = ()) -> HeldPod | None:
+        """What ``pod`` would hold on ``node`` (to reserve it once the pod is bound
+        there), or None when the node is not covered or would refuse it."""
+        view = self.views.get(node)
+        if view is None or view.machine is None:
+            return None
+        shape = pod_shape(pod)
+        if shape.model is None:
+            return None
+        eff = effective_policy(pod, view.policy)
+        trial = view.ledger_with(reservations).copy()
+        try:
+            result = run_admission(view.machine, trial, shape.model, eff.resolved, commit=True)
+        except TopologyError:
+            return None
+        rec = trial.pods.get(CANDIDATE_UID)
+        if not result.admit or rec is None:
+            return None
+        meta = pod.get("metadata") if isinstance(pod, Mapping) else None
+        meta = meta if isinstance(meta, Mapping) else {}
+        ns = str(meta.get("namespace") or "default")
+        name = str(meta.get("name") or "")
+        uid = str(meta.get("uid") or f"{ns}/{name}")
+        return HeldPod(uid, name, ns, tuple(rec.containers.items()))
