@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import combinations
 from typing import Any
@@ -167,6 +167,14 @@ class NodeView:
                              if isinstance(e, Mapping) and e.get("uid"))
         return cls(name, rv, policy, machine, tuple(held), admitted, None, tuple(notes),
                    machine_key=key, held_key=held_key(held))
+
+    def without(self, uids: Collection[str]) -> NodeView:
+        """This view less the pods ``uids`` (gone, or finished, before the node publishes
+        that it released them)."""
+        held = tuple(p for p in self.held if p.uid not in uids)
+        if len(held) == len(self.held):
+            return self
+        return replace(self, held=held, held_key=held_key(held), _ledger=None)
 
     @property
     def usable(self) -> bool:
@@ -397,12 +405,15 @@ class Decider:
 
     ``update(nt)`` takes a NodeTopology object (a new ``resourceVersion`` rebuilds that
     node's view; the same one is a no-op), ``remove(name)`` forgets a node,
+    ``release(node, uid)`` drops a pod that left before the node says so,
     ``decide(pod, node, reservations)`` / ``filter(pod, nodes, reservations)`` give
     verdicts. Verdicts are cached by (machine, what the node holds, reservations, pod
     shape, effective policy), at most ``max_cached`` of them (least recently used go)."""
 
     def __init__(self, max_cached: int = 50_000) -> None:
         self.views: dict[str, NodeView] = {}
+        self.published: dict[str, NodeView] = {}  # as the NodeTopology says, before release()
+        self.released: dict[str, set[str]] = {}  # node -> uids gone but still published
         self.machines: dict[str, Machine] = {}
         self.max_cached = max_cached
         self._cache: OrderedDict[Hashable, Verdict] = OrderedDict()
@@ -414,15 +425,34 @@ class Decider:
         meta = meta if isinstance(meta, Mapping) else {}
         name = str(meta.get("name") or "")
         rv = str(meta.get("resourceVersion") or "")
-        old = self.views.get(name)
+        old = self.published.get(name)
         if old is not None and rv and old.resource_version == rv:
-            return old
+            return self.views[name]
         view = NodeView.from_nodetopology(nt, self.machines)
-        self.views[name] = view
-        return view
+        self.published[name] = view
+        gone = self.released.get(name)
+        if gone:
+            gone &= view.admitted  # the node published their release: nothing to do
+        self.views[name] = view.without(gone) if gone else view
+        return self.views[name]
+
+    def release(self, node: str, uid: str) -> bool:
+        """``uid`` left ``node`` (deleted or finished): decide as if the node had released
+        it already, until its NodeTopology stops listing it. True if that frees room."""
+        view = self.published.get(node)
+        if view is None or uid not in view.admitted:
+            return False
+        gone = self.released.setdefault(node, set())
+        if uid in gone:
+            return False
+        gone.add(uid)
+        self.views[node] = view.without(gone)
+        return True
 
     def remove(self, name: str) -> None:
         self.views.pop(name, None)
+        self.published.pop(name, None)
+        self.released.pop(name, None)
 
     def view(self, name: str) -> NodeView | None:
         return self.views.get(name)
