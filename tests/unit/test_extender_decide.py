@@ -12,6 +12,7 @@ import testdata
 from numalign.agent.publish import build_status
 from numalign.agent.state import NodeState
 from numalign.api.effective import FROM_KUBELET, FROM_POD
+from numalign.api.nodestatus import HeldPod
 from numalign.api.wire import ANN_GPUS, ANN_RESOLVED, REJECT_REASON, Resolved
 from numalign.extender.decide import (
     MAX_SCORE,
@@ -90,7 +91,7 @@ def test_reservations_stand_for_pods_the_node_has_not_published() -> None:
     st = node("fragmented-8numa")
     decider = Decider()
     decider.update(published(st, 1))  # the node publishes once; the burst comes after
-    held = []
+    held: list[HeldPod] = []
     for i in range(10):
         p = pod(f"p{i}", {"cpu": "4", "memory": "1Gi"})
         verdict = decider.decide(p, st.name, held)
