@@ -130,3 +130,36 @@ def test_node_topology_deleted_forgets_the_node() -> None:
     assert len(fleet.reservations) == 0
     v = fleet.filter(four("b"), [st.name])[0]
     assert v.fits and not v.covered
+
+
+def test_pods_approved_but_not_bound_yet_are_counted_where_they_may_go() -> None:
+    """The scheduler filters the next pod before the previous one's binding is seen:
+    the previous one counts on every node it was approved for, until it is bound (then
+    only there), goes away, or its time runs out."""
+    clock = Clock()
+    one, two = node("dual-16core", "one"), node("dual-16core", "two")
+    fleet = Fleet(reservations=Reservations(60.0, clock))
+    fleet.load_nodetopologies([published(one, 1), published(two, 1)])
+    fleet.load_pods([])
+    six = [pod(f"s{i}", {"cpu": "6", "memory": "1Gi"}) for i in range(10)]
+    for p in six[:7]:  # 2 per NUMA node, 8 in all: seven bound, one slot left (on two)
+        v = {x.node: x for x in fleet.filter(p, ["one", "two"])}
+        target = "one" if v["one"].fits else "two"
+        fleet.pod("ADDED", bound(p, target))
+    assert len(fleet.reservations) == 7 and len(fleet.in_flight) == 0
+    first = fleet.filter(six[7], ["one", "two"])
+    assert [v.fits for v in first] == [False, True]
+    # not bound yet: the next pod finds no room
+    second = fleet.filter(six[8], ["one", "two"])
+    assert [v.fits for v in second] == [False, False]
+    # its binding seen: what filter approved becomes the reservation
+    fleet.pod("ADDED", bound(six[7], "two"))
+    assert len(fleet.in_flight) == 0 and len(fleet.reservations) == 8
+    assert [v.fits for v in fleet.filter(six[9], ["one", "two"])] == [False, False]
+    # an approval that never binds runs out
+    fleet.pod("DELETED", bound(six[7], "two"))
+    assert fleet.filter(six[8], ["one", "two"])[1].fits
+    assert not fleet.filter(six[9], ["one", "two"])[1].fits
+    clock.now += 6
+    fleet.expire()
+    assert fleet.filter(six[9], ["one", "two"])[1].fits

@@ -151,8 +151,9 @@ def _wait(what: str, check: Callable[[], list[str]], timeout: float,
 
 class Demo:
     def __init__(self, cluster: DevCluster, samples: Path = SAMPLES, log: Log | None = None,
-                 settle_timeout: float = SETTLE_TIMEOUT) -> None:
+                 settle_timeout: float = SETTLE_TIMEOUT, extender: bool = True) -> None:
         self.cluster = cluster
+        self.extender = extender
         self.samples = samples
         self.say: Log = log or (lambda _m: None)
         self.settle_timeout = settle_timeout
@@ -183,8 +184,10 @@ class Demo:
         objs = render_samples(kubectl, self.samples)  # fail early on a broken samples dir
 
         t = time.monotonic()
-        self.cluster.up(machines=machines, operator=True, log=self.say, timeout=timeout)
-        self._step(t, "control plane, operator and agent up")
+        self.cluster.up(machines=machines, operator=True, log=self.say, timeout=timeout,
+                        scheduler_extender=self.extender, extender=self.extender)
+        self._step(t, "control plane, operator, agent" + (" and scheduler extender"
+                                                         if self.extender else "") + " up")
         kube = self.cluster.kube()
         nodes = node_names(machines)
 

@@ -80,7 +80,8 @@ class Verdict:
     request). ``score`` 0-10 (:func:`score_admission`; 0 when refused). ``numa_nodes``:
     the NUMA nodes the pod would get. ``policy``: the effective policy (None when the
     node is not covered). ``covered`` False: the node has no usable NodeTopology and
-    passes (fail open); ``note`` says why."""
+    passes (fail open); ``note`` says why. ``containers``: what the pod would hold there
+    (init containers first), for a reservation (:meth:`held_by`)."""
 
     node: str
     fits: bool
@@ -92,6 +93,7 @@ class Verdict:
     covered: bool = True
     resolvable: bool = True
     note: str | None = None
+    containers: tuple[tuple[str, ContainerAllocation], ...] = field(default=(), repr=False)
 
     @property
     def failure(self) -> str:
@@ -105,6 +107,18 @@ class Verdict:
             r = self.policy.resolved
             text += f" (numalign: policy {r.policy}, scope {r.scope})"
         return text
+
+    def held_by(self, pod: Mapping[str, Any]) -> HeldPod | None:
+        """What ``pod`` would hold on this node, as a reservation (None: nothing to hold:
+        refused, not covered, or no container holds anything)."""
+        if not self.fits or not self.covered or not self.containers:
+            return None
+        meta = pod.get("metadata") if isinstance(pod, Mapping) else None
+        meta = meta if isinstance(meta, Mapping) else {}
+        ns = str(meta.get("namespace") or "default")
+        name = str(meta.get("name") or "")
+        uid = str(meta.get("uid") or f"{ns}/{name}")
+        return HeldPod(uid, name, ns, self.containers)
 
     def to_json(self) -> JSON:
         out: JSON = {"node": self.node, "fits": self.fits, "score": self.score,
@@ -296,7 +310,8 @@ def decide(pod: Mapping[str, Any], view: NodeView | None,
         return Verdict(node, False, result.reason or REJECT_REASON,
                        result.message or TOPOLOGY_MESSAGE, MIN_SCORE, policy=eff)
     return Verdict(node, True, score=score_admission(view.machine, ledger, result),
-                   numa_nodes=tuple(_pod_numa(result)), policy=eff)
+                   numa_nodes=tuple(_pod_numa(result)), policy=eff,
+                   containers=tuple((n, c.allocation) for n, c in result.containers.items()))
 
 
 class _InvalidGpu(TopologyError):
@@ -491,24 +506,4 @@ class Decider:
              reservations: Sequence[HeldPod] = ()) -> HeldPod | None:
         """What ``pod`` would hold on ``node`` (to reserve it once the pod is bound
         there), or None when the node is not covered or would refuse it."""
-        view = self.views.get(node)
-        if view is None or view.machine is None:
-            return None
-        shape = pod_shape(pod)
-        if shape.model is None:
-            return None
-        eff = effective_policy(pod, view.policy)
-        trial = view.ledger_with(reservations).copy()
-        try:
-            result = run_admission(view.machine, trial, shape.model, eff.resolved, commit=True)
-        except TopologyError:
-            return None
-        rec = trial.pods.get(CANDIDATE_UID)
-        if not result.admit or rec is None:
-            return None
-        meta = pod.get("metadata") if isinstance(pod, Mapping) else None
-        meta = meta if isinstance(meta, Mapping) else {}
-        ns = str(meta.get("namespace") or "default")
-        name = str(meta.get("name") or "")
-        uid = str(meta.get("uid") or f"{ns}/{name}")
-        return HeldPod(uid, name, ns, tuple(rec.containers.items()))
+        return self.decide(pod, node, reservations).held_by(pod)

@@ -3,8 +3,12 @@
 pods it saw bound. Fed by the NodeTopology and Pod watches, asked by filter and
 prioritize; synchronous and free of I/O (the server runs it on one event loop).
 
+- A pod filter approved is counted on every node it was approved for while it is in
+  flight (:class:`~.reservations.InFlight`: the scheduler filters the next pod before
+  this one's binding is seen).
 - A pod seen bound (``spec.nodeName`` set, not finished) that its node does not list yet
-  gets a reservation: what the node would give it now (:meth:`Decider.hold`).
+  gets a reservation: what filter approved there, else what the node would give it now
+  (:meth:`Decider.hold`).
 - A NodeTopology update drops the reservations of the pods it lists.
 - A pod deleted or finished drops its reservation and, while its node still lists it,
   is decided as released (:meth:`Decider.release`): the scheduler retries parked pods
@@ -20,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .decide import Decider, Verdict
-from .reservations import Reservation, Reservations
+from .reservations import InFlight, Reservation, Reservations
 
 log = logging.getLogger("numalign.extender")
 
@@ -57,9 +61,12 @@ def is_running(pod: Mapping[str, Any]) -> bool:
 
 class Fleet:
     def __init__(self, decider: Decider | None = None,
-                 reservations: Reservations | None = None) -> None:
+                 reservations: Reservations | None = None,
+                 in_flight: InFlight | None = None) -> None:
         self.decider = decider if decider is not None else Decider()
         self.reservations = reservations if reservations is not None else Reservations()
+        self.in_flight = in_flight if in_flight is not None else InFlight(
+            clock=self.reservations.clock)
         self.bound: dict[str, str] = {}  # uid -> node, pods whose binding was handled
 
     # ------------------------------------------------------------ NodeTopology
@@ -96,6 +103,7 @@ class Fleet:
         node = pod_node(pod)
         if event == "DELETED" or is_finished(pod):
             self.reservations.drop(uid)
+            self.in_flight.drop(uid)
             self.bound.pop(uid, None)
             if node is not None:
                 self.decider.release(node, uid)
@@ -103,10 +111,12 @@ class Fleet:
         if node is None or self.bound.get(uid) == node:
             return
         self.bound[uid] = node
+        approved = self.in_flight.take(uid, node)
         view = self.decider.view(node)
         if view is None or uid in view.admitted or (restart and is_running(pod)):
             return
-        held = self.decider.hold(pod, node, self.reservations.on_node(node, exclude=uid))
+        held = approved or self.decider.hold(
+            pod, node, self.reservations.on_node(node, exclude=uid))
         if held is not None:
             self.reservations.add(node, held)
 
@@ -123,11 +133,21 @@ class Fleet:
                     "nodeName": self.bound[uid]}})
 
     def expire(self) -> list[Reservation]:
+        self.in_flight.expire()
         return self.reservations.expire()
 
     # ------------------------------------------------------------ verbs
 
-    def filter(self, pod: Mapping[str, Any], nodes: Sequence[str]) -> list[Verdict]:
+    def filter(self, pod: Mapping[str, Any], nodes: Sequence[str],
+               approve: bool = True) -> list[Verdict]:
+        """Verdicts for ``pod`` on ``nodes``, counting what is reserved and in flight
+        there; ``approve``: the pod is then in flight on the nodes it fits (filter,
+        not prioritize)."""
         uid = pod_uid(pod)
-        held = {n: self.reservations.on_node(n, exclude=uid) for n in nodes}
-        return self.decider.filter(pod, nodes, held)
+        held = {n: [*self.reservations.on_node(n, exclude=uid),
+                    *self.in_flight.on_node(n, exclude=uid)] for n in nodes}
+        verdicts = self.decider.filter(pod, nodes, held)
+        if approve:
+            holds = {v.node: h for v in verdicts if (h := v.held_by(pod)) is not None}
+            self.in_flight.approve(uid, holds)
+        return verdicts

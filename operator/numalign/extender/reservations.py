@@ -87,3 +87,68 @@ class Reservations:
         limit = self.clock() - self.timeout
         old = [uid for uid, r in self._by_uid.items() if r.since < limit]
         return [r for uid in old if (r := self.drop(uid)) is not None]
+
+
+IN_FLIGHT_TTL = 5.0
+
+
+class InFlight:
+    """What filter approved for pods not bound yet: each such pod is counted on every
+    node it was approved for, until it is seen bound (then its node's share becomes its
+    reservation), goes away, is filtered again, or ``ttl`` seconds pass.
+
+    The scheduler filters the next pod as soon as it has picked a node for the previous
+    one, before that pod's binding reaches the API server and the pod watch: without
+    this, two pods of a burst could be approved for the last room of one NUMA node."""
+
+    def __init__(self, ttl: float = IN_FLIGHT_TTL,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl = ttl
+        self.clock = clock
+        self._by_uid: dict[str, tuple[float, dict[str, HeldPod]]] = {}
+        self._by_node: dict[str, dict[str, HeldPod]] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_uid)
+
+    def approve(self, uid: str, holds: dict[str, HeldPod]) -> None:
+        """``uid`` was approved for these nodes (replacing what it had)."""
+        self.drop(uid)
+        if not holds:
+            return
+        self._by_uid[uid] = (self.clock(), holds)
+        for node, held in holds.items():
+            self._by_node.setdefault(node, {})[uid] = held
+
+    def take(self, uid: str, node: str) -> HeldPod | None:
+        """``uid`` was bound to ``node``: what filter approved there (and forget it)."""
+        entry = self._by_uid.get(uid)
+        held = entry[1].get(node) if entry is not None else None
+        self.drop(uid)
+        return held
+
+    def drop(self, uid: str) -> None:
+        entry = self._by_uid.pop(uid, None)
+        if entry is None:
+            return
+        for node in entry[1]:
+            per = self._by_node.get(node)
+            if per is not None:
+                per.pop(uid, None)
+                if not per:
+                    del self._by_node[node]
+
+    def on_node(self, node: str, exclude: str | None = None) -> list[HeldPod]:
+        per = self._by_node.get(node)
+        if not per:
+            return []
+        limit = self.clock() - self.ttl
+        return [h for uid, h in per.items()
+                if uid != exclude and self._by_uid[uid][0] >= limit]
+
+    def expire(self) -> list[str]:
+        limit = self.clock() - self.ttl
+        old = [uid for uid, (since, _) in self._by_uid.items() if since < limit]
+        for uid in old:
+            self.drop(uid)
+        return old

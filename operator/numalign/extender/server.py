@@ -114,7 +114,7 @@ class ExtenderServer:
         if isinstance(args, web.Response):
             return args
         try:
-            verdicts = self.fleet.filter(args.pod, args.node_names)
+            verdicts = self.fleet.filter(args.pod, args.node_names, approve=False)
         except Exception as e:
             log.exception("prioritize %s", args.pod_name)
             return web.json_response(error_result(f"numalign extender: {e}"), status=500)
