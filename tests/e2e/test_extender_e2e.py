@@ -13,6 +13,8 @@ dual-16core NUMA node: 2 per NUMA node, 8 in all, although the scheduler sees 12
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -149,7 +151,8 @@ def test_burst_waits_pending_and_runs_when_room_appears(
 
 
 def test_best_effort_pod_is_not_kept_off_a_fragmented_node(
-        core: Any, snn: str, e2e_agent: AgentProcess, extender: DevCluster) -> None:
+        core: Any, snn: str, e2e_agent: AgentProcess, extender: DevCluster,
+        kubeconfig: Path) -> None:
     ns = snn
     node = e2e_agent.of("fragmented-8numa")[0]
     pin = {"kubernetes.io/hostname": node}
@@ -168,6 +171,18 @@ def test_best_effort_pod_is_not_kept_off_a_fragmented_node(
     aligned = core.read_namespaced_pod("aligned", ns)
     assert phase(aligned) == "Pending" and aligned.spec.node_name is None
     assert not rejected_uids(core, ns)
+
+    # numalign explain on the Pending pod: which nodes refuse it, and why
+    proc = subprocess.run([sys.executable, "-m", "numalign.cli", "explain", "aligned", "-n", ns,
+                           "--kubeconfig", str(kubeconfig), "-o", "json"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["bound"] is False
+    assert doc["refused"][node].startswith("TopologyAffinityError: ")
+    assert node not in doc["fits"]
+    assert set(e2e_agent.of("dual-16core")) <= set(doc["fits"])
+    assert "TopologyAffinityError" in (doc["scheduler"] or "")
 
 
 def test_with_the_extender_stopped_pods_schedule_and_the_redeploy_catches_rejections(
