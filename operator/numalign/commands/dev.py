@@ -295,6 +295,13 @@ def _print_summary(args: argparse.Namespace, cluster: DevCluster, result: DemoRe
             kubectl("get", "pods", "-A", "-l", "app in (trainer,etl,packet-processor)",
                     "-o", "custom-columns=NAMESPACE:.metadata.namespace,NAME:.metadata.name,"
                     "STATUS:.status.phase,NODE:.spec.nodeName").rstrip()]
+    if cluster.extender_url is not None and not args.no_extender:
+        out += ["", f"Scheduler extender: on ({cluster.extender_url}): pods are placed where "
+                    "their own policy fits; namespace rt ran with it stopped, to show what "
+                    "the operator does when a node rejects a pod ('--no-extender': none)"]
+    else:
+        out += ["", "Scheduler extender: off: nodes reject what does not align and the "
+                    "operator redeploys it"]
     events = story(kube, result.namespaces)
     if events:
         out += ["", "Rejections and redeploys:"] + [f"  {e}" for e in events]
