@@ -23,8 +23,6 @@ from typing import Any
 import pytest
 
 from e2e_helpers import (
-    POOL_LABEL,
-    ROLE_LABEL,
     AgentProcess,
     delete_namespaces,
     deployment,
@@ -32,6 +30,7 @@ from e2e_helpers import (
     node_topology,
     phase,
     pods,
+    redeploy_selector,
     rejected_uids,
     wait_for,
 )
@@ -86,10 +85,6 @@ def snn(core: Any, k8s_client: Any, namespace: str, e2e_agent: AgentProcess,
         delete_namespaces(core, [namespace])
 
 
-def _selector(agent: AgentProcess) -> dict[str, str]:
-    return {POOL_LABEL: agent.pool, ROLE_LABEL: "redeploy"}
-
-
 def _by_phase(core: Any, ns: str, app: str | None = None) -> dict[str, list[Any]]:
     out: dict[str, list[Any]] = {}
     for p in pods(core, ns):
@@ -118,11 +113,12 @@ def test_burst_waits_pending_and_runs_when_room_appears(
     ns = snn
     dual = set(e2e_agent.of("dual-16core"))
     # Two pods hold room first, then a burst of eight: six fit, two wait.
-    apps.create_namespaced_deployment(ns, deployment("holder", 2, CPU, _selector(e2e_agent)))
+    nodes = redeploy_selector(e2e_agent)
+    apps.create_namespaced_deployment(ns, deployment("holder", 2, CPU, nodes))
     wait_for(lambda: len(_by_phase(core, ns, "holder").get("Running", [])) == 2, 60,
              "the two holders Running")
     apps.create_namespaced_deployment(ns, deployment("burst", ALIGNED_ROOM, CPU,
-                                                     _selector(e2e_agent)))
+                                                     redeploy_selector(e2e_agent)))
     wait_for(lambda: len(_by_phase(core, ns, "burst").get("Running", [])) == ALIGNED_ROOM - 2,
              90, "six of the burst Running")
     wait_for(lambda: _extender_refusals(core, ns), 30, "the scheduler's FailedScheduling "
@@ -195,7 +191,7 @@ def test_with_the_extender_stopped_pods_schedule_and_the_redeploy_catches_reject
     dual = set(e2e_agent.of("dual-16core"))
 
     def steered(name: str) -> dict[str, Any]:
-        d = deployment(name, 2, CPU, _selector(e2e_agent))
+        d = deployment(name, 2, CPU, redeploy_selector(e2e_agent))
         d["spec"]["template"]["spec"]["affinity"] = {"nodeAffinity": {
             "preferredDuringSchedulingIgnoredDuringExecution": [{
                 "weight": 100, "preference": {"matchExpressions": [{

@@ -211,3 +211,62 @@ def test_unreadable_pod_is_left_to_the_node() -> None:
     bad = pod("x", {"cpu": "lots"})
     v = decider.decide(bad, "n0")
     assert v.fits and not v.covered and "cannot be read" in (v.note or "")
+
+
+@pytest.mark.parametrize("machine", ["fragmented-8numa", "dual-16core", "dgx-a100-like",
+                                     "seed-figure1"])
+def test_pods_in_flight_give_the_verdict_of_holding_them(machine: str) -> None:
+    """A pod in flight (approved elsewhere, not bound) counts as held: the shortcut that
+    keeps the verdict without it (room_left) never admits what holding it refuses."""
+    import random
+
+    rng = random.Random(machine)
+    for trial in range(12):
+        st = node(machine, f"n{trial}")
+        for i in range(rng.randrange(0, 6)):  # some pods already there
+            p = pod(f"pre{trial}-{i}", {"cpu": str(rng.choice([1, 2, 3])), "memory": "1Gi"},
+                    rng.choice(["single-numa-node", "best-effort"]), scope="pod")
+            st.decide(p, resolved_of(p))
+        decider = Decider()
+        decider.update(published(st, 1))
+        flying: list[tuple[dict[str, Any], HeldPod]] = []
+        for i in range(6):
+            p = pod(f"f{trial}-{i}", {"cpu": str(rng.choice([1, 2, 4, 6])), "memory": "1Gi"},
+                    rng.choice(["single-numa-node", "best-effort", "restricted"]),
+                    scope=rng.choice(["pod", "container"]))
+            fast = decider.decide(p, st.name, in_flight=flying)
+            exact = Decider()
+            exact.update(published(st, 1))
+            held: list[HeldPod] = []
+            for q, _ in flying:  # the pods in flight admitted first, in order
+                h = exact.hold(q, st.name, held)
+                if h is not None:
+                    held.append(h)
+            slow = exact.decide(p, st.name, held)
+            assert fast.fits == slow.fits, (trial, i, fast, slow)
+            approved = fast.held_by(p)
+            if approved is not None:
+                flying.append((p, approved))
+
+
+def test_room_left_spares_the_engine_far_from_capacity() -> None:
+    st = node("dual-16core")
+    decider = Decider()
+    decider.update(published(st, 1))
+    first = pod("first", {"cpu": "6", "memory": "1Gi"})
+    held = decider.hold(first, st.name)
+    assert held is not None
+    second = pod("second", {"cpu": "6", "memory": "1Gi"})
+    assert decider.decide(second, st.name, in_flight=[(first, held)]).fits
+    assert decider.misses == 1  # the pod's shape on this state, decided once
+    # near capacity the engine decides with the pods in flight held
+    flying: list[tuple[dict[str, Any], HeldPod]] = [(first, held)]
+    for i in range(3):
+        more = pod(f"m{i}", {"cpu": "6", "memory": "1Gi"})
+        v = decider.decide(more, st.name, in_flight=flying)
+        assert v.fits
+        h = v.held_by(more)
+        assert h is not None
+        flying.append((more, h))
+    assert not decider.decide(pod("last", {"cpu": "6", "memory": "1Gi"}), st.name,
+                              in_flight=flying).fits

@@ -48,7 +48,8 @@ from numalign.api.wire import (
 )
 from numalign.topology.admit import AdmitResult, admit_pod, default_overrides
 from numalign.topology.errors import TopologyError
-from numalign.topology.hints import mask_ids
+from numalign.topology.fit import DEFAULT_MAX_PODS
+from numalign.topology.hints import mask_count, mask_ids
 from numalign.topology.ledger import ContainerAllocation, Ledger
 from numalign.topology.machine import Machine
 from numalign.topology.pod import Pod, pod_from_dict
@@ -337,6 +338,55 @@ def _pod_numa(result: AdmitResult) -> list[int]:
     return sorted({n for c in result.containers.values() for n in c.numa_nodes})
 
 
+# ---------------------------------------------------------------- room for more
+
+
+def room_left(view: NodeView, reserved: Sequence[HeldPod], flying: Sequence[HeldPod],
+              verdict: Verdict, shape: PodShape, resolved: Resolved) -> bool:
+    """Whether the pod ``verdict`` admitted on ``view`` (holding ``reserved``) is surely
+    admitted the same with the pods ``flying`` held too, wherever they land: on the NUMA
+    nodes of its verdict, what the node and ``reserved`` take, less all that ``flying``
+    asks for, leave as many CPUs, as much memory of each kind and as many devices of each
+    resource as the pod took. Then its NUMA nodes stay a valid hint of the same width (the
+    kubelet prefers by width over all CPUs, not free ones) and the best one, the managers
+    allocate inside them and the pod count fits. A sufficient condition only: False
+    (decide again) near capacity, and for policy options, GPU group requests, containers
+    aligned one by one, memory spanning NUMA nodes."""
+    machine, model = view.machine, shape.model
+    if machine is None or model is None or resolved.options.given or ANN_GPUS in model.annotations:
+        return False
+    mine = [a for _, a in verdict.containers]
+    if resolved.scope != "pod" and sum(1 for a in mine if a.cpus or a.memory or a.devices) > 1:
+        return False
+    ledger = view.ledger()
+    held = [a for h in reserved if h.uid not in view.admitted and h.uid not in ledger.pods
+            for _, a in h.containers]
+    asked = [a for h in flying for _, a in h.containers]
+    if any(a.memory_mask is not None and mask_count(a.memory_mask) > 1 for a in mine + asked):
+        return False
+    if len(ledger.pods) + len(reserved) + len(flying) + 1 > DEFAULT_MAX_PODS:
+        return False
+    numa = set(verdict.numa_nodes) or set(machine.numa_ids)
+    taken = {c for a in held for c in a.cpus}
+    free = sum(1 for c in ledger.free_cpus() - taken if machine.cpus[c].numa in numa)
+    if free - sum(len(a.cpus) for a in asked) < len({c for a in mine for c in a.cpus}):
+        return False
+    for kind in {k for a in mine for k in a.memory}:
+        want = sum(b for a in mine + asked for b in a.memory.get(kind, {}).values())
+        used = sum(b for a in held for n, b in a.memory.get(kind, {}).items() if n in numa)
+        if sum(ledger.free_memory(n, kind) for n in numa) - used < want:
+            return False
+    for res in {r for a in mine for r in a.devices}:
+        want = len({i for a in mine for i in a.devices.get(res, ())})
+        want += sum(len(a.devices.get(res, ())) for a in asked)
+        gone = {i for a in held for i in a.devices.get(res, ())}
+        near = {d.id for d in machine.devices_of(res)
+                if d.numa_node is None or d.numa_node in numa}
+        if len((set(ledger.free_devices(res)) & near) - gone) < want:
+            return False
+    return True
+
+
 # ---------------------------------------------------------------- the score
 
 
@@ -474,7 +524,32 @@ class Decider:
 
     def decide(self, pod: Mapping[str, Any], node: str,
                reservations: Sequence[HeldPod] = (), *,
-               shape: PodShape | None = None) -> Verdict:
+               shape: PodShape | None = None,
+               in_flight: Sequence[tuple[Mapping[str, Any], HeldPod]] = ()) -> Verdict:
+        """The verdict for ``pod`` on ``node`` holding ``reservations``. ``in_flight``:
+        pods that may come to this node first (approved, not bound yet), each with what
+        it was approved to hold there: the verdict without them where they surely leave
+        room (:func:`room_left`), else decided with them admitted first, in order."""
+        verdict = self._decide(pod, node, reservations, shape)
+        view = self.views.get(node)
+        if view is None or not verdict.fits or not verdict.covered:
+            return verdict
+        extra = [(p, h) for p, h in in_flight if h.uid not in view.admitted]
+        if not extra:
+            return verdict
+        shape = shape if shape is not None else pod_shape(pod)
+        resolved = effective_policy(pod, view.policy).resolved
+        if room_left(view, reservations, [h for _, h in extra], verdict, shape, resolved):
+            return verdict
+        held = list(reservations)
+        for p, _ in extra:
+            h = self._decide(p, node, held, None).held_by(p)
+            if h is not None:
+                held.append(h)
+        return self._decide(pod, node, held, shape)
+
+    def _decide(self, pod: Mapping[str, Any], node: str, reservations: Sequence[HeldPod],
+                shape: PodShape | None) -> Verdict:
         view = self.views.get(node)
         if view is None or view.machine is None:
             return decide(pod, view, reservations, name=node)
@@ -496,11 +571,16 @@ class Decider:
         return verdict
 
     def filter(self, pod: Mapping[str, Any], nodes: Iterable[str],
-               reservations: Mapping[str, Sequence[HeldPod]] | None = None) -> list[Verdict]:
-        """A verdict for each of ``nodes``, in order."""
+               reservations: Mapping[str, Sequence[HeldPod]] | None = None,
+               in_flight: Mapping[str, Sequence[tuple[Mapping[str, Any], HeldPod]]] | None
+               = None) -> list[Verdict]:
+        """A verdict for each of ``nodes``, in order (reservations and in-flight pods
+        by node, as :meth:`decide` takes them)."""
         shape = pod_shape(pod)
         held = reservations or {}
-        return [self.decide(pod, n, held.get(n, ()), shape=shape) for n in nodes]
+        flying = in_flight or {}
+        return [self.decide(pod, n, held.get(n, ()), shape=shape, in_flight=flying.get(n, ()))
+                for n in nodes]
 
     def hold(self, pod: Mapping[str, Any], node: str,
              reservations: Sequence[HeldPod] = ()) -> HeldPod | None:

@@ -23,6 +23,8 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from numalign.api.nodestatus import HeldPod
+
 from .decide import Decider, Verdict
 from .reservations import InFlight, Reservation, Reservations
 
@@ -35,6 +37,17 @@ TERMINAL = ("Succeeded", "Failed")
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     meta = obj.get("metadata")
     return meta if isinstance(meta, Mapping) else {}
+
+
+def disjoint(held: HeldPod, others: Sequence[HeldPod]) -> bool:
+    """``held`` takes no CPU or device that one of ``others`` holds (an approval made
+    while other pods were in flight may name the same ids as one of them)."""
+    cpus = {c for h in others for _, a in h.containers for c in a.cpus}
+    devices = {(r, i) for h in others for _, a in h.containers
+               for r, ids in a.devices.items() for i in ids}
+    return not any(c in cpus for _, a in held.containers for c in a.cpus) and not any(
+        (r, i) in devices for _, a in held.containers for r, ids in a.devices.items()
+        for i in ids)
 
 
 def pod_uid(pod: Mapping[str, Any]) -> str:
@@ -115,8 +128,9 @@ class Fleet:
         view = self.decider.view(node)
         if view is None or uid in view.admitted or (restart and is_running(pod)):
             return
-        held = approved or self.decider.hold(
-            pod, node, self.reservations.on_node(node, exclude=uid))
+        others = self.reservations.on_node(node, exclude=uid)
+        held = approved if approved is not None and disjoint(approved, others) else \
+            self.decider.hold(pod, node, others)
         if held is not None:
             self.reservations.add(node, held)
 
@@ -144,10 +158,10 @@ class Fleet:
         there; ``approve``: the pod is then in flight on the nodes it fits (filter,
         not prioritize)."""
         uid = pod_uid(pod)
-        held = {n: [*self.reservations.on_node(n, exclude=uid),
-                    *self.in_flight.on_node(n, exclude=uid)] for n in nodes}
-        verdicts = self.decider.filter(pod, nodes, held)
+        held = {n: self.reservations.on_node(n, exclude=uid) for n in nodes}
+        flying = {n: self.in_flight.on_node(n, exclude=uid) for n in nodes}
+        verdicts = self.decider.filter(pod, nodes, held, flying)
         if approve:
             holds = {v.node: h for v in verdicts if (h := v.held_by(pod)) is not None}
-            self.in_flight.approve(uid, holds)
+            self.in_flight.approve(pod, uid, holds)
         return verdicts

@@ -9,8 +9,9 @@ the pods bound but not yet published (:meth:`numalign.extender.fleet.Fleet.load`
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from numalign.api.nodestatus import HeldPod
 
@@ -105,25 +106,26 @@ class InFlight:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.ttl = ttl
         self.clock = clock
-        self._by_uid: dict[str, tuple[float, dict[str, HeldPod]]] = {}
+        self._by_uid: dict[str, tuple[float, Mapping[str, Any], dict[str, HeldPod]]] = {}
         self._by_node: dict[str, dict[str, HeldPod]] = {}
 
     def __len__(self) -> int:
         return len(self._by_uid)
 
-    def approve(self, uid: str, holds: dict[str, HeldPod]) -> None:
-        """``uid`` was approved for these nodes (replacing what it had)."""
+    def approve(self, pod: Mapping[str, Any], uid: str, holds: dict[str, HeldPod]) -> None:
+        """``pod`` was approved for these nodes, to hold this there (replacing what it
+        had)."""
         self.drop(uid)
         if not holds:
             return
-        self._by_uid[uid] = (self.clock(), holds)
+        self._by_uid[uid] = (self.clock(), pod, holds)
         for node, held in holds.items():
             self._by_node.setdefault(node, {})[uid] = held
 
     def take(self, uid: str, node: str) -> HeldPod | None:
         """``uid`` was bound to ``node``: what filter approved there (and forget it)."""
         entry = self._by_uid.get(uid)
-        held = entry[1].get(node) if entry is not None else None
+        held = entry[2].get(node) if entry is not None else None
         self.drop(uid)
         return held
 
@@ -131,24 +133,31 @@ class InFlight:
         entry = self._by_uid.pop(uid, None)
         if entry is None:
             return
-        for node in entry[1]:
+        for node in entry[2]:
             per = self._by_node.get(node)
             if per is not None:
                 per.pop(uid, None)
                 if not per:
                     del self._by_node[node]
 
-    def on_node(self, node: str, exclude: str | None = None) -> list[HeldPod]:
+    def on_node(self, node: str, exclude: str | None = None
+                ) -> list[tuple[Mapping[str, Any], HeldPod]]:
+        """The pods in flight that may come to ``node`` (oldest first), with what they
+        were approved to hold there."""
         per = self._by_node.get(node)
         if not per:
             return []
         limit = self.clock() - self.ttl
-        return [h for uid, h in per.items()
-                if uid != exclude and self._by_uid[uid][0] >= limit]
+        out = []
+        for uid, held in per.items():
+            since, pod, _ = self._by_uid[uid]
+            if uid != exclude and since >= limit:
+                out.append((pod, held))
+        return out
 
     def expire(self) -> list[str]:
         limit = self.clock() - self.ttl
-        old = [uid for uid, (since, _) in self._by_uid.items() if since < limit]
+        old = [uid for uid, (since, _, _) in self._by_uid.items() if since < limit]
         for uid in old:
             self.drop(uid)
         return old

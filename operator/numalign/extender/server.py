@@ -90,16 +90,20 @@ class ExtenderServer:
             log.warning("%s %s: %s", request.method, request.path, e)
             return web.json_response(error_result(str(e)), status=400)
 
-    async def filter(self, request: web.Request) -> web.Response:
+    async def _verb(self, request: web.Request, filtering: bool) -> web.Response:
+        """Filter (``filtering``) or prioritize: the verdicts, as the verb's answer."""
         t0 = time.perf_counter()
         args = await self._args(request)
         if isinstance(args, web.Response):
             return args
         try:
-            verdicts = self.fleet.filter(args.pod, args.node_names)
+            verdicts = self.fleet.filter(args.pod, args.node_names, approve=filtering)
         except Exception as e:  # never take the scheduler down with us: it goes on
-            log.exception("filter %s", args.pod_name)
+            log.exception("%s %s", request.path, args.pod_name)
             return web.json_response(error_result(f"numalign extender: {e}"), status=500)
+        if not filtering:
+            self.metrics.prioritize_seconds.observe(time.perf_counter() - t0)
+            return web.json_response(priority_list(verdicts))
         for v in verdicts:
             if not v.fits:
                 self.metrics.refusals.labels(reason=v.reason or "").inc()
@@ -108,19 +112,11 @@ class ExtenderServer:
         self.metrics.filter_seconds.observe(time.perf_counter() - t0)
         return web.json_response(result)
 
+    async def filter(self, request: web.Request) -> web.Response:
+        return await self._verb(request, filtering=True)
+
     async def prioritize(self, request: web.Request) -> web.Response:
-        t0 = time.perf_counter()
-        args = await self._args(request)
-        if isinstance(args, web.Response):
-            return args
-        try:
-            verdicts = self.fleet.filter(args.pod, args.node_names, approve=False)
-        except Exception as e:
-            log.exception("prioritize %s", args.pod_name)
-            return web.json_response(error_result(f"numalign extender: {e}"), status=500)
-        result = priority_list(verdicts)
-        self.metrics.prioritize_seconds.observe(time.perf_counter() - t0)
-        return web.json_response(result)
+        return await self._verb(request, filtering=False)
 
     async def healthz(self, _request: web.Request) -> web.Response:
         return web.Response(text="ok")
