@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -132,3 +133,35 @@ async def test_metrics_names(client: TestClient[Any, Any]) -> None:
     assert "numalign_extender_filter_duration_seconds_count 1.0" in text
     assert "numalign_extender_prioritize_duration_seconds_count 1.0" in text
     assert "numalign_extender_reservations 1.0" in text
+
+
+async def test_https(tmp_path: Path) -> None:
+    """--tls-cert/--tls-key: the verbs over HTTPS, the certificate checked by the client."""
+    import ssl
+
+    import aiohttp
+    from aiohttp import web
+
+    from numalign.devcluster import certs
+    from numalign.extender.server import ssl_context
+
+    pki = certs.generate(tmp_path / "pki")
+    fleet = Fleet()
+    fleet.load_nodetopologies([published(BIG, 1)])
+    fleet.load_pods([])
+    server = ExtenderServer(fleet)
+    server.ready = True
+    runner = web.AppRunner(server.app())
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0,
+                       ssl_context=ssl_context(str(pki.apiserver.cert), str(pki.apiserver.key)))
+    await site.start()
+    try:
+        port = runner.addresses[0][1]
+        trust = ssl.create_default_context(cafile=str(pki.ca.cert))
+        async with aiohttp.ClientSession() as session, session.post(
+                f"https://127.0.0.1:{port}/filter", ssl=trust, json=args(SIX, ["big"])) as r:
+            assert r.status == 200
+            assert (await r.json())["NodeNames"] == ["big"]
+    finally:
+        await runner.cleanup()

@@ -183,10 +183,7 @@ async def serve(settings: Settings, config: KubeConfig,
     await runner.setup()
     site = web.TCPSite(runner, settings.addr, settings.port, ssl_context=tls)
     await site.start()
-    port = settings.port
-    if port == 0 and site._server is not None:  # an ephemeral port: which one
-        sockets = getattr(site._server, "sockets", None) or []
-        port = sockets[0].getsockname()[1] if sockets else 0
+    port = int(runner.addresses[0][1]) if runner.addresses else settings.port
     log.info("numalign extender on %s://%s:%d", "https" if tls else "http", settings.addr,
              port)
     if started is not None:
