@@ -400,7 +400,7 @@ def test_a_pile_the_kubelet_rejected_while_the_operator_was_away_spends_one_atte
             delete_policy(k8s_client, name)
 
 
-def test_with_the_extender_the_kubelets_misfit_lands_on_the_emulated_node(
+def test_the_kubelets_misfit_runs_on_the_emulated_node_with_the_extender(
         real_node: Any, dev_cluster: Any, core: client.CoreV1Api, namespace: str,
         k8s_client: Any, kubeconfig: Path, tmp_path: Path) -> None:
     """The pod the kubelet rejects above (its two devices on different NUMA nodes under
