@@ -152,6 +152,7 @@ class NodeView:
     notes: tuple[str, ...] = ()
     machine_key: Hashable = None
     held_key: Hashable = None
+    policy_id: str = ""  # the node's policy as text: nodes alike decide a pod alike
     _ledger: Ledger | None = field(default=None, repr=False)
 
     @classmethod
@@ -181,8 +182,10 @@ class NodeView:
         held, notes = held_from_status(status, name)
         admitted = frozenset(_admitted_key(e) for e in status.get("admitted") or ()
                              if isinstance(e, Mapping))
+        policy_id = "|".join((policy.kind, policy.default.annotation(),
+                              policy.kubelet.annotation() if policy.kubelet else "-"))
         return cls(name, rv, policy, machine, tuple(held), admitted, None, tuple(notes),
-                   machine_key=key, held_key=held_key(held))
+                   machine_key=key, held_key=held_key(held), policy_id=policy_id)
 
     def without(self, uids: Collection[str]) -> NodeView:
         """This view less the pods ``uids`` (gone, or finished, before the node publishes
@@ -542,7 +545,12 @@ class Decider:
         pods that may come to this node first (approved, not bound yet), each with what
         it was approved to hold there: the verdict without them where they surely leave
         room (:func:`room_left`), else decided with them admitted first, in order."""
-        verdict = self._decide(pod, node, reservations, shape)
+        return self._verdict(pod, node, reservations, shape, in_flight, None)
+
+    def _verdict(self, pod: Mapping[str, Any], node: str, reservations: Sequence[HeldPod],
+                 shape: PodShape | None, in_flight: Sequence[tuple[Mapping[str, Any], HeldPod]],
+                 memo: dict[str, EffectivePolicy] | None) -> Verdict:
+        verdict = self._decide(pod, node, reservations, shape, memo)
         view = self.views.get(node)
         if view is None or not verdict.fits or not verdict.covered:
             return verdict
@@ -550,23 +558,34 @@ class Decider:
         if not extra:
             return verdict
         shape = shape if shape is not None else pod_shape(pod)
-        resolved = effective_policy(pod, view.policy).resolved
+        resolved = self._effective(pod, view, memo).resolved
         if room_left(view, reservations, [h for _, h in extra], verdict, shape, resolved):
             return verdict
         held = list(reservations)
         for p, _ in extra:
-            h = self._decide(p, node, held, None).held_by(p)
+            h = self._decide(p, node, held, None, None).held_by(p)
             if h is not None:
                 held.append(h)
-        return self._decide(pod, node, held, shape)
+        return self._decide(pod, node, held, shape, memo)
+
+    @staticmethod
+    def _effective(pod: Mapping[str, Any], view: NodeView,
+                   memo: dict[str, EffectivePolicy] | None) -> EffectivePolicy:
+        """effective_policy, once per node policy for one pod (``memo``)."""
+        if memo is None:
+            return effective_policy(pod, view.policy)
+        eff = memo.get(view.policy_id)
+        if eff is None:
+            eff = memo[view.policy_id] = effective_policy(pod, view.policy)
+        return eff
 
     def _decide(self, pod: Mapping[str, Any], node: str, reservations: Sequence[HeldPod],
-                shape: PodShape | None) -> Verdict:
+                shape: PodShape | None, memo: dict[str, EffectivePolicy] | None) -> Verdict:
         view = self.views.get(node)
         if view is None or view.machine is None:
             return decide(pod, view, reservations, name=node)
         shape = shape if shape is not None else pod_shape(pod)
-        eff = effective_policy(pod, view.policy)
+        eff = self._effective(pod, view, memo)
         key = (view.machine_key, view.held_key, held_key(
             r for r in reservations if not view.lists(r)), shape.key,
             policy_key(eff.resolved), eff.origin, view.policy.kind)
@@ -591,7 +610,8 @@ class Decider:
         shape = pod_shape(pod)
         held = reservations or {}
         flying = in_flight or {}
-        return [self.decide(pod, n, held.get(n, ()), shape=shape, in_flight=flying.get(n, ()))
+        memo: dict[str, EffectivePolicy] = {}
+        return [self._verdict(pod, n, held.get(n, ()), shape, flying.get(n, ()), memo)
                 for n in nodes]
 
     def hold(self, pod: Mapping[str, Any], node: str,
