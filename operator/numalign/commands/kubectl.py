@@ -30,6 +30,7 @@ import yaml
 from numalign.api.kube import NT_BASE, q
 from numalign.commands import kubectl_nodes, kubectl_why
 from numalign.commands.explain import ExplainError, LiveClient, explain_live
+from numalign.commands.explain_pending import render_pending
 from numalign.commands.explain_text import render_text
 from numalign.controller.cache import STATE_CONFIGMAP
 
@@ -162,9 +163,10 @@ def cmd_explain(args: argparse.Namespace) -> str:
     for opt in args.option:
         argv += ["--option", opt]
     ex = explain_live(argv)
+    doc = ex if isinstance(ex, dict) else ex.to_json()
     if args.output in ("json", "yaml"):
-        return _dump(ex.to_json(), args.output)
-    return render_text(ex)
+        return _dump(doc, args.output)
+    return render_pending(ex) if isinstance(ex, dict) else render_text(ex)
 
 
 def run(args: argparse.Namespace) -> str:
