@@ -30,6 +30,7 @@ What each provider does, as in the kubelet:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
@@ -139,8 +140,41 @@ def iterate_masks(ids: Sequence[int]) -> Iterator[NumaMask]:
 
 
 def full_hints(d: Demand) -> list[TopologyHint]:
-    """The kubelet's hint list for a demand: every fitting mask (2^n walk)."""
-    return [d.hint(m) for m in iterate_masks(d.domain) if d.fits(m)]
+    """The kubelet's hint list for a demand: every fitting mask (2^n walk), in its order.
+
+    :meth:`Demand.fits` for every mask, with the free and capacity sums of all the
+    domain's subsets built first, one addition per subset (the walk is what a scheduler
+    extender pays for every node, so it is kept tight: one-dimensional requests, CPUs
+    or plain memory, add numbers rather than vectors)."""
+    width = d.min_width()
+    masks = kubelet_masks(tuple(d.domain))
+    if len(d.request) == 1:
+        need, required, valid = d.request[0], d.required, d.valid
+        free1 = _subset_totals(d.domain, {n: v[0] for n, v in d.free.items()})
+        cap1 = _subset_totals(d.domain, {n: v[0] for n, v in d.capacity.items()})
+        for m, extra in d.bonus.items():
+            if m in free1:
+                free1[m] += extra[0]
+        return [TopologyHint(m, m.bit_count() == width) for m in masks
+                if cap1[m] >= need and free1[m] >= need and not required & ~m
+                and (valid is None or valid(m))]
+    return [TopologyHint(m, m.bit_count() == width) for m in masks if d.fits(m)]
+
+
+def _subset_totals(domain: Sequence[int], table: Mapping[int, int]) -> dict[NumaMask, int]:
+    """The sum of ``table`` over every subset of ``domain``, by mask."""
+    out: dict[NumaMask, int] = {0: 0}
+    for n in domain:
+        v = table.get(n, 0)
+        bit = 1 << n
+        out.update([(m | bit, t + v) for m, t in out.items()])
+    return out
+
+
+@functools.lru_cache(maxsize=256)
+def kubelet_masks(ids: tuple[int, ...]) -> tuple[NumaMask, ...]:
+    """:func:`iterate_masks` of ``ids``, kept (the walk repeats for every decision)."""
+    return tuple(iterate_masks(ids))
 
 
 # ---------------------------------------------------------------- per-provider requests
