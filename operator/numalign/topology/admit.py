@@ -170,6 +170,9 @@ class AdmitResult:
     gpus: dict[str, list[str]]
     decisions: list[Decision]
     seconds: float = 0.0
+    # An UnexpectedAdmissionError: the container whose allocation failed and the manager
+    # that failed it ("devices", "cpu" or "memory"), as the kubelet's providers run
+    failed: tuple[str, str] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The `numalign admit` output line."""
@@ -203,6 +206,7 @@ class _Run:
         self.override_done: set[int] = set()
         # memory of plain init containers reusable by later ones: (mask, kind) -> bytes
         self.mem_reuse: dict[tuple[NumaMask, str], int] = {}
+        self.stage: tuple[str, str] | None = None  # (container, manager) allocating now
 
     # -- requests of a unit (one container, or the whole pod)
 
@@ -315,6 +319,7 @@ class _Run:
         alloc = ContainerAllocation(reusable=c.is_init)
         # the kubelet's providers allocate in the order they were added: devices, CPUs,
         # memory (the first that fails names the error)
+        self.stage = (c.name, "devices")
         free_sets = self.free_sets()
         for res, count in device_request(c, machine).items():
             if res in self.overrides:
@@ -334,6 +339,7 @@ class _Run:
             for r, ids in got.devices.items():
                 alloc.devices[r] = tuple(ids)
             self.gpus.update(got.gpus)
+        self.stage = (c.name, "cpu")
         n = guaranteed_cpus(pod, c)
         if n:
             usable = work.free_cpus() | work.reusable_cpus(pod.uid)
@@ -347,6 +353,7 @@ class _Run:
                                        f"requested={n - aligned}, "
                                        f"available={len(usable) - aligned}")
             alloc.cpus = tuple(cpus)
+        self.stage = (c.name, "memory")
         mem = memory_request(pod, c)
         if mem:
             self._allocate_memory(c, mem, hint, alloc)
@@ -501,9 +508,10 @@ def admit_pod(machine: Machine, ledger: Ledger, pod: Pod, policy: str,
     decisions: list[Decision] = []
     containers: dict[str, ContainerResult] = {}
 
-    def reject(reason: str, message: str, hint: TopologyHint) -> AdmitResult:
+    def reject(reason: str, message: str, hint: TopologyHint,
+               failed: tuple[str, str] | None = None) -> AdmitResult:
         return AdmitResult(pod, policy, scope, False, reason, message, hint, {}, {},
-                           decisions, time.perf_counter() - t0)
+                           decisions, time.perf_counter() - t0, failed)
 
     try:
         if scope == SCOPE_POD:
@@ -524,7 +532,8 @@ def admit_pod(machine: Machine, ledger: Ledger, pod: Pod, policy: str,
             hint = _pod_hint(decisions)
     except AllocationFailed as e:
         return reject(UNEXPECTED_REASON, f"Allocate failed due to {e}, which is unexpected",
-                      decisions[-1].hint if decisions else TopologyHint(None, False))
+                      decisions[-1].hint if decisions else TopologyHint(None, False),
+                      run.stage)
     short = check_fit(machine, pod, ledger.pod_requests())
     if short is not None:
         return reject(short.reason, short.message, hint)

@@ -1,0 +1,172 @@
+"""The agent's Prometheus metrics: the kubelet's Topology, CPU and memory manager metrics for
+the nodes numalign decides (emulated and numalign-managed nodes), named as the kubelet names
+them with ``numalign_`` for ``kubelet_``, with ``node`` and ``policy`` labels added.
+
+Counters (``agent/managerstats.py`` says when each counts), per node and Topology Manager
+policy (the policy a pod was admitted under: numalign resolves one per pod):
+
+- ``numalign_topology_manager_admission_requests_total`` / ``..._errors_total``;
+- ``numalign_topology_manager_admission_duration_seconds``: a histogram, the kubelet's
+  ``topology_manager_admission_duration_ms`` buckets in seconds;
+- ``numalign_container_aligned_compute_resources_count`` /
+  ``..._failure_count{scope,boundary}`` (boundary ``numa_node``);
+- ``numalign_cpu_manager_pinning_requests_total`` / ``..._errors_total``;
+- ``numalign_memory_manager_pinning_requests_total`` / ``..._errors_total``.
+
+Gauges, read from the node's allocations at each scrape:
+
+- ``numalign_cpu_manager_exclusive_cpu_allocation_count{node,policy}``: CPUs held
+  exclusively by pods admitted under ``policy``;
+- ``numalign_cpu_manager_allocation_per_numa{node,policy,numa_node}``: the same per NUMA
+  node (every NUMA node, zeros included);
+- ``numalign_cpu_manager_shared_pool_size_millicores{node}``: CPUs no container holds
+  exclusively, in millicores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from numalign.topology.policy import POLICY_NONE
+
+from .managerstats import BOUNDARY_NUMA_NODE, DURATION_BUCKETS, SCOPES, ManagerCounts
+from .state import NodeState
+
+PREFIX = "numalign_"
+NODE, POLICY = "node", "policy"
+
+
+def exported(state: NodeState) -> bool:
+    """A node numalign decides pods for (emulated, or numalign-managed through NRI); on a
+    kubelet-managed node the kubelet exports these metrics itself."""
+    return state.admits or state.placement is not None
+
+
+def _policies(state: NodeState) -> dict[str, ManagerCounts]:
+    """The node's counters per policy, the node default's present from the start (as the
+    kubelet sets its series to zero when its managers start)."""
+    out = dict(state.counts)
+    out.setdefault(state.default.policy or POLICY_NONE, ManagerCounts())
+    return out
+
+
+def _exact(name: str, doc: str) -> Metric:
+    """A counter named exactly as the kubelet names it (no ``_total``): exposed untyped,
+    as Prometheus text has no counter without that suffix."""
+    return Metric(name, doc + " (a counter)", "unknown")
+
+
+class ManagerCollector(Collector):
+    """The metrics above for the states ``states()`` returns at each scrape."""
+
+    def __init__(self, states: Callable[[], Iterable[NodeState]]) -> None:
+        self.states = states
+
+    def collect(self) -> Iterator[Metric]:
+        np = [NODE, POLICY]
+        requests = CounterMetricFamily(
+            PREFIX + "topology_manager_admission_requests",
+            "Pod admissions the Topology Manager served", labels=np)
+        errors = CounterMetricFamily(
+            PREFIX + "topology_manager_admission_errors",
+            "Pod admissions the Topology Manager failed (hint refused or a manager could "
+            "not allocate)", labels=np)
+        duration = HistogramMetricFamily(
+            PREFIX + "topology_manager_admission_duration_seconds",
+            "Seconds to serve a pod admission (the kubelet's "
+            "topology_manager_admission_duration_ms, in seconds)", labels=np)
+        sb = [NODE, POLICY, "scope", "boundary"]
+        aligned = _exact(PREFIX + "container_aligned_compute_resources_count",
+                         "Allocations granted aligned resources, per alignment boundary")
+        aligned_fail = _exact(PREFIX + "container_aligned_compute_resources_failure_count",
+                              "Allocations that failed to align resources, per alignment "
+                              "boundary")
+        cpu_req = CounterMetricFamily(PREFIX + "cpu_manager_pinning_requests",
+                                      "Containers the CPU manager was asked to pin",
+                                      labels=np)
+        cpu_err = CounterMetricFamily(PREFIX + "cpu_manager_pinning_errors",
+                                      "Containers the CPU manager failed to pin", labels=np)
+        mem_req = CounterMetricFamily(PREFIX + "memory_manager_pinning_requests",
+                                      "Containers the memory manager was asked to pin",
+                                      labels=np)
+        mem_err = CounterMetricFamily(PREFIX + "memory_manager_pinning_errors",
+                                      "Containers the memory manager failed to pin",
+                                      labels=np)
+        exclusive = GaugeMetricFamily(PREFIX + "cpu_manager_exclusive_cpu_allocation_count",
+                                      "CPUs allocated exclusively to containers", labels=np)
+        per_numa = GaugeMetricFamily(PREFIX + "cpu_manager_allocation_per_numa",
+                                     "CPUs allocated exclusively, per NUMA node",
+                                     labels=[NODE, POLICY, "numa_node"])
+        shared = GaugeMetricFamily(PREFIX + "cpu_manager_shared_pool_size_millicores",
+                                   "Size of the shared CPU pool, in millicores",
+                                   labels=[NODE])
+        for st in self.states():
+            if not exported(st):
+                continue
+            policies = _policies(st)
+            for policy, c in sorted(policies.items()):
+                lv = [st.name, policy]
+                requests.add_metric(lv, c.admission_requests)
+                errors.add_metric(lv, c.admission_errors)
+                cumulative, acc = [], 0
+                for le, n in zip((*DURATION_BUCKETS, float("inf")), c.duration_buckets,
+                                 strict=True):
+                    acc += n
+                    cumulative.append((_le(le), float(acc)))
+                duration.add_metric(lv, cumulative, c.duration_sum)
+                for scope in SCOPES:
+                    labels = dict(zip(sb, [*lv, scope, BOUNDARY_NUMA_NODE], strict=True))
+                    aligned.add_sample(aligned.name, labels, c.aligned[scope])
+                    aligned_fail.add_sample(aligned_fail.name, labels,
+                                            c.aligned_failures[scope])
+                cpu_req.add_metric(lv, c.cpu_pinning_requests)
+                cpu_err.add_metric(lv, c.cpu_pinning_errors)
+                mem_req.add_metric(lv, c.memory_pinning_requests)
+                mem_err.add_metric(lv, c.memory_pinning_errors)
+            held = exclusive_cpus(st)
+            for policy in sorted(set(policies) | set(held)):
+                per = held.get(policy, {})
+                exclusive.add_metric([st.name, policy], sum(per.values()))
+                for numa in st.machine.numa_ids:
+                    per_numa.add_metric([st.name, policy, str(numa)], per.get(numa, 0))
+            shared.add_metric([st.name], len(st.ledger.free_cpus()) * 1000)
+        yield from (requests, errors, duration, aligned, aligned_fail, cpu_req, cpu_err,
+                    mem_req, mem_err, exclusive, per_numa, shared)
+
+
+def _le(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(bound)
+
+
+def exclusive_cpus(state: NodeState) -> dict[str, dict[int, int]]:
+    """CPUs held exclusively, per policy of the holding pod and NUMA node."""
+    out: dict[str, dict[int, int]] = {}
+    cpus = state.machine.cpus
+    for cpu, (uid, _container) in state.ledger.cpu_owner.items():
+        held = state.admitted.get(uid)
+        policy = (held.resolved.policy if held is not None else None) or POLICY_NONE
+        per = out.setdefault(policy, {})
+        numa = cpus[cpu].numa
+        per[numa] = per.get(numa, 0) + 1
+    return out
+
+
+def register(states: Callable[[], Iterable[NodeState]],
+             registry: CollectorRegistry = REGISTRY) -> ManagerCollector:
+    collector = ManagerCollector(states)
+    registry.register(collector)
+    return collector
+
+
+def serve(port: int, addr: str = "0.0.0.0", registry: CollectorRegistry = REGISTRY) -> None:
+    """``/metrics`` on ``addr:port`` (a thread of this process)."""
+    start_http_server(port, addr=addr, registry=registry)
