@@ -71,6 +71,8 @@ SOURCE_POD = "pod"
 SOURCE_NODE_DEFAULT = "node-default"
 SOURCE_NONE = "none"
 SOURCE_POLICY_PREFIX = "TopologyPolicy/"
+# NodeTopology.spec.source on a kubelet-managed real node: the policy is its kubelet's
+SOURCE_KUBELET = "kubelet"
 DEFAULT_SCOPE = SCOPE_CONTAINER
 
 # maxAllowableNumaNodes: at least the kubelet's minimum (the engine's constant), at most
