@@ -13,7 +13,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from numalign.commands import dev
 from numalign.devcluster import DevCluster, MachineSpec, MachineSpecError
-from numalign.devcluster.addons import ADDONS, ClusterInfo
+from numalign.devcluster.addons import ADDONS, ClusterInfo, metrics_url
 from numalign.devcluster.certs import generate
 from numalign.devcluster.cluster import write_kubeconfig
 from numalign.devcluster.processes import Process, free_ports
@@ -78,7 +78,13 @@ def test_addon_hooks(tmp_path: Path) -> None:
     by_name = {a.name: a for a in ADDONS}
     argv = by_name["agent"].argv(info)
     assert argv is not None and argv[:3] == ["-m", "numalign.cli", "agent"]
-    assert argv[-2:] == ["--machine", f"{machine}=2"]
+    assert argv[argv.index("--machine") + 1] == f"{machine}=2"
+    # its /metrics on a loopback port, the URL dev status prints
+    url = metrics_url(argv)
+    port = argv[argv.index("--metrics-port") + 1]
+    assert url == f"http://127.0.0.1:{port}/metrics" and int(port) > 0
+    assert metrics_url(["-m", "numalign.cli", "agent"]) is None
+    assert metrics_url(["--metrics-port", "0"]) is None
     assert by_name["operator"].argv(info) is None
     no_machines = ClusterInfo(**{**info.__dict__, "machines": ()})
     assert by_name["agent"].argv(no_machines) is None

@@ -200,6 +200,7 @@ def _run(args: argparse.Namespace) -> int:
         for name, alive in cluster.processes().items():
             print(f"  {name:<24} {'running' if alive else 'stopped'}"
                   f"  log {cluster.log_file(name)}")
+            _print_metrics(alive, cluster.metrics_url(name))
         real = RealNode(cluster)
         if real.state().get("name"):
             print(f"  real node {real.name}: {_mode_text(real.state())}")
@@ -208,8 +209,14 @@ def _run(args: argparse.Namespace) -> int:
                 alive = real.process(name).is_running()
                 print(f"  {'real node ' + name:<24} {'running' if alive else 'stopped'}"
                       f"  log {real.log_file(name)}")
+                _print_metrics(alive, real.metrics_url(name))
         return 0 if running else 1
     raise AssertionError(args.action)
+
+
+def _print_metrics(alive: bool, url: str | None) -> None:
+    if alive and url:
+        print(f"  {'':<24} metrics {url}")
 
 
 def _mode_text(state: dict[str, object]) -> str:
