@@ -168,4 +168,13 @@ def test_nodes_are_separated_and_kubelet_managed_nodes_left_out(tmp_path: Path) 
     assert got[(req, frozenset({"node": "m-0", "policy": NONE}.items()))] == 1
     # a node's default policy is exported from the start, at zero
     assert got[(req, frozenset({"node": "m-1", "policy": NONE}.items()))] == 0
-    assert not any(dict(labels).get("node") == "real" for _, labels in got)
+    # a kubelet-managed node: only that its agent publishes it (the kubelet counts)
+    assert {n for n, labels in got if dict(labels).get("node") == "real"} == {
+        "numalign_agent_node_info", "numalign_agent_node_ready"}
+    assert got[("numalign_agent_node_info",
+                frozenset({"node": "real", "mode": "kubelet"}.items()))] == 1
+    assert got[("numalign_agent_node_info",
+                frozenset({"node": "m-1", "mode": "emulated"}.items()))] == 1
+    kubelet_managed.ready = False
+    got = _scrape([kubelet_managed])
+    assert got[("numalign_agent_node_ready", frozenset({"node": "real"}.items()))] == 0

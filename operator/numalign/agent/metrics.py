@@ -15,6 +15,11 @@ policy (the policy a pod was admitted under: numalign resolves one per pod):
 
 Gauges, read from the node's allocations at each scrape:
 
+- ``numalign_agent_node_info{node,mode}``: 1 for every node this agent publishes (mode
+  ``emulated``, ``nri`` or ``kubelet``), kubelet-managed ones included: an alert compares
+  it with the nodes the operator sees; ``numalign_agent_node_ready{node}``: its Ready
+  condition (0 while the agent cannot read the kubelet's allocations);
+
 - ``numalign_cpu_manager_exclusive_cpu_allocation_count{node,policy}``: CPUs held
   exclusively by pods admitted under ``policy``;
 - ``numalign_cpu_manager_allocation_per_numa{node,policy,numa_node}``: the same per NUMA
@@ -49,6 +54,12 @@ def exported(state: NodeState) -> bool:
     """A node numalign decides pods for (emulated, or numalign-managed through NRI); on a
     kubelet-managed node the kubelet exports these metrics itself."""
     return state.admits or state.placement is not None
+
+
+def mode(state: NodeState) -> str:
+    if state.admits:
+        return "emulated"
+    return "nri" if state.placement is not None else "kubelet"
 
 
 def _policies(state: NodeState) -> dict[str, ManagerCounts]:
@@ -109,7 +120,15 @@ class ManagerCollector(Collector):
         shared = GaugeMetricFamily(PREFIX + "cpu_manager_shared_pool_size_millicores",
                                    "Size of the shared CPU pool, in millicores",
                                    labels=[NODE])
+        info = GaugeMetricFamily(PREFIX + "agent_node_info",
+                                 "Nodes this agent publishes (1), by who admits their pods",
+                                 labels=[NODE, "mode"])
+        ready = GaugeMetricFamily(PREFIX + "agent_node_ready",
+                                  "Whether the node's agent reports it Ready (1) or not (0)",
+                                  labels=[NODE])
         for st in self.states():
+            info.add_metric([st.name, mode(st)], 1)
+            ready.add_metric([st.name], 1 if st.ready else 0)
             if not exported(st):
                 continue
             policies = _policies(st)
@@ -139,8 +158,8 @@ class ManagerCollector(Collector):
                 for numa in st.machine.numa_ids:
                     per_numa.add_metric([st.name, policy, str(numa)], per.get(numa, 0))
             shared.add_metric([st.name], len(st.ledger.free_cpus()) * 1000)
-        yield from (requests, errors, duration, aligned, aligned_fail, cpu_req, cpu_err,
-                    mem_req, mem_err, exclusive, per_numa, shared)
+        yield from (info, ready, requests, errors, duration, aligned, aligned_fail, cpu_req,
+                    cpu_err, mem_req, mem_err, exclusive, per_numa, shared)
 
 
 def _le(bound: float) -> str:

@@ -171,6 +171,13 @@ def _run(args: argparse.Namespace) -> int:
                  "leaves at none (each pod's TopologyPolicy decides): drop one of them")
             return 2
     cluster = _cluster(args)
+    try:
+        return _act(args, cluster)
+    finally:
+        cluster.close()  # its API client's connections: none left for the interpreter's exit
+
+
+def _act(args: argparse.Namespace, cluster: DevCluster) -> int:
     if args.action == "up" and args.demo:
         return _demo(args, cluster)
     if args.action == "up":

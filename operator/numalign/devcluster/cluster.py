@@ -223,6 +223,11 @@ class DevCluster:
                 user_agent="numalign-dev")
         return self._kube
 
+    def close(self) -> None:
+        """Close the API client (its connection pool and loop thread); a later call
+        opens a new one."""
+        self._close_kube()
+
     def _close_kube(self) -> None:
         kube, self._kube = self._kube, None
         if kube is not None:

@@ -39,7 +39,7 @@ from typing import Any
 import yaml
 
 from numalign.api.kube import REQUEST_ERRORS, nt_path
-from numalign.api.wire import NRI_PLUGIN_NAME
+from numalign.api.wire import NRI_PLUGIN_NAME, SOURCE_KUBELET
 from numalign.topology.machine import Machine, load_machine
 from numalign.topology.policy import POLICIES, SCOPES
 
@@ -407,9 +407,18 @@ class RealNode:
             f"({time.monotonic() - t:.1f}s)")
 
     def _published(self) -> bool:
-        """Whether the node's NodeTopology has its agent's status (kubectl get nt lists it)."""
-        body = self.cluster.kube().get_quiet(nt_path(self.name))
-        return bool(((body or {}).get("status") or {}).get("zones"))
+        """Whether the node's NodeTopology has its agent's status (kubectl get nt lists it)
+        and, where the operator runs, the policy that applies (on a kubelet-managed node
+        the kubelet's) applied."""
+        body = self.cluster.kube().get_quiet(nt_path(self.name)) or {}
+        spec, status = body.get("spec") or {}, body.get("status") or {}
+        if not status.get("zones"):
+            return False
+        if not self.cluster.process("operator").is_running():
+            return True
+        if self.mode == MODE_KUBELET and spec.get("source") != SOURCE_KUBELET:
+            return False
+        return bool(status.get("observedPolicyGeneration") == spec.get("policyGeneration"))
 
     def _agent_argv(self, say: Log) -> list[str]:
         """The real-node agent's command line; in nri mode with containerd's NRI socket, so
