@@ -14,6 +14,7 @@ from numalign.agent import metrics
 from numalign.agent.managerstats import DURATION_BUCKETS
 from numalign.agent.state import NodeState
 from numalign.api.wire import Resolved
+from numalign.topology.ledger import ContainerAllocation
 from numalign.topology.machine import load_machine
 
 SNN, BE, NONE = "single-numa-node", "best-effort", "none"
@@ -144,6 +145,17 @@ def test_known_pod_sequence_counts(node: NodeState) -> None:
     assert [_get(got, per_numa, policy=SNN, numa_node=str(n)) for n in (0, 1)] == [2, 0]
     # counters do not go back
     assert _get(got, "numalign_topology_manager_admission_requests_total", policy=SNN) == 5
+
+
+def test_reserved_cpus_are_neither_exclusive_nor_shared(node: NodeState) -> None:
+    """CPUs the ledger holds for no pod (the kubelet's reservedSystemCPUs, as a managed
+    node holds them) count as the kubelet counts them: in neither gauge."""
+    node.ledger.allocate("reserved", "reserved", ContainerAllocation(cpus=(0,)),
+                         pod_name="reserved", namespace="")
+    node.decide(_pod("one", [_container("a", "1")]), Resolved(NONE, "container"))
+    got = _scrape([node])
+    assert _get(got, "numalign_cpu_manager_exclusive_cpu_allocation_count", policy=NONE) == 1
+    assert _get(got, "numalign_cpu_manager_shared_pool_size_millicores") == 6000
 
 
 def test_unreadable_pod_is_an_admission_error(node: NodeState) -> None:

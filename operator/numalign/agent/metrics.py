@@ -25,7 +25,7 @@ Gauges, read from the node's allocations at each scrape:
 - ``numalign_cpu_manager_allocation_per_numa{node,policy,numa_node}``: the same per NUMA
   node (every NUMA node, zeros included);
 - ``numalign_cpu_manager_shared_pool_size_millicores{node}``: CPUs no container holds
-  exclusively, in millicores.
+  exclusively, less reserved ones, in millicores.
 """
 
 from __future__ import annotations
@@ -167,12 +167,15 @@ def _le(bound: float) -> str:
 
 
 def exclusive_cpus(state: NodeState) -> dict[str, dict[int, int]]:
-    """CPUs held exclusively, per policy of the holding pod and NUMA node."""
+    """CPUs held exclusively by admitted pods, per policy of the holding pod and NUMA node
+    (not CPUs the ledger holds for no pod, e.g. the kubelet's reserved ones)."""
     out: dict[str, dict[int, int]] = {}
     cpus = state.machine.cpus
     for cpu, (uid, _container) in state.ledger.cpu_owner.items():
         held = state.admitted.get(uid)
-        policy = (held.resolved.policy if held is not None else None) or POLICY_NONE
+        if held is None:
+            continue
+        policy = held.resolved.policy or POLICY_NONE
         per = out.setdefault(policy, {})
         numa = cpus[cpu].numa
         per[numa] = per.get(numa, 0) + 1
