@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 
 from e2e_helpers import wait_for
@@ -537,3 +538,39 @@ def test_numalign_counts_what_the_kubelets_managers_count(
     got, want = numalign(), kubelet()
     for gauge in MANAGER_GAUGES:
         assert got[gauge] == want[gauge], gauge
+
+
+def test_kubectl_get_nt_shows_the_kubelets_policy(
+        real_node: Any, k8s_client: Any, kubeconfig: Path, kubectl: Any,
+        tmp_path: Path, namespace: str) -> None:
+    """On the kubelet-managed real node the POLICY and SCOPE columns and the PolicyApplied
+    condition show the kubelet's policy, even where a TopologyPolicy selects the node
+    with another node default."""
+    name = f"nodes-{namespace}"[:60]
+    with operator(kubeconfig, k8s_client, tmp_path / "op.log", webhooks=False) as op:
+        policy(k8s_client, name, {
+            "policy": "best-effort", "scope": "pod", "namespaces": [namespace],
+            "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": "localhost"}}})
+        try:
+            def shown() -> Any:
+                doc = yaml.safe_load(kubectl("get", "nt", "localhost", "-o", "yaml").stdout)
+                conds = {c["type"]: c for c in doc["status"].get("conditions") or []}
+                applied = conds.get("PolicyApplied") or {}
+                return doc if (doc["spec"].get("source") == "kubelet"
+                               and applied.get("status") == "True") else None
+
+            doc = wait_for(shown, 60, "the kubelet's policy applied on localhost")
+            assert (doc["spec"]["policy"], doc["spec"]["scope"]) == ("single-numa-node",
+                                                                     "container")
+            applied = next(c for c in doc["status"]["conditions"]
+                           if c["type"] == "PolicyApplied")
+            assert applied["message"] == ("the kubelet's Topology Manager policy "
+                                          "single-numa-node, scope container (the kubelet "
+                                          "admits this node's pods)")
+            header, row = [line.split() for line in
+                           kubectl("get", "nt", "localhost").stdout.splitlines()[:2]]
+            assert header[:3] == ["NAME", "POLICY", "SCOPE"]
+            assert row[:3] == ["localhost", "single-numa-node", "container"]
+            assert "Traceback" not in op.text()
+        finally:
+            delete_policy(k8s_client, name)
