@@ -111,31 +111,29 @@ def record_admission(counts: ManagerCounts, pod: Pod | None, outcome: AdmitResul
     failed_name, failed_manager = outcome.failed or (None, None)
     run = _Counter(counts, pod, managers)
     decisions = outcome.decisions
-    if outcome.scope == SCOPE_POD:
-        if not decisions or not decisions[0].admit:
-            if aligned:
-                counts.aligned_failures[SCOPE_POD] += 1
-            counts.admission_errors += 1
-            return
-        for c in pod.all_containers:
-            if c.name == failed_name:
-                run.allocate(c, failed_manager)
-                counts.admission_errors += 1
-                return
-            run.allocate(c, None)
+    pod_scope = outcome.scope == SCOPE_POD
+
+    def refused(scope: str) -> None:
         if aligned:
-            counts.aligned[SCOPE_POD] += 1
+            counts.aligned_failures[scope] += 1
+        counts.admission_errors += 1
+
+    if pod_scope and (not decisions or not decisions[0].admit):
+        refused(SCOPE_POD)
         return
-    for c, dec in zip(pod.all_containers, decisions, strict=False):
-        if not dec.admit:
-            if aligned:
-                counts.aligned_failures[SCOPE_CONTAINER] += 1
-            counts.admission_errors += 1
-            return
+    for i, c in enumerate(pod.all_containers):
+        if not pod_scope:  # one decision per container, in order
+            if i >= len(decisions):
+                return
+            if not decisions[i].admit:
+                refused(SCOPE_CONTAINER)
+                return
         if c.name == failed_name:
             run.allocate(c, failed_manager)
             counts.admission_errors += 1
             return
         run.allocate(c, None)
-        if aligned:
+        if aligned and not pod_scope:
             counts.aligned[SCOPE_CONTAINER] += 1
+    if aligned and pod_scope:
+        counts.aligned[SCOPE_POD] += 1

@@ -70,10 +70,29 @@ def _policies(state: NodeState) -> dict[str, ManagerCounts]:
     return out
 
 
-def _exact(name: str, doc: str) -> Metric:
-    """A counter named exactly as the kubelet names it (no ``_total``): exposed untyped,
-    as Prometheus text has no counter without that suffix."""
-    return Metric(name, doc + " (a counter)", "unknown")
+# The per-node, per-policy counters: (name after the prefix, help, ManagerCounts field).
+COUNTERS: tuple[tuple[str, str, str], ...] = (
+    ("topology_manager_admission_requests", "Pod admissions the Topology Manager served",
+     "admission_requests"),
+    ("topology_manager_admission_errors", "Pod admissions the Topology Manager failed "
+     "(hint refused or a manager could not allocate)", "admission_errors"),
+    ("cpu_manager_pinning_requests", "Containers the CPU manager was asked to pin",
+     "cpu_pinning_requests"),
+    ("cpu_manager_pinning_errors", "Containers the CPU manager failed to pin",
+     "cpu_pinning_errors"),
+    ("memory_manager_pinning_requests", "Containers the memory manager was asked to pin",
+     "memory_pinning_requests"),
+    ("memory_manager_pinning_errors", "Containers the memory manager failed to pin",
+     "memory_pinning_errors"),
+)
+# The aligned-allocation counters, per scope: (name after the prefix, help, field).
+ALIGNED: tuple[tuple[str, str, str], ...] = (
+    ("container_aligned_compute_resources_count",
+     "Allocations granted aligned resources, per alignment boundary", "aligned"),
+    ("container_aligned_compute_resources_failure_count",
+     "Allocations that failed to align resources, per alignment boundary",
+     "aligned_failures"),
+)
 
 
 class ManagerCollector(Collector):
@@ -84,39 +103,21 @@ class ManagerCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         np = [NODE, POLICY]
-        requests = CounterMetricFamily(
-            PREFIX + "topology_manager_admission_requests",
-            "Pod admissions the Topology Manager served", labels=np)
-        errors = CounterMetricFamily(
-            PREFIX + "topology_manager_admission_errors",
-            "Pod admissions the Topology Manager failed (hint refused or a manager could "
-            "not allocate)", labels=np)
+        counters = [(CounterMetricFamily(PREFIX + name, doc, labels=np), attr)
+                    for name, doc, attr in COUNTERS]
+        # named exactly as the kubelet names them (no _total): exposed untyped, as
+        # Prometheus text has no counter without that suffix
+        aligned = [(Metric(PREFIX + name, doc + " (a counter)", "unknown"), attr)
+                   for name, doc, attr in ALIGNED]
         duration = HistogramMetricFamily(
             PREFIX + "topology_manager_admission_duration_seconds",
             "Seconds to serve a pod admission (the kubelet's "
             "topology_manager_admission_duration_ms, in seconds)", labels=np)
-        sb = [NODE, POLICY, "scope", "boundary"]
-        aligned = _exact(PREFIX + "container_aligned_compute_resources_count",
-                         "Allocations granted aligned resources, per alignment boundary")
-        aligned_fail = _exact(PREFIX + "container_aligned_compute_resources_failure_count",
-                              "Allocations that failed to align resources, per alignment "
-                              "boundary")
-        cpu_req = CounterMetricFamily(PREFIX + "cpu_manager_pinning_requests",
-                                      "Containers the CPU manager was asked to pin",
-                                      labels=np)
-        cpu_err = CounterMetricFamily(PREFIX + "cpu_manager_pinning_errors",
-                                      "Containers the CPU manager failed to pin", labels=np)
-        mem_req = CounterMetricFamily(PREFIX + "memory_manager_pinning_requests",
-                                      "Containers the memory manager was asked to pin",
-                                      labels=np)
-        mem_err = CounterMetricFamily(PREFIX + "memory_manager_pinning_errors",
-                                      "Containers the memory manager failed to pin",
-                                      labels=np)
         exclusive = GaugeMetricFamily(PREFIX + "cpu_manager_exclusive_cpu_allocation_count",
                                       "CPUs allocated exclusively to containers", labels=np)
         per_numa = GaugeMetricFamily(PREFIX + "cpu_manager_allocation_per_numa",
                                      "CPUs allocated exclusively, per NUMA node",
-                                     labels=[NODE, POLICY, "numa_node"])
+                                     labels=[*np, "numa_node"])
         shared = GaugeMetricFamily(PREFIX + "cpu_manager_shared_pool_size_millicores",
                                    "Size of the shared CPU pool, in millicores",
                                    labels=[NODE])
@@ -134,23 +135,19 @@ class ManagerCollector(Collector):
             policies = _policies(st)
             for policy, c in sorted(policies.items()):
                 lv = [st.name, policy]
-                requests.add_metric(lv, c.admission_requests)
-                errors.add_metric(lv, c.admission_errors)
+                for fam, attr in counters:
+                    fam.add_metric(lv, getattr(c, attr))
+                for m, attr in aligned:
+                    for scope in SCOPES:
+                        m.add_sample(m.name, {NODE: st.name, POLICY: policy, "scope": scope,
+                                              "boundary": BOUNDARY_NUMA_NODE},
+                                     getattr(c, attr)[scope])
                 cumulative, acc = [], 0
                 for le, n in zip((*DURATION_BUCKETS, float("inf")), c.duration_buckets,
                                  strict=True):
                     acc += n
                     cumulative.append((_le(le), float(acc)))
                 duration.add_metric(lv, cumulative, c.duration_sum)
-                for scope in SCOPES:
-                    labels = dict(zip(sb, [*lv, scope, BOUNDARY_NUMA_NODE], strict=True))
-                    aligned.add_sample(aligned.name, labels, c.aligned[scope])
-                    aligned_fail.add_sample(aligned_fail.name, labels,
-                                            c.aligned_failures[scope])
-                cpu_req.add_metric(lv, c.cpu_pinning_requests)
-                cpu_err.add_metric(lv, c.cpu_pinning_errors)
-                mem_req.add_metric(lv, c.memory_pinning_requests)
-                mem_err.add_metric(lv, c.memory_pinning_errors)
             held = exclusive_cpus(st)
             for policy in sorted(set(policies) | set(held)):
                 per = held.get(policy, {})
@@ -158,8 +155,10 @@ class ManagerCollector(Collector):
                 for numa in st.machine.numa_ids:
                     per_numa.add_metric([st.name, policy, str(numa)], per.get(numa, 0))
             shared.add_metric([st.name], len(st.ledger.free_cpus()) * 1000)
-        yield from (info, ready, requests, errors, duration, aligned, aligned_fail, cpu_req,
-                    cpu_err, mem_req, mem_err, exclusive, per_numa, shared)
+        yield from (info, ready)
+        yield from (fam for fam, _ in counters)
+        yield from (m for m, _ in aligned)
+        yield from (duration, exclusive, per_numa, shared)
 
 
 def _le(bound: float) -> str:
