@@ -3,6 +3,7 @@ machine options, process bookkeeping and the CLI's user errors."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -138,3 +139,18 @@ def test_client_qps_flags() -> None:
     assert client_qps_flags("50") == ("--kube-api-qps=50", "--kube-api-burst=50")
     with pytest.raises(DevClusterError, match="NUMALIGN_DEV_CLIENT_QPS"):
         client_qps_flags("fast")
+
+
+def test_metrics_urls_of_the_components(tmp_path: Path) -> None:
+    cluster = DevCluster(tmp_path)
+    cluster.state_file.write_text(json.dumps({
+        "ports": {"etcd": 2379, "apiserver": 6443, "controllerManager": 10257,
+                  "scheduler": 10259},
+        "addons": {"operator": ["-m", "numalign.cli", "operator", "--metrics-addr",
+                                "127.0.0.1", "--metrics-port", "9090"],
+                   "agent": ["-m", "numalign.cli", "agent", "--machine", "m.yaml=1"]}}))
+    assert cluster.metrics_url("etcd") == "http://127.0.0.1:2379/metrics"
+    assert cluster.metrics_url("kube-apiserver") == "https://127.0.0.1:6443/metrics"
+    assert cluster.metrics_url("kube-scheduler") == "https://127.0.0.1:10259/metrics"
+    assert cluster.metrics_url("operator") == "http://127.0.0.1:9090/metrics"
+    assert cluster.metrics_url("agent") is None  # started without --metrics-port
