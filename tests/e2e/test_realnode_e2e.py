@@ -435,7 +435,10 @@ def _sums(text: str, prefix: str) -> dict[str, float]:
     for name, labels in wanted:
         key = f"{name}{sorted(labels.items())}" if labels else name
         key = key.replace(duration, "admission_duration_count")
-        out[key] = sum(s.value for s in samples if s.name == prefix + name
+        # the parser names a counter's samples <family>_total, the kubelet's aligned
+        # counters included (exposed without the suffix)
+        names = {prefix + name, prefix + name + "_total"}
+        out[key] = sum(s.value for s in samples if s.name in names
                        and all(s.labels.get(k) == v for k, v in labels.items()))
     per_numa = [s for s in samples if s.name == prefix + "cpu_manager_allocation_per_numa"]
     for numa in {s.labels["numa_node"] for s in per_numa}:
