@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import re
 import shutil
+import ssl
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,6 +51,21 @@ def running_real_node(cluster: Any, logs: Path, tag: str, **options: Any) -> Ite
             shutil.copytree(node.dir / "logs", logs, dirs_exist_ok=True)
             say(f"its logs are kept in {logs}")
         node.down(log=say)
+
+
+def kubelet_get(node: Any, path: str) -> bytes:
+    """GET ``path`` (e.g. /configz, /metrics) from the real node's kubelet: it listens on
+    loopback, which the API server's node proxy refuses, so it is asked directly, with a
+    client certificate the cluster's CA signed."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE  # the kubelet's self-signed serving certificate
+    ctx.load_cert_chain(str(node.dir / "kubelet-client.crt"), str(node.dir / "kubelet-client.key"))
+    port = node.state()["ports"]["kubelet"]
+    with urllib.request.urlopen(f"https://127.0.0.1:{port}{path}", context=ctx,
+                                timeout=10) as r:
+        body: bytes = r.read()
+    return body
 
 
 def workload_pod(name: str, cpu: str = "1", memory: str = "64Mi",

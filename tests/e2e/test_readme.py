@@ -180,11 +180,23 @@ def test_readme_demo_and_cluster_commands(demo: tuple[Path, str, str]) -> None:
                  "numalign dev down --state-dir", "TopologyAffinityError on fragmented-8numa-0"):
         assert text in out, f"{text!r} not in the demo's output:\n{out}"
 
+    table = out.split("$ kubectl get nt", 1)[1].split("$ kubectl get tp", 1)[0]
+    if "demo: real node 'localhost' ready" in err:
+        # the real node is listed, with its kubelet's policy and scope
+        m = re.search(r"Topology Manager policy (\S+), scope (\S+) ", err)
+        assert m, err
+        row = next((line.split() for line in table.splitlines()
+                    if line.startswith("localhost ")), None)
+        assert row is not None and row[1:3] == [m[1], m[2]], table
+    for leak in ("Unclosed client session", "Unclosed connector"):
+        assert leak not in err + out, f"{leak} at the end of the demo:\n{err[-2000:]}"
+
     # Again: reuses the running cluster, re-applies the samples harmlessly.
     state = kubeconfig.parent
     again = run(f"numalign dev up --demo --state-dir {state}", _env(), timeout=200)
     assert "control plane already running" in again.stderr
     assert "demo: workloads settled" in again.stderr
+    assert "Unclosed" not in again.stderr
 
     env = _env(kubeconfig)
     for line in readme_commands():

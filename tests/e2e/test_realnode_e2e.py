@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 
 from e2e_helpers import wait_for
@@ -34,7 +35,9 @@ from realnode_helpers import (
     beside_an_emulated_node,
     burstable_pod,
     events_of,
+    kubelet_get,
     prefers_the_real_node,
+    real_node_can_take,
     running_real_node,
     status_line,
     story,
@@ -451,3 +454,179 @@ def test_the_kubelets_misfit_runs_on_the_emulated_node_with_the_extender(
             assert all(p.status.phase != "Failed" for p in seen.values())
         finally:
             dev_cluster.stop_extender()
+
+
+# The kubelet's manager metrics and numalign's names for them (node and policy labels
+# aside); the admission duration histogram is compared by its count.
+MANAGER_SERIES = [
+    ("topology_manager_admission_requests_total", {}),
+    ("topology_manager_admission_errors_total", {}),
+    ("container_aligned_compute_resources_count", {"scope": "container",
+                                                   "boundary": "numa_node"}),
+    ("container_aligned_compute_resources_count", {"scope": "pod", "boundary": "numa_node"}),
+    ("container_aligned_compute_resources_failure_count", {"scope": "container",
+                                                           "boundary": "numa_node"}),
+    ("cpu_manager_pinning_requests_total", {}),
+    ("cpu_manager_pinning_errors_total", {}),
+    ("memory_manager_pinning_requests_total", {}),
+    ("memory_manager_pinning_errors_total", {}),
+]
+MANAGER_GAUGES = ["cpu_manager_exclusive_cpu_allocation_count",
+                  "cpu_manager_shared_pool_size_millicores"]
+
+
+def _sums(text: str, prefix: str) -> dict[str, float]:
+    """``name{labels}`` -> value, summed over the labels the kubelet does not have (node,
+    policy), for the manager metrics under ``prefix``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples = [s for fam in text_string_to_metric_families(text) for s in fam.samples]
+    out: dict[str, float] = {}
+    duration = {"kubelet_": "topology_manager_admission_duration_ms_count",
+                "numalign_": "topology_manager_admission_duration_seconds_count"}[prefix]
+    wanted = [*MANAGER_SERIES, *((g, {}) for g in MANAGER_GAUGES), (duration, {})]
+    for name, labels in wanted:
+        key = f"{name}{sorted(labels.items())}" if labels else name
+        key = key.replace(duration, "admission_duration_count")
+        # the parser names a counter's samples <family>_total, the kubelet's aligned
+        # counters included (exposed without the suffix)
+        names = {prefix + name, prefix + name + "_total"}
+        out[key] = sum(s.value for s in samples if s.name in names
+                       and all(s.labels.get(k) == v for k, v in labels.items()))
+    per_numa = [s for s in samples if s.name == prefix + "cpu_manager_allocation_per_numa"]
+    for numa in {s.labels["numa_node"] for s in per_numa}:
+        out[f"per_numa{numa}"] = sum(s.value for s in per_numa if s.labels["numa_node"] == numa)
+    return out
+
+
+def _replay_node(node: Any) -> Any:
+    """A NodeState as numalign's agent would decide this node's pods: the machine its agent
+    discovers (with the devices the kubelet reports), the kubelet's policy and managers,
+    its reserved CPUs held."""
+    import asyncio
+
+    from numalign.agent.kubelet_config import load_kubelet_config
+    from numalign.agent.managerstats import Managers
+    from numalign.agent.node import discover_machine
+    from numalign.agent.podresources import PodResourcesClient
+    from numalign.agent.realnode import machine_with_devices
+    from numalign.agent.state import NodeState
+    from numalign.topology.ledger import ContainerAllocation
+
+    async def allocatable() -> Any:
+        c = PodResourcesClient(str(node.pod_resources_socket))
+        try:
+            return (await c.snapshot()).allocatable.devices
+        finally:
+            await c.close()
+
+    machine = machine_with_devices(discover_machine("localhost", str(node.dir)),
+                                   asyncio.run(allocatable()))
+    config = load_kubelet_config(str(node.kubelet_config))
+    st = NodeState("replay-localhost", machine)
+    st.managers = Managers(pins_cpus=config.cpu_manager_policy == "static",
+                           pins_memory=config.memory_manager_policy == "Static")
+    st.ledger.allocate("reserved", "reserved",
+                       ContainerAllocation(cpus=tuple(config.reserved_system_cpus)),
+                       pod_name="reserved", namespace="")
+    return st, config
+
+
+def test_numalign_counts_what_the_kubelets_managers_count(
+        real_node: Any, core: client.CoreV1Api, namespace: str, k8s_client: Any) -> None:
+    """The kubelet's own Topology, CPU and memory manager metrics over a pod sequence
+    (pinned, shared, rejected for alignment, the pinned one deleted) against numalign's
+    metrics for the same pods decided by an agent's NodeState (the replay)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from numalign.agent import metrics
+    from numalign.agent.realnode import resolved_of
+
+    real_node_can_take(core, 2)
+    st, config = _replay_node(real_node)
+    resolved = resolved_of(config)
+    registry = CollectorRegistry()
+    metrics.register(lambda: [st], registry)
+
+    def kubelet() -> dict[str, float]:
+        return _sums(kubelet_get(real_node, "/metrics").decode(), "kubelet_")
+
+    def numalign() -> dict[str, float]:
+        return _sums(generate_latest(registry).decode(), "numalign_")
+
+    def replay(name: str) -> None:
+        pod = k8s_client.sanitize_for_serialization(core.read_namespaced_pod(name, namespace))
+        st.decide(pod, resolved)
+
+    start, replay_start = kubelet(), numalign()
+    core.create_namespaced_pod(namespace, workload_pod("m-pinned"))
+    wait_running(core, namespace, "m-pinned")
+    replay("m-pinned")
+    core.create_namespaced_pod(namespace, burstable_pod("m-shared"))
+    wait_running(core, namespace, "m-shared")
+    replay("m-shared")
+    # two devices on two NUMA nodes: single-numa-node refuses it
+    core.create_namespaced_pod(namespace, burstable_pod("m-misfit", extra={DEVICE: "2"}))
+    wait_for(lambda: core.read_namespaced_pod("m-misfit", namespace).status.phase == "Failed",
+             120, "the kubelet to reject m-misfit")
+    replay("m-misfit")
+
+    got, want = numalign(), kubelet()
+    counters = [k for k in want if k not in MANAGER_GAUGES and not k.startswith("per_numa")]
+    delta_kubelet = {k: want[k] - start.get(k, 0) for k in counters}
+    delta_numalign = {k: got[k] - replay_start.get(k, 0) for k in counters}
+    print(f"[manager-metrics] kubelet {delta_kubelet}; numalign {delta_numalign}", flush=True)
+    assert delta_numalign == delta_kubelet
+    assert delta_kubelet["topology_manager_admission_requests_total"] == 3
+    assert delta_kubelet["topology_manager_admission_errors_total"] == 1
+    for gauge in MANAGER_GAUGES:
+        assert got[gauge] == want[gauge], gauge
+    assert got["cpu_manager_exclusive_cpu_allocation_count"] == 1
+    # the kubelet sets the NUMA nodes holding exclusive CPUs (and never resets the others)
+    held = [k for k, v in got.items() if k.startswith("per_numa") and v]
+    assert held and all(want[k] == got[k] for k in held), (got, want)
+
+    uid = core.read_namespaced_pod("m-pinned", namespace).metadata.uid
+    core.delete_namespaced_pod("m-pinned", namespace, grace_period_seconds=0)
+    wait_for(lambda: kubelet()["cpu_manager_exclusive_cpu_allocation_count"] == 0, 60,
+             "the kubelet to release m-pinned's CPU")
+    st.release(uid)
+    got, want = numalign(), kubelet()
+    for gauge in MANAGER_GAUGES:
+        assert got[gauge] == want[gauge], gauge
+
+
+def test_kubectl_get_nt_shows_the_kubelets_policy(
+        real_node: Any, k8s_client: Any, kubeconfig: Path, kubectl: Any,
+        tmp_path: Path, namespace: str) -> None:
+    """On the kubelet-managed real node the POLICY and SCOPE columns and the PolicyApplied
+    condition show the kubelet's policy, even where a TopologyPolicy selects the node
+    with another node default."""
+    name = f"nodes-{namespace}"[:60]
+    with operator(kubeconfig, k8s_client, tmp_path / "op.log", webhooks=False) as op:
+        policy(k8s_client, name, {
+            "policy": "best-effort", "scope": "pod", "namespaces": [namespace],
+            "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": "localhost"}}})
+        try:
+            def shown() -> Any:
+                doc = yaml.safe_load(kubectl("get", "nt", "localhost", "-o", "yaml").stdout)
+                conds = {c["type"]: c for c in doc["status"].get("conditions") or []}
+                applied = conds.get("PolicyApplied") or {}
+                return doc if (doc["spec"].get("source") == "kubelet"
+                               and applied.get("status") == "True") else None
+
+            doc = wait_for(shown, 60, "the kubelet's policy applied on localhost")
+            assert (doc["spec"]["policy"], doc["spec"]["scope"]) == ("single-numa-node",
+                                                                     "container")
+            applied = next(c for c in doc["status"]["conditions"]
+                           if c["type"] == "PolicyApplied")
+            assert applied["message"] == ("the kubelet's Topology Manager policy "
+                                          "single-numa-node, scope container (the kubelet "
+                                          "admits this node's pods)")
+            header, row = [line.split() for line in
+                           kubectl("get", "nt", "localhost").stdout.splitlines()[:2]]
+            assert header[:3] == ["NAME", "POLICY", "SCOPE"]
+            assert row[:3] == ["localhost", "single-numa-node", "container"]
+            assert "Traceback" not in op.text()
+        finally:
+            delete_policy(k8s_client, name)

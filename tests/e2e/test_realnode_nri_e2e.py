@@ -14,8 +14,6 @@ import io
 import json
 import os
 import signal
-import ssl
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -56,6 +54,7 @@ from realnode_helpers import (
     beside_an_emulated_node,
     burstable_pod,
     events_of,
+    kubelet_get,
     prefers_the_real_node,
     running_real_node,
     status_line,
@@ -82,14 +81,7 @@ def _configz(node: Any) -> dict[str, Any]:
     """The running kubelet's configuration (its /configz; the kubelet listens on loopback,
     which the API server's node proxy refuses, so it is asked directly, with a client
     certificate the cluster's CA signed)."""
-    ctx = ssl.create_default_context()
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE  # the kubelet's self-signed serving certificate
-    ctx.load_cert_chain(str(node.dir / "kubelet-client.crt"), str(node.dir / "kubelet-client.key"))
-    port = node.state()["ports"]["kubelet"]
-    with urllib.request.urlopen(f"https://127.0.0.1:{port}/configz", context=ctx,
-                                timeout=10) as r:
-        doc: dict[str, Any] = json.loads(r.read())["kubeletconfig"]
+    doc: dict[str, Any] = json.loads(kubelet_get(node, "/configz"))["kubeletconfig"]
     return doc
 
 

@@ -202,6 +202,9 @@ async def test_status_shows_what_podresources_says(kubelet: tuple[Kubelet, Path]
         "reservedSystemCPUs": "0"}
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert ready["status"] == "True"
+    applied = next(c for c in status["conditions"] if c["type"] == "PolicyApplied")
+    assert applied["message"] == ("the kubelet's Topology Manager policy single-numa-node, "
+                                  "scope pod (the kubelet admits this node's pods)")
 
     # a pod gone from the kubelet is gone from the status
     k.pods = k.pods[:1]

@@ -96,6 +96,18 @@ def test_prometheus_component_renders_a_service_monitor(tmp_path: Path) -> None:
     assert all(labels.get(k) == v for k, v in sm["spec"]["selector"]["matchLabels"].items())
     assert {e["port"] for e in sm["spec"]["endpoints"]} <= {p["name"] for p in
                                                             svc["spec"]["ports"]}
+    # the agents: their pods, on their metrics port
+    [pm] = of_kind(objs, "PodMonitor")
+    [ds] = of_kind(objs, "DaemonSet")
+    pod_labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert all(pod_labels.get(k) == v for k, v in pm["spec"]["selector"]["matchLabels"].items())
+    (agent,) = pod_spec(ds)["containers"]
+    assert {e["port"] for e in pm["spec"]["podMetricsEndpoints"]} <= {
+        p["name"] for p in agent["ports"]}
+    [rule] = of_kind(objs, "PrometheusRule")
+    alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert {"NumalignRejectionsRising", "NumalignAgentNotPublishing",
+            "NumalignRedeploysGivingUp"} <= alerts
 
 
 def test_default_has_the_parts(default: list[Obj]) -> None:
@@ -479,8 +491,17 @@ def test_network_policies_guard_the_webhook_and_metrics_ports(default: list[Obj]
     assert set(allowed) == {"webhook", "metrics"} and set(allowed) <= ports
     assert allowed["webhook"] is None  # the API server, wherever it runs
     assert allowed["metrics"], "metrics open to every pod"
+    # the agents: only their /metrics, only from labelled namespaces
+    [ds] = of_kind(default, "DaemonSet")
+    (container,) = pod_spec(ds)["containers"]
     agent = _named(default, "NetworkPolicy", "numalign-agent")
-    assert not agent["spec"].get("ingress") and agent["spec"]["policyTypes"] == ["Ingress"]
+    assert agent["spec"]["policyTypes"] == ["Ingress"]
+    allowed = {p["port"]: rule.get("from") for rule in agent["spec"]["ingress"]
+               for p in rule["ports"]}
+    assert set(allowed) == {"metrics"} and allowed["metrics"]
+    assert "metrics" in {p["name"] for p in container["ports"]}
+    port = next(p["containerPort"] for p in container["ports"] if p["name"] == "metrics")
+    assert f"--metrics-port={port}" in container["args"]
 
 
 def test_kubelet_resources_is_a_read_only_switch(tmp_path: Path) -> None:

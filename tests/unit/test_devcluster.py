@@ -3,6 +3,7 @@ machine options, process bookkeeping and the CLI's user errors."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from numalign.commands import dev
 from numalign.devcluster import DevCluster, MachineSpec, MachineSpecError
-from numalign.devcluster.addons import ADDONS, ClusterInfo
+from numalign.devcluster.addons import ADDONS, ClusterInfo, metrics_url
 from numalign.devcluster.certs import generate
 from numalign.devcluster.cluster import write_kubeconfig
 from numalign.devcluster.processes import Process, free_ports
@@ -80,6 +81,12 @@ def test_addon_hooks(tmp_path: Path) -> None:
     assert argv is not None and argv[:3] == ["-m", "numalign.cli", "agent"]
     assert argv[argv.index("--machine") + 1] == f"{machine}=2"
     assert "--publish-nrt" in argv  # the CRD comes with the others (devcluster/crds.py)
+    # its /metrics on a loopback port, the URL dev status prints
+    url = metrics_url(argv)
+    port = argv[argv.index("--metrics-port") + 1]
+    assert url == f"http://127.0.0.1:{port}/metrics" and int(port) > 0
+    assert metrics_url(["-m", "numalign.cli", "agent"]) is None
+    assert metrics_url(["--metrics-port", "0"]) is None
     assert by_name["operator"].argv(info) is None
     no_machines = ClusterInfo(**{**info.__dict__, "machines": ()})
     assert by_name["agent"].argv(no_machines) is None
@@ -133,3 +140,18 @@ def test_client_qps_flags() -> None:
     assert client_qps_flags("50") == ("--kube-api-qps=50", "--kube-api-burst=50")
     with pytest.raises(DevClusterError, match="NUMALIGN_DEV_CLIENT_QPS"):
         client_qps_flags("fast")
+
+
+def test_metrics_urls_of_the_components(tmp_path: Path) -> None:
+    cluster = DevCluster(tmp_path)
+    cluster.state_file.write_text(json.dumps({
+        "ports": {"etcd": 2379, "apiserver": 6443, "controllerManager": 10257,
+                  "scheduler": 10259},
+        "addons": {"operator": ["-m", "numalign.cli", "operator", "--metrics-addr",
+                                "127.0.0.1", "--metrics-port", "9090"],
+                   "agent": ["-m", "numalign.cli", "agent", "--machine", "m.yaml=1"]}}))
+    assert cluster.metrics_url("etcd") == "http://127.0.0.1:2379/metrics"
+    assert cluster.metrics_url("kube-apiserver") == "https://127.0.0.1:6443/metrics"
+    assert cluster.metrics_url("kube-scheduler") == "https://127.0.0.1:10259/metrics"
+    assert cluster.metrics_url("operator") == "http://127.0.0.1:9090/metrics"
+    assert cluster.metrics_url("agent") is None  # started without --metrics-port

@@ -40,6 +40,10 @@ class EngineResult:
     reason: str | None = None
     message: str | None = None
     allocation: Allocation | None = None
+    # what the managers did (for their metrics): the pod as read and the engine's result;
+    # None when the pod was refused before the Topology Manager saw it
+    pod: Pod | None = None
+    outcome: AdmitResult | None = None
 
 
 def new_ledger(machine: Machine) -> Ledger:
@@ -75,14 +79,16 @@ def admit(machine: Machine, ledger: Ledger, pod: Mapping[str, Any], resolved: Re
         # The user's mistake: refuse the pod (as the kubelet refuses one it cannot admit)
         # rather than run it without the GPU placement it asked for.
         return EngineResult(False, reason=INVALID_GPU_REASON,
-                            message=f"{REJECTED_PREFIX}{e}")
+                            message=f"{REJECTED_PREFIX}{e}", pod=model)
     result = admit_pod(machine, ledger, model, resolved.policy or "none",
                        resolved.scope or "container", resolved.options.engine,
                        overrides=overrides)
     if not result.admit:
         return EngineResult(False, reason=result.reason or REJECT_REASON,
-                            message=result.message or TOPOLOGY_MESSAGE)
-    return EngineResult(True, allocation=_allocation_of(ledger, uid, result))
+                            message=result.message or TOPOLOGY_MESSAGE, pod=model,
+                            outcome=result)
+    return EngineResult(True, allocation=_allocation_of(ledger, uid, result), pod=model,
+                        outcome=result)
 
 
 def _overrides(machine: Machine, pod: Pod) -> Sequence[DeviceOverride]:

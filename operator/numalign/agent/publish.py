@@ -173,6 +173,15 @@ def build_status(state: NodeState, previous: Mapping[str, Any] | None = None,
                 "lastTransitionTime": since or t}
 
     applied = state.observed_generation == state.spec_generation
+    kubelet = state.kubelet
+    if kubelet is not None and not (state.placement is not None and state.placement[0]):
+        # a kubelet-managed real node: the kubelet admits the pods under its own policy
+        policy_text = (f"the kubelet's Topology Manager policy "
+                       f"{kubelet.get('topologyManagerPolicy')}, scope "
+                       f"{kubelet.get('topologyManagerScope')} (the kubelet admits this "
+                       f"node's pods)")
+    else:
+        policy_text = f"node default policy {state.default.policy}, scope {state.default.scope}"
     status: JSON = {
         "zones": zones,
         "cpuTopology": static.cpu_topology,
@@ -183,8 +192,7 @@ def build_status(state: NodeState, previous: Mapping[str, Any] | None = None,
             cond(READY, ready, "AgentReady" if ready else "AgentNotReady",
                  message or ("the agent publishes this node's topology"
                              + (" and admits its pods" if state.admits else ""))),
-            cond(POLICY_APPLIED, applied, "Applied" if applied else "Pending",
-                 f"node default policy {state.default.policy}, scope {state.default.scope}"),
+            cond(POLICY_APPLIED, applied, "Applied" if applied else "Pending", policy_text),
         ],
         "summary": {"numaNodes": len(zones), "cpus": f"{free_cpus}/{total_cpus}",
                     "devices": f"{len(devices) - n_used}/{len(devices)}",

@@ -9,6 +9,7 @@ wrote on the pods (``numalign.io/allocation``).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,8 +26,10 @@ from numalign.api.wire import (
     parse_allocation,
 )
 from numalign.topology.machine import Machine
+from numalign.topology.policy import POLICY_NONE
 
 from . import engine
+from .managerstats import ManagerCounts, Managers, record_admission
 from .podfingerprint import PodEntry, pod_entry
 
 log = logging.getLogger(__name__)
@@ -103,6 +106,10 @@ class NodeState:
         # A numalign-managed real node (agent/nri/managed.py): the condition NRIPlacement,
         # (placing?, reason, message); None elsewhere.
         self.placement: tuple[bool, str, str] | None = None
+        # The kubelet's manager counters for the pods this state decides, per Topology
+        # Manager policy (exported by agent/metrics.py), and which managers it stands for.
+        self.counts: dict[str, ManagerCounts] = {}
+        self.managers = Managers()
 
     # -- policy pushed by the operator ------------------------------------------------
 
@@ -150,7 +157,15 @@ class NodeState:
             return Decision(admit=self.decided[uid],
                             allocation=held.allocation if held else None,
                             resolved=held.resolved if held else resolved)
-        result = engine.admit(self.machine, self.ledger, pod, resolved, uid)
+        counts = self.counts.setdefault(resolved.policy or POLICY_NONE, ManagerCounts())
+        start = time.perf_counter()
+        try:
+            result = engine.admit(self.machine, self.ledger, pod, resolved, uid)
+        except Exception:  # an unreadable pod: the caller refuses it
+            record_admission(counts, None, None, time.perf_counter() - start)
+            raise
+        record_admission(counts, result.pod, result.outcome, time.perf_counter() - start,
+                         self.managers)
         self.decided[uid] = result.admit
         self.track(pod, "Running" if result.admit else "Failed")
         self.version += 1

@@ -72,6 +72,8 @@ SOURCE_NODE_DEFAULT = "node-default"
 SOURCE_NONE = "none"
 SOURCE_KUBELET = "kubelet"  # a kubelet-managed node's own policy (never in the annotation)
 SOURCE_POLICY_PREFIX = "TopologyPolicy/"
+# NodeTopology.spec.source on a kubelet-managed real node: the policy is its kubelet's
+SOURCE_KUBELET = "kubelet"
 DEFAULT_SCOPE = SCOPE_CONTAINER
 
 # maxAllowableNumaNodes: at least the kubelet's minimum (the engine's constant), at most

@@ -92,7 +92,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="leave out the deprecated topologyPolicies field of "
                         "NodeResourceTopology (its attributes say the same)")
     p.add_argument("--metrics-port", type=int, default=0,
-                   help="serve Prometheus metrics on this port (default: off)")
+                   help="serve Prometheus metrics on this port (default: off): the kubelet's "
+                        "Topology, CPU and memory manager metrics (numalign_ prefix) of the "
+                        "nodes numalign decides pods for")
+    p.add_argument("--metrics-addr", default="0.0.0.0",
+                   help="address of --metrics-port (default 0.0.0.0)")
     p.add_argument("--log-level", default=os.environ.get("NUMALIGN_LOG_LEVEL", "INFO"))
     return p
 
@@ -132,15 +136,22 @@ async def _serve(coro: Coroutine[Any, Any, None]) -> int:
     return 0
 
 
-def _metrics(port: int, emulator: Any) -> None:
-    from prometheus_client import Gauge, start_http_server
+def _metrics(args: argparse.Namespace, states: Any, emulator: Any = None) -> None:
+    """``/metrics``: the managers' metrics of ``states`` (a mapping of NodeStates), and the
+    emulator's totals."""
+    from prometheus_client import Gauge
 
-    g = Gauge("numalign_agent_pods", "pods decided by the agent", ["result"])
-    g.labels("admitted").set_function(lambda: emulator.stats.admitted)
-    g.labels("rejected").set_function(lambda: emulator.stats.rejected)
-    g.labels("released").set_function(lambda: emulator.stats.released)
-    Gauge("numalign_agent_nodes", "emulated nodes").set_function(lambda: len(emulator.states))
-    start_http_server(port)
+    from numalign.agent import metrics
+
+    metrics.register(lambda: list(states.values()))
+    if emulator is not None:
+        g = Gauge("numalign_agent_pods", "pods decided by the agent", ["result"])
+        g.labels("admitted").set_function(lambda: emulator.stats.admitted)
+        g.labels("rejected").set_function(lambda: emulator.stats.rejected)
+        g.labels("released").set_function(lambda: emulator.stats.released)
+        Gauge("numalign_agent_nodes", "emulated nodes").set_function(
+            lambda: len(emulator.states))
+    metrics.serve(args.metrics_port, args.metrics_addr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -199,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
                                     publish_nrt=args.publish_nrt,
                                     nrt_options=_nrt_options(args))
                 if args.metrics_port:
-                    _metrics(args.metrics_port, emulator)
+                    _metrics(args, emulator.states, emulator)
                 await emulator.run()
             else:
                 from numalign.agent.lease import NodeLease
@@ -208,12 +219,15 @@ def main(argv: list[str] | None = None) -> int:
                 namespace = args.lease_namespace or os.environ.get("POD_NAMESPACE") or "default"
                 identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
                 lease = NodeLease(kube, name, namespace, identity)
-                await RealNode(kube, name, machine, publish_nrt=args.publish_nrt,
-                               nrt_options=_nrt_options(args),
-                               pod_resources=args.pod_resources,
-                               kubelet_config=args.kubelet_config,
-                               refresh=args.refresh_interval, lease=lease,
-                               nri_socket=args.nri_socket).run()
+                node = RealNode(kube, name, machine, publish_nrt=args.publish_nrt,
+                                nrt_options=_nrt_options(args),
+                                pod_resources=args.pod_resources,
+                                kubelet_config=args.kubelet_config,
+                                refresh=args.refresh_interval, lease=lease,
+                                nri_socket=args.nri_socket)
+                if args.metrics_port:
+                    _metrics(args, node.states)
+                await node.run()
         finally:
             await kube.close()
 

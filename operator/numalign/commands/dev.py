@@ -202,6 +202,13 @@ def _run(args: argparse.Namespace) -> int:
                  "leaves at none (each pod's TopologyPolicy decides): drop one of them")
             return 2
     cluster = _cluster(args)
+    try:
+        return _act(args, cluster)
+    finally:
+        cluster.close()  # its API client's connections: none left for the interpreter's exit
+
+
+def _act(args: argparse.Namespace, cluster: DevCluster) -> int:
     if args.action == "up" and args.demo:
         return _demo(args, cluster)
     if args.action == "up":
@@ -232,6 +239,7 @@ def _run(args: argparse.Namespace) -> int:
         for name, alive in cluster.processes().items():
             print(f"  {name:<24} {'running' if alive else 'stopped'}"
                   f"  log {cluster.log_file(name)}")
+            _print_metrics(alive, cluster.metrics_url(name))
         real = RealNode(cluster)
         if real.state().get("name"):
             print(f"  real node {real.name}: {_mode_text(real.state())}")
@@ -240,6 +248,7 @@ def _run(args: argparse.Namespace) -> int:
                 alive = real.process(name).is_running()
                 print(f"  {'real node ' + name:<24} {'running' if alive else 'stopped'}"
                       f"  log {real.log_file(name)}")
+                _print_metrics(alive, real.metrics_url(name))
         return 0 if running else 1
     raise AssertionError(args.action)
 
@@ -261,6 +270,11 @@ def _image(args: argparse.Namespace) -> int:
         return 1
     print(archive)
     return 0
+
+
+def _print_metrics(alive: bool, url: str | None) -> None:
+    if alive and url:
+        print(f"  {'':<24} metrics {url}")
 
 
 def _mode_text(state: dict[str, object]) -> str:

@@ -5,8 +5,11 @@ For each NodeTopology (one per node, named after it), the valid TopologyPolicies
 then name, :func:`.resolution.node_default_for`); the winner's policy, scope and options
 become ``spec`` with ``source: TopologyPolicy/<name>``, and ``policyGeneration`` is
 bumped on every change (the agent echoes it in ``status.observedPolicyGeneration``).
-No matching policy clears the default. Runs on NodeTopology events and every few
-seconds (which picks up policy changes) and on Node events (label changes).
+No matching policy clears the default. On a kubelet-managed real node (its agent reports
+the kubelet's settings in ``status.kubelet``; not labelled ``numalign.io/managed=nri``)
+the kubelet admits the pods under its own policy: that policy and scope are the spec,
+with ``source: kubelet``, whatever policy selects the node. Runs on NodeTopology events
+and every few seconds (which picks up policy changes) and on Node events (label changes).
 """
 
 from __future__ import annotations
@@ -22,15 +25,20 @@ from numalign.api.resolution import (
     node_spec_from,
     policy_refs,
 )
-from numalign.api.wire import SOURCE_POLICY_PREFIX
+from numalign.api.wire import LABEL_MANAGED, MANAGED_NRI, SOURCE_KUBELET, SOURCE_POLICY_PREFIX
 
 from . import cache, kube
 
 FIELDS = ("policy", "scope", "options", "source")
 
 
-def desired_spec(node_labels: Mapping[str, str],
-                 policies: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def desired_spec(node_labels: Mapping[str, str], policies: Sequence[Mapping[str, Any]],
+                 kubelet: Any = None) -> dict[str, Any]:
+    """``kubelet``: the NodeTopology's ``status.kubelet`` (a real node's kubelet settings)."""
+    if (isinstance(kubelet, Mapping) and node_labels.get(LABEL_MANAGED) != MANAGED_NRI
+            and kubelet.get("topologyManagerPolicy")):
+        return {"policy": kubelet.get("topologyManagerPolicy"),
+                "scope": kubelet.get("topologyManagerScope"), "source": SOURCE_KUBELET}
     winner, _ = node_default_for(node_labels, policy_refs(policies))
     spec = node_spec_from(winner)
     if winner is not None:
@@ -64,8 +72,9 @@ async def reconcile_node(name: str, logger: kopf.Logger | None = None,
         return
     labels = cache.node_labels(name) or {}
     current = nt.get("spec") or {}
+    kubelet = (nt.get("status") or {}).get("kubelet")
     patch = spec_patch(current, desired_spec(labels, cache.policies() if policies is None
-                                             else policies))
+                                             else policies, kubelet))
     if patch is None:
         return
     rv = (nt.get("metadata") or {}).get("resourceVersion")

@@ -8,7 +8,8 @@ plane. The built-in hooks:
 
 * ``agent`` -- emulated nodes, when machines were asked for (``numalign dev up
   --machine FILE[=COUNT]``) and ``numalign.agent.emulate`` exists; run as
-  ``python -m numalign.cli agent --kubeconfig KC --machine FILE=COUNT ...``.
+  ``python -m numalign.cli agent --kubeconfig KC --machine FILE=COUNT ... --metrics-addr
+  127.0.0.1 --metrics-port P``.
   Without it, no Node objects exist and pods stay Pending: nodes need the agent.
 * ``operator`` -- when asked for (``DevCluster.up(operator=True)``, the default of
   ``numalign dev up``) and ``numalign.commands.operator`` exists; run as
@@ -87,6 +88,23 @@ class Addon:
             return False
 
 
+def metrics_flags() -> list[str]:
+    """``/metrics`` of a numalign process on a free loopback port."""
+    (port,) = free_ports(1)
+    return ["--metrics-addr", "127.0.0.1", "--metrics-port", str(port)]
+
+
+def metrics_url(argv: list[str] | None) -> str | None:
+    """The ``/metrics`` URL of a numalign process started with ``argv`` (None: none)."""
+    argv = list(argv or [])
+    if "--metrics-port" not in argv or argv.index("--metrics-port") + 1 >= len(argv):
+        return None
+    port = argv[argv.index("--metrics-port") + 1]
+    addr = argv[argv.index("--metrics-addr") + 1] if "--metrics-addr" in argv[:-1] else (
+        "127.0.0.1")
+    return f"http://{addr}:{port}/metrics" if port.isdigit() and port != "0" else None
+
+
 def _agent_argv(info: ClusterInfo) -> list[str] | None:
     if not info.machines:
         return None
@@ -95,7 +113,7 @@ def _agent_argv(info: ClusterInfo) -> list[str] | None:
         argv += ["--machine", str(m)]
     if NRT_CRD.is_file():  # installed with the CRDs: kubectl get noderesourcetopologies
         argv.append("--publish-nrt")
-    return argv
+    return argv + metrics_flags()
 
 
 def _operator_argv(info: ClusterInfo) -> list[str] | None:

@@ -29,9 +29,9 @@ from typing import Any
 
 import yaml
 
-from ..api.kube import KubeConfig, SyncKube
+from ..api.kube import NT_BASE, KubeConfig, SyncKube
 from . import build, certs
-from .addons import ADDONS, ClusterInfo, MachineSpec
+from .addons import ADDONS, ClusterInfo, MachineSpec, metrics_url
 from .crds import install_crds
 from .policies import PolicyError, install_policies
 from .processes import Process, free_ports
@@ -215,6 +215,20 @@ class DevCluster:
     def log_file(self, component: str) -> Path:
         return self.process(component).log_file
 
+    def metrics_url(self, component: str) -> str | None:
+        """Where ``component`` serves Prometheus metrics (the control plane's need the
+        admin credentials of the kubeconfig; etcd's and numalign's are plain HTTP)."""
+        st = self.state()
+        ports = st.get("ports") or {}
+        plane = {"etcd": ("http", ports.get("etcd")),
+                 "kube-apiserver": ("https", ports.get("apiserver")),
+                 "kube-controller-manager": ("https", ports.get("controllerManager")),
+                 "kube-scheduler": ("https", ports.get("scheduler"))}
+        if component in plane:
+            scheme, port = plane[component]
+            return f"{scheme}://127.0.0.1:{port}/metrics" if port else None
+        return metrics_url((st.get("addons") or {}).get(component))
+
     def kube(self) -> SyncKube:
         """The API client (synchronous facade) as the admin user; one per cluster
         address, closed by :meth:`down`."""
@@ -226,6 +240,11 @@ class DevCluster:
                 server, self.pki.ca.cert, self.pki.admin.cert, self.pki.admin.key),
                 user_agent="numalign-dev")
         return self._kube
+
+    def close(self) -> None:
+        """Close the API client (its connection pool and loop thread); a later call
+        opens a new one."""
+        self._close_kube()
 
     def _close_kube(self) -> None:
         kube, self._kube = self._kube, None
@@ -481,7 +500,8 @@ class DevCluster:
             self._wait_for_nodes(sum(m.count for m in machines), say)
 
     def _wait_for_nodes(self, count: int, say: Log, timeout: float = 120.0) -> None:
-        """Wait until ``count`` Nodes are Ready (the emulated nodes registered)."""
+        """Wait until ``count`` Nodes are Ready (the emulated nodes registered) and every
+        Ready Node's NodeTopology has its agent's status (``kubectl get nt`` lists them)."""
         t = time.monotonic()
         kube = self.kube()
 
@@ -489,14 +509,22 @@ class DevCluster:
             body = kube.get_quiet("/api/v1/nodes")
             if body is None:
                 return False
-            n = sum(1 for node in body.get("items", [])
-                    if any(c.get("type") == "Ready" and c.get("status") == "True"
-                           for c in (node.get("status") or {}).get("conditions") or []))
-            return n >= count
+            names = [str((node.get("metadata") or {}).get("name"))
+                     for node in body.get("items", [])
+                     if any(c.get("type") == "Ready" and c.get("status") == "True"
+                            for c in (node.get("status") or {}).get("conditions") or [])]
+            if len(names) < count:
+                return False
+            nts = kube.get_quiet(NT_BASE)
+            published = {str((nt.get("metadata") or {}).get("name"))
+                         for nt in (nts or {}).get("items", [])
+                         if (nt.get("status") or {}).get("zones")}
+            return all(n in published for n in names)
 
-        self._wait(f"{count} emulated nodes to be Ready", ready, time.monotonic() + timeout,
-                   ("kube-apiserver", "agent"))
-        say(f"{count} emulated node(s) Ready ({time.monotonic() - t:.1f}s)")
+        self._wait(f"{count} emulated nodes to be Ready with their NodeTopology", ready,
+                   time.monotonic() + timeout, ("kube-apiserver", "agent"))
+        say(f"{count} emulated node(s) Ready, NodeTopologies published "
+            f"({time.monotonic() - t:.1f}s)")
 
     # -------------------------------------------------------------------- stopping
 

@@ -37,12 +37,13 @@ from typing import Any
 
 import yaml
 
-from numalign.api.kube import REQUEST_ERRORS
-from numalign.api.wire import NRI_PLUGIN_NAME
+from numalign.api.kube import REQUEST_ERRORS, nt_path
+from numalign.api.wire import NRI_PLUGIN_NAME, SOURCE_KUBELET
 from numalign.topology.machine import Machine, load_machine
 from numalign.topology.policy import POLICIES, SCOPES
 
 from . import certs
+from .addons import metrics_flags, metrics_url
 from .cluster import DevCluster, DevClusterError, write_kubeconfig
 from .crds import NRT_CRD
 from .hostcgroups import (
@@ -179,6 +180,16 @@ class RealNode:
             self._procs[name] = Process(name, self.dir / "run", self.dir / "logs",
                                         die_with_parent=self.cluster.ephemeral)
         return self._procs[name]
+
+    def metrics_url(self, name: str) -> str | None:
+        """Where component ``name`` serves Prometheus metrics: the kubelet on its
+        authenticated port (a client certificate of the cluster's CA), the agent on
+        loopback."""
+        st = self.state()
+        if name == "kubelet":
+            port = (st.get("ports") or {}).get("kubelet")
+            return f"https://127.0.0.1:{port}/metrics" if port else None
+        return metrics_url(((st.get("commands") or {}).get(name) or {}).get("argv"))
 
     def log_file(self, name: str) -> Path:
         return self.process(name).log_file
@@ -403,14 +414,32 @@ class RealNode:
         # one identity across restarts: a restarted agent takes its node's Lease at once
         self._start("agent", self._agent_argv(say),
                     env=dict(env, POD_NAME=f"numalign-agent-{self.name}"), program="numalign")
-        say("started the real-node agent")
+        t = time.monotonic()
+        self._wait(f"the agent to publish NodeTopology {self.name}", self._published, deadline,
+                   ("agent",))
+        say(f"started the real-node agent; NodeTopology {self.name} published "
+            f"({time.monotonic() - t:.1f}s)")
+
+    def _published(self) -> bool:
+        """Whether the node's NodeTopology has its agent's status (kubectl get nt lists it)
+        and, where the operator runs, the policy that applies (on a kubelet-managed node
+        the kubelet's) applied."""
+        body = self.cluster.kube().get_quiet(nt_path(self.name)) or {}
+        spec, status = body.get("spec") or {}, body.get("status") or {}
+        if not status.get("zones"):
+            return False
+        if not self.cluster.process("operator").is_running():
+            return True
+        if self.mode == MODE_KUBELET and spec.get("source") != SOURCE_KUBELET:
+            return False
+        return bool(status.get("observedPolicyGeneration") == spec.get("policyGeneration"))
 
     def _agent_argv(self, say: Log) -> list[str]:
         """The real-node agent's command line; in nri mode with containerd's NRI socket, so
         that it registers as an NRI plugin and places the containers."""
         argv = [*self._numalign(), "agent", "--node", self.name, "--root", str(self.dir),
                 "--pod-resources", str(self.pod_resources_socket),
-                "--kubelet-config", str(self.kubelet_config)]
+                "--kubelet-config", str(self.kubelet_config), *metrics_flags()]
         if NRT_CRD.is_file():  # installed with the CRDs (devcluster/crds.py)
             argv.append("--publish-nrt")
         if self.mode == MODE_NRI:

@@ -125,6 +125,9 @@ class AdmitResult:
     gpus: dict[str, list[str]]
     decisions: list[Decision]
     seconds: float = 0.0
+    # An UnexpectedAdmissionError: the container whose allocation failed and the manager
+    # that failed it ("devices", "cpu" or "memory"), as the kubelet's providers run
+    failed: tuple[str, str] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The `numalign admit` output line."""
@@ -162,6 +165,7 @@ class _Run:
             CpuProvider(self.admission), MemoryProvider(self.admission), self.devices)
         self.allocators: list[HintProvider] = sorted(
             self.providers, key=lambda p: p.allocation_order)
+        self.stage: tuple[str, str] | None = None  # (container, manager) allocating now
 
     @property
     def work(self) -> Ledger:
@@ -200,6 +204,7 @@ class _Run:
         pod, machine, work = self.pod, self.machine, self.work
         alloc = ContainerAllocation(reusable=c.is_init)
         for p in self.allocators:
+            self.stage = (c.name, p.name)
             p.allocate(c, hint, alloc)
         try:
             work.allocate(pod.uid, c.name, alloc, pod_name=pod.name, namespace=pod.namespace)
@@ -236,9 +241,10 @@ def admit_pod(machine: Machine, ledger: Ledger, pod: Pod, policy: str,
     decisions: list[Decision] = []
     containers: dict[str, ContainerResult] = {}
 
-    def reject(reason: str, message: str, hint: TopologyHint) -> AdmitResult:
+    def reject(reason: str, message: str, hint: TopologyHint,
+               failed: tuple[str, str] | None = None) -> AdmitResult:
         return AdmitResult(pod, policy, scope, False, reason, message, hint, {}, {},
-                           decisions, time.perf_counter() - t0)
+                           decisions, time.perf_counter() - t0, failed)
 
     try:
         if scope == SCOPE_POD:
@@ -259,7 +265,8 @@ def admit_pod(machine: Machine, ledger: Ledger, pod: Pod, policy: str,
             hint = _pod_hint(decisions)
     except AllocationFailed as e:
         return reject(UNEXPECTED_REASON, f"Allocate failed due to {e}, which is unexpected",
-                      decisions[-1].hint if decisions else TopologyHint(None, False))
+                      decisions[-1].hint if decisions else TopologyHint(None, False),
+                      run.stage)
     short = check_fit(machine, pod, ledger.pod_requests())
     if short is not None:
         return reject(short.reason, short.message, hint)
