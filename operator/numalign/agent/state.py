@@ -335,8 +335,8 @@ class NodeState:
                 got = parse_admitted(entry, where)
             except WireError as e:
                 return None, NONE, str(e)
-            for problem in got.resolved.problems:
-                log.warning("%s: %s", self.name, problem)
+            for note in got.resolved.problems:
+                log.warning("%s: %s", self.name, note)
             return got.allocation, got.resolved, None
         if ann is None:
             return None, NONE, None

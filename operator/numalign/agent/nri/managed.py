@@ -168,7 +168,7 @@ class ManagedNode:
         self.index = PodIndex()
         self.placer = EnginePlacer(machine, self.index, memory_nodes=memory_nodes,
                                    wait_for=self.index.wait_for,
-                                   wait_s=wait_s)
+                                   wait_s=wait_s, name=name)
         self.plugin = NriPlugin(self, name=NRI_PLUGIN_NAME, index=plugin_index,
                                 socket_path=socket_path, retry_s=retry_s)
         self.pod_resources = pod_resources
@@ -194,9 +194,21 @@ class ManagedNode:
 
     def on_pod(self, typ: str, pod: Mapping[str, Any]) -> None:
         self.index.on_pod(typ, pod)
-        if typ != "DELETED" and self._reasserts(pod):
-            uid = str((pod.get("metadata") or {}).get("uid") or "")
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        finished = str((pod.get("status") or {}).get("phase") or "") in TERMINAL
+        if typ == "DELETED" or (finished and uid in self.placer.admitted):
+            # deleted, or every container exited for good: its resources go back at once
+            # (as the kubelet's CPU manager frees them), not when its sandbox goes
+            updates = self.free(uid)
+            if updates:
+                self._background(self.plugin.update_quietly(updates))
+        elif self._reasserts(pod):
             self._background(self._report(uid))
+
+    def on_published(self, nodetopology: Mapping[str, Any] | None) -> None:
+        """This agent's NodeTopology as it found it at start: the plugin's first
+        synchronize restores the pods' allocations from its ``status.admitted``."""
+        self.placer.published = nodetopology
 
     def on_node_spec(self, spec: Mapping[str, Any] | None) -> None:
         self.index.on_node_spec(spec)
@@ -246,7 +258,7 @@ class ManagedNode:
 
     def synchronize(self, pods: list[Any], containers: list[Any]) -> Mapping[str, CpuSet]:
         updates = self.placer.synchronize(pods, containers)
-        self.recorded = set(self.placer.allocations)
+        self.recorded = set(self.placer.admitted)
         self.on_change()
         return updates
 
@@ -256,18 +268,17 @@ class ManagedNode:
         view = self.index(uid)
         status = (view.pod.get("status") or {}) if view is not None else {}
         phase = str(status.get("phase") or "")
-        if phase in TERMINAL and uid not in self.placer.allocations \
+        if phase in TERMINAL and uid not in self.placer.admitted \
                 and uid not in self.placer.rejected:
             # failed (rejected before this agent started, say) or done: never started again
             why = f"{status.get('reason')}: {status.get('message')}" \
                 if status.get("reason") else f"numalign: pod {pod.namespace}/{pod.name} is {phase}"
             raise Rejected(why)
-        if view is not None and uid not in self.placer.allocations \
-                and uid not in self.placer.rejected:
+        if view is not None and uid not in self.placer.state.decided:
             devices = await self._devices(view.pod) if asks_for_devices(view.pod) else None
             if self.placer.decide(uid, devices) is not None:
                 self.on_change()
-        if uid in self.placer.allocations and uid not in self.recorded:
+        if uid in self.placer.admitted and uid not in self.recorded:
             await self._record(uid)
         if uid in self.placer.rejected and uid not in self.reported:
             await self._report(uid)
@@ -276,13 +287,18 @@ class ManagedNode:
         return self.placer.create(pod, container)
 
     def released(self, pod: Any, container: Any | None) -> Mapping[str, CpuSet]:
-        updates = self.placer.released(pod, container)
-        if container is None:
-            uid = str(pod.uid)
-            self.recorded.discard(uid)
-            self.reported.discard(uid)
-            self.reasserted.pop(uid, None)
-            self.on_change()
+        if container is None:  # the pod's sandbox is gone
+            return self.free(str(pod.uid))
+        return self.placer.released(pod, container)
+
+    def free(self, uid: str) -> Mapping[str, CpuSet]:
+        """The one path that gives a pod's resources back and forgets it (deleted,
+        finished, or its sandbox gone): the shared containers' new cpusets."""
+        updates = self.placer.free(uid)
+        self.recorded.discard(uid)
+        self.reported.discard(uid)
+        self.reasserted.pop(uid, None)
+        self.on_change()
         return updates
 
     # -- the pod's records ----------------------------------------------------------------------
@@ -307,8 +323,8 @@ class ManagedNode:
         return None
 
     async def _record(self, uid: str) -> None:
-        alloc = self.placer.allocations[uid]
-        pod = self.placer.pods.get(uid) or {}
+        held = self.placer.admitted[uid]
+        alloc, pod = held.allocation, held.pod
         meta = pod.get("metadata") or {}
         ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
         try:
@@ -383,14 +399,12 @@ class ManagedNode:
     def admitted(self) -> dict[str, AdmittedPod]:
         """The pods numalign placed, with what their containers' cgroups got."""
         out: dict[str, AdmittedPod] = {}
-        for uid, alloc in self.placer.allocations.items():
+        for uid, held in self.placer.admitted.items():
             view = self.index(uid)
-            pod = view.pod if view is not None else self.placer.pods.get(uid) or {}
-            meta = pod.get("metadata") or {}
             resolved = view.resolved if view is not None else node_default(
                 self.index.node_spec)
-            out[uid] = AdmittedPod(str(meta.get("namespace") or ""),
-                                   str(meta.get("name") or ""), uid, resolved, alloc)
+            out[uid] = AdmittedPod(held.namespace, held.name, uid, resolved, held.allocation,
+                                   held.pod)
         return out
 
     # -- running --------------------------------------------------------------------------------

@@ -195,7 +195,7 @@ class NriPlugin:
     async def _released_updates(self, pod: Any, container: Any | None) -> None:
         updates = self.placer.released(pod, container)
         if updates:
-            asyncio.get_running_loop().create_task(self._update_quietly(updates))
+            asyncio.get_running_loop().create_task(self.update_quietly(updates))
 
     async def _removed(self, req: Any) -> Any:
         await self._released_updates(req.pod, req.container)
@@ -225,7 +225,7 @@ class NriPlugin:
             api_pb2.UpdateContainersResponse, timeout=self.register_timeout_s)
         return [u.container_id for u in resp.failed]
 
-    async def _update_quietly(self, updates: Mapping[str, CpuSet]) -> None:
+    async def update_quietly(self, updates: Mapping[str, CpuSet]) -> None:
         try:
             failed = await self.update_containers(updates)
         except ttrpc.TtrpcError as exc:

@@ -1,10 +1,10 @@
 """The pods of a numalign-managed node, as the NRI placer needs them: by uid, each with its
-resolved policy and its recorded allocation (pure: fed by the agent's pod watch).
+resolved policy (pure: fed by the agent's pod watch).
 
 - The policy is the pod's ``numalign.io/resolved``; a deferred or missing one is the node's
   default (its ``NodeTopology`` spec), as on emulated nodes.
-- The recorded allocation is the pod's ``numalign.io/allocation`` (a malformed one counts as
-  none: the pod is admitted again).
+- A pod's recorded allocation (``numalign.io/allocation``) is read only when the node's
+  state is restored (:meth:`numalign.agent.state.NodeState.restore`, which checks it).
 - The runtime may ask about a pod before the watch has delivered it: :meth:`PodIndex.wait_for`
   waits for it (the placer awaits it before deciding).
 """
@@ -16,23 +16,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from numalign.agent.nri.placer import PodView
-from numalign.api.wire import (
-    ANN_ALLOCATION,
-    ANN_RESOLVED,
-    Allocation,
-    WireError,
-    node_default,
-    parse_allocation,
-    resolved_or_none,
-)
+from numalign.api.wire import ANN_RESOLVED, node_default, resolved_or_none
 
 
 class PodIndex:
     def __init__(self) -> None:
         self.pods: dict[str, Mapping[str, Any]] = {}
         self.node_spec: Mapping[str, Any] | None = None
-        # uid -> (the annotation's text, its allocation): parsed once per text, not per lookup
-        self._allocations: dict[str, tuple[str, Allocation | None]] = {}
         self._changed = asyncio.Event()
 
     def on_pod(self, typ: str, pod: Mapping[str, Any]) -> None:
@@ -41,7 +31,6 @@ class PodIndex:
             return
         if typ == "DELETED":
             self.pods.pop(uid, None)
-            self._allocations.pop(uid, None)
         else:
             self.pods[uid] = pod
         self._changed.set()
@@ -57,20 +46,7 @@ class PodIndex:
         resolved = resolved_or_none(ann.get(ANN_RESOLVED))
         if resolved is None or resolved.policy is None:
             resolved = node_default(self.node_spec)
-        return PodView(pod, resolved, self._allocation(uid, str(ann.get(ANN_ALLOCATION) or "")))
-
-    def _allocation(self, uid: str, text: str) -> Allocation | None:
-        cached = self._allocations.get(uid)
-        if cached is not None and cached[0] == text:
-            return cached[1]
-        allocation = None
-        if text:
-            try:
-                allocation = parse_allocation(text)
-            except WireError:
-                allocation = None
-        self._allocations[uid] = (text, allocation)
-        return allocation
+        return PodView(pod, resolved)
 
     async def wait_for(self, uid: str, timeout: float) -> bool:
         """Wait until the pod with ``uid`` is known; False after ``timeout`` seconds."""
