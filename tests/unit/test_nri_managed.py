@@ -5,6 +5,7 @@ are on, and the label says whether a node is numalign-managed."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -406,3 +407,41 @@ async def test_a_finished_pod_frees_its_exclusive_cpus(how: str) -> None:
     assert node.placer.allocations["next"].cpus == [0, 1, 2, 3]
     assert node.released(nri_pod("job"), None) == {}
     assert node.placer.allocations["next"].cpus == [0, 1, 2, 3]
+
+
+async def test_a_plugin_task_that_ends_is_started_again_with_bounded_backoff() -> None:
+    """Finding 5: whatever ends the plugin's task (an error it did not handle, or a plain
+    return), the managed node starts it again within seconds, backing off."""
+    import asyncio
+
+    from numalign.agent.nri import managed
+
+    node = ManagedNode(RecordingKube(), "n", MACHINE, Path("nri.sock"),  # type: ignore[arg-type]
+                       memory_nodes={0}, poll_s=30.0)
+    node.on_node({"metadata": {"labels": {LABEL_MANAGED: MANAGED_NRI}}})
+    node.pods_synced()
+    loop = asyncio.get_running_loop()
+    starts: list[float] = []
+    third = asyncio.Event()
+
+    async def plugin_run() -> None:
+        starts.append(loop.time())
+        if len(starts) == 1:
+            raise RuntimeError("a frame it could not read")
+        if len(starts) == 2:
+            return
+        third.set()
+        await asyncio.Event().wait()
+
+    node.plugin.run = plugin_run  # type: ignore[method-assign]
+    node._watch_node = asyncio.Event().wait  # type: ignore[assignment,method-assign]
+    run = asyncio.create_task(node.run())
+    try:
+        await asyncio.wait_for(third.wait(), 5)
+        first_gap, second_gap = starts[1] - starts[0], starts[2] - starts[1]
+        assert managed.RESTART_MIN_S * 0.9 <= first_gap < 5
+        assert first_gap < second_gap <= managed.RESTART_MAX_S + 1
+    finally:
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run

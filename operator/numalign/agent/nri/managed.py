@@ -68,6 +68,8 @@ log = logging.getLogger(__name__)
 
 TERMINAL = ("Failed", "Succeeded")
 MAX_REASSERTS = 5  # a rejection written again when the kubelet reverted it
+RESTART_MIN_S = 0.5  # an ended plugin task is started again after this, doubling
+RESTART_MAX_S = 8.0  # up to this while it keeps ending without registering
 
 REGISTERED = "Registered"
 NOT_MANAGED = "NotManaged"
@@ -188,6 +190,9 @@ class ManagedNode:
         self._tasks: set[asyncio.Task[None]] = set()
         self.status = placement_status(None, None, False, None, socket_path)
         self._task: asyncio.Task[None] | None = None
+        self._restart_s = 0.0  # the last backoff before starting an ended plugin again
+        self._restart_at = 0.0  # (loop time) not before
+        self._registrations_at_start = 0
         self._wake = asyncio.Event()
 
     # -- inputs -----------------------------------------------------------------------------
@@ -447,26 +452,49 @@ class ManagedNode:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # ended already
                 await task
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """The plugin's task ended by itself (it should not): start it again after a
+        backoff, doubled each time it ends before registering once more."""
+        if task is not self._task:
+            return
+        self._task = None
+        why = "cancelled" if task.cancelled() else (
+            f"{type(task.exception()).__name__}: {task.exception()}"
+            if task.exception() is not None else "it returned")
+        registered = self.plugin.registrations > self._registrations_at_start
+        self._restart_s = RESTART_MIN_S if registered else min(
+            RESTART_MAX_S, self._restart_s * 2 if self._restart_s else RESTART_MIN_S)
+        self._restart_at = asyncio.get_running_loop().time() + self._restart_s
+        log.warning("node %s: numalign's NRI plugin stopped (%s); starting it again in "
+                    "%.1fs", self.name, why, self._restart_s)
+        self._wake.set()
 
     async def run(self) -> None:
         watcher = asyncio.create_task(self._watch_node(), name="nri-node")
+        loop = asyncio.get_running_loop()
         try:
             while True:
                 want = bool(self.labelled) and self.refused is None \
                     and self.pods_listed.is_set() and self.devices_known
-                if want and self._task is None:
+                wait = self.poll_s
+                if want and self._task is None and loop.time() < self._restart_at:
+                    wait = min(wait, self._restart_at - loop.time())
+                elif want and self._task is None:
                     log.info("node %s: registering numalign's NRI plugin on %s", self.name,
                              self.socket_path)
+                    self._registrations_at_start = self.plugin.registrations
                     self._task = asyncio.create_task(self.plugin.run(), name="nri-plugin")
+                    self._task.add_done_callback(self._ended)
                 elif not want and self._task is not None:
                     log.info("node %s: disconnecting numalign's NRI plugin (%s)", self.name,
                              "refused" if self.refused else "not managed")
                     await self._stop_plugin()
                 self._update_status()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.poll_s)
+                    await asyncio.wait_for(self._wake.wait(), wait)
                 self._wake.clear()
         finally:
             watcher.cancel()
