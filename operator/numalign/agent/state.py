@@ -28,7 +28,6 @@ from numalign.api.wire import (
     parse_allocation,
 )
 from numalign.topology.admit import DeviceOverride
-from numalign.topology.errors import TopologyError
 from numalign.topology.ledger import ContainerAllocation as LedgerContainer
 from numalign.topology.ledger import Ledger
 from numalign.topology.machine import Machine
@@ -184,10 +183,7 @@ class NodeState:
             return Decision(admit=self.decided[uid], reason=reason, message=message,
                             allocation=held.allocation if held else None,
                             resolved=held.resolved if held else resolved)
-        try:
-            result = engine.admit(self.machine, self.ledger, pod, resolved, uid, devices)
-        except TopologyError as e:  # a pod no placement can ever satisfy
-            result = engine.EngineResult(False, reason=REJECT_REASON, message=str(e))
+        result = engine.admit(self.machine, self.ledger, pod, resolved, uid, devices)
         if not result.admit:
             return self.refuse(pod, result.reason or REJECT_REASON, result.message or "",
                                resolved)

@@ -197,10 +197,9 @@ class EnginePlacer:
             return None
         try:
             overrides = assigned_overrides(self.machine, devices) if devices else []
-        except TopologyError as exc:  # devices the node does not report
-            decision = self.state.refuse(view.pod, REJECT_REASON, str(exc), view.resolved)
-        else:
             decision = self.state.decide(view.pod, view.resolved, overrides)
+        except TopologyError as exc:  # a pod no placement can ever satisfy
+            decision = self.state.refuse(view.pod, REJECT_REASON, str(exc), view.resolved)
         if not decision.admit or decision.allocation is None:
             log.info("NRI: pod %s rejected: %s: %s", uid, decision.reason, decision.message)
             return False
