@@ -276,8 +276,8 @@ class NriPlugin:
             self._sync = ([], [])
             for t in tasks:
                 t.cancel()
-            for t in tasks:
-                with contextlib.suppress(asyncio.CancelledError, ConnectionError, OSError):
+            for t in tasks:  # how a connection broke is logged where it broke
+                with contextlib.suppress(asyncio.CancelledError, Exception):
                     await t
             await trunk.close()
 
