@@ -445,3 +445,30 @@ async def test_a_plugin_task_that_ends_is_started_again_with_bounded_backoff() -
         run.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await run
+
+
+def test_the_published_status_stands_until_the_first_synchronize() -> None:
+    """Finding 1: a restarted agent publishes what it found (its status.admitted) until
+    its plugin has synchronized -- not an empty list that a second restart would then
+    find, falling back to the pods' editable records."""
+    first = ManagedNode(RecordingKube(), "n", MACHINE, Path("nri.sock"),  # type: ignore[arg-type]
+                        memory_nodes={0})
+    owner = k8s_pod("owner", "2")
+    owner["status"] = {"phase": "Running"}
+    first.on_pod("ADDED", owner)
+    assert first.placer.decide("owner") is True
+    state = NodeState("n", MACHINE)
+    state.admitted = first.admitted()
+    published = {"status": {"admitted": build_status(state)["admitted"]}}
+
+    again = ManagedNode(RecordingKube(), "n", MACHINE, Path("nri.sock"),  # type: ignore[arg-type]
+                        memory_nodes={0})
+    again.on_pod("ADDED", owner)
+    again.on_published(published)
+    before = again.admitted()
+    assert set(before) == {"owner"}
+    assert before["owner"].allocation.cpus == first.placer.allocations["owner"].cpus
+    again.synchronize([nri_pod("owner")], [nri_ctr("owner", "main")])
+    assert again.admitted()["owner"].allocation.cpus == before["owner"].allocation.cpus
+    again.synchronize([], [])  # the runtime no longer runs it
+    assert again.admitted() == {}

@@ -346,6 +346,21 @@ class NodeState:
         return alloc, NONE, None
 
 
+def published_pods(name: str, published: Mapping[str, Any] | None) -> dict[str, AdmittedPod]:
+    """The pods a node's NodeTopology ``status.admitted`` shows (entries that cannot be
+    read are left out, with a log line)."""
+    out: dict[str, AdmittedPod] = {}
+    for entry in ((published or {}).get("status") or {}).get("admitted") or []:
+        try:
+            got = parse_admitted(entry, f"NodeTopology {name} status.admitted entry")
+        except WireError as e:
+            log.warning("%s: %s", name, e)
+            continue
+        out[got.uid] = AdmittedPod(got.namespace, got.pod, got.uid, got.resolved,
+                                   got.allocation)
+    return out
+
+
 def _bind_order(pod: Mapping[str, Any]) -> tuple[str, str]:
     meta = pod.get("metadata") or {}
     sched = ""

@@ -134,6 +134,11 @@ class EnginePlacer:
         return self.state.admitted
 
     @property
+    def synchronized(self) -> bool:
+        """Whether the runtime's state was taken once (the state is this placer's own)."""
+        return self._synchronized
+
+    @property
     def allocations(self) -> dict[str, Allocation]:
         """Pod uid -> its allocation, for every admitted pod."""
         return {uid: held.allocation for uid, held in self.state.admitted.items()}
