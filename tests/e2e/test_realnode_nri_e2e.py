@@ -37,6 +37,7 @@ from nri_helpers import (
     running,
 )
 from numalign.api.wire import (
+    ANN_ALLOCATION,
     ANN_POLICY,
     ANN_RESOLVED,
     EVENT_REDEPLOY,
@@ -44,6 +45,7 @@ from numalign.api.wire import (
     MANAGED_NRI,
     REJECT_REASON,
     TOPOLOGY_MESSAGE,
+    Allocation,
 )
 from numalign.commands import dev
 from operator_helpers import delete_policy, operator, policy
@@ -392,3 +394,114 @@ def test_the_agent_killed_and_restarted_gives_no_cpu_twice(
         admitted(k8s_client).get((namespace, "pinned"), {}), "work") == mine, 90,
         "the restarted agent to publish pinned's CPU in NodeTopology localhost")
     assert _status_cpus_of(_exec_status(kubectl, namespace, "pinned")) == mine
+
+
+# ----------------------------------------------------------------- one node state (issue 20)
+
+
+def _published_devices(api: Any) -> set[str]:
+    """The sample devices the agent's NodeTopology status shows (those the kubelet reports
+    now)."""
+    status = (node_topology(api, "localhost") or {}).get("status") or {}
+    return {str(d.get("id")) for d in status.get("devices") or []
+            if d.get("resource") == DEVICE}
+
+
+def _cpus_of(node: Any, core: client.CoreV1Api, pod: Any) -> set[int]:
+    """The cgroup cpuset of ``pod``'s one running container (waiting a little for it: the
+    kubelet may be starting it again)."""
+    def one() -> set[int] | None:
+        got = list(running(node, pod_uid=pod.metadata.uid).values())
+        return got[0].cgroup_cpus if len(got) == 1 else None
+
+    try:
+        return wait_for(one, 30, f"one running container of {pod.metadata.name}")
+    except AssertionError:
+        now = core.read_namespaced_pod(pod.metadata.name, pod.metadata.namespace)
+        raise AssertionError(f"{pod.metadata.name}: {now.status}: "
+                             f"{story(core, pod.metadata.namespace)}") from None
+
+
+def test_a_finished_pod_frees_its_cpu_and_a_forged_record_does_not_move_it(
+        nri_node: Any, core: client.CoreV1Api, namespace: str, k8s_client: Any) -> None:
+    """A Job-like pod (restartPolicy Never) finishes: its exclusive CPU goes to the next
+    guaranteed pod at once, while the finished pod still exists. Then an admin rewrites the
+    records -- the shared pod's ``numalign.io/allocation`` claims that CPU, the owner's
+    claims nothing -- and the agent is killed and started again: it restores from the
+    status it published, so the owner keeps its CPU and the claimant stays shared."""
+    done = workload_pod("done")
+    done["spec"]["restartPolicy"] = "Never"
+    done["spec"]["containers"][0]["args"] = ["status"]  # prints its lines and exits
+    core.create_namespaced_pod(namespace, done)
+    finished = wait_for(lambda: (lambda p: p if p.status.phase == "Succeeded" else None)(
+        core.read_namespaced_pod("done", namespace)), 120, "the pod done Succeeded")
+    had = exclusive(allocation(finished), "work")
+    assert len(had) == 1, allocation(finished)
+
+    core.create_namespaced_pod(namespace, workload_pod("owner"))
+    owner = wait_running(core, namespace, "owner")
+    owned = wait_for(lambda: allocation(core.read_namespaced_pod("owner", namespace)), 60,
+                     "owner's numalign.io/allocation")
+    assert exclusive(owned, "work") == had  # the finished pod's CPU, while it still exists
+    assert core.read_namespaced_pod("done", namespace).status.phase == "Succeeded"
+    core.create_namespaced_pod(namespace, burstable_pod("claimant"))
+    claimant = wait_running(core, namespace, "claimant")
+    pool = set(nri_node.machine().cpus) - had
+    wait_for(lambda: _cpus_of(nri_node, core, claimant) == pool, 60, "claimant in the shared pool")
+    wait_for(lambda: admitted_container_cpus(
+        admitted(k8s_client).get((namespace, "owner"), {}), "work") == had, 90,
+        "owner's CPU in NodeTopology localhost status")
+
+    for name, record in (("claimant", owned), ("owner", Allocation())):
+        core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": {
+            ANN_ALLOCATION: record.to_annotation()}}})
+    agent = nri_node.process("agent")
+    assert agent.pid is not None
+    os.killpg(agent.pid, signal.SIGKILL)
+    wait_for(lambda: not agent.is_running(), 10, "the agent gone")
+    nri_node.restart("agent")
+    # a new pod runs only once the restarted agent's plugin has synchronized (containerd
+    # requires it): by then the ledger is rebuilt
+    core.create_namespaced_pod(namespace, burstable_pod("probe"))
+    probe = wait_running(core, namespace, "probe", timeout=180)
+    assert _cpus_of(nri_node, core, owner) == had
+    assert _cpus_of(nri_node, core, claimant) == pool
+    assert _cpus_of(nri_node, core, probe) == pool
+    # what it publishes: the owner with its CPU (it never showed another list meanwhile,
+    # so a second restart would find the same), the claimant with none
+    entries = admitted(k8s_client)
+    assert admitted_container_cpus(entries.get((namespace, "owner"), {}), "work") == had, \
+        entries
+    assert admitted_container_cpus(entries.get((namespace, "claimant"), {}), "work") == set()
+
+
+def test_devices_missing_after_a_kubelet_restart_give_no_cpu_twice(
+        nri_node: Any, core: client.CoreV1Api, namespace: str, k8s_client: Any) -> None:
+    """The kubelet restarts while its device plugin is away: for a while it reports no
+    sample device, and the agent's machine lacks the one a running pod holds. That pod
+    keeps its CPU in numalign's ledger: a pod created meanwhile runs in the shared pool
+    without it; when the plugin is back, the pod holds its device again."""
+    core.create_namespaced_pod(namespace, workload_pod("pinned", extra={DEVICE: "1"}))
+    pinned = wait_running(core, namespace, "pinned")
+    mine = exclusive(wait_for(lambda: allocation(core.read_namespaced_pod("pinned", namespace)),
+                              60, "pinned's numalign.io/allocation"), "work")
+    assert len(mine) == 1
+    wait_for(lambda: _published_devices(k8s_client) == {"dev0", "dev1"}, 60,
+             "both sample devices in NodeTopology localhost status")
+    plugin = nri_node.process("device-plugin")
+    try:
+        nri_node.restart("kubelet", between=lambda: plugin.stop(timeout=10))
+        wait_for(lambda: not _published_devices(k8s_client), 90,
+                 "the agent to see the restarted kubelet report no sample device")
+        core.create_namespaced_pod(namespace, burstable_pod("meanwhile"))
+        meanwhile = wait_running(core, namespace, "meanwhile", timeout=180)
+        pool = set(nri_node.machine().cpus) - mine
+        assert _cpus_of(nri_node, core, meanwhile) == pool
+        assert _cpus_of(nri_node, core, pinned) == mine
+    finally:
+        if not plugin.is_running():
+            nri_node.restart("device-plugin")
+    wait_for(lambda: _published_devices(k8s_client) == {"dev0", "dev1"}, 90,
+             "the sample devices back in NodeTopology localhost status")
+    _no_cpu_twice(nri_node, core, namespace)
+    assert _cpus_of(nri_node, core, pinned) == mine

@@ -19,7 +19,7 @@ from cri_helpers import Cri, cgroup_cpuset, parse_list, status_cpus, wait_until
 from criapi.runtime_v1 import api_pb2 as cri
 from numalign.agent.nri.placer import EnginePlacer, PodView, kernel_memory_nodes
 from numalign.agent.nri.plugin import CpuSet, NriPlugin, Placement, Rejected
-from numalign.api.wire import Allocation, Resolved
+from numalign.api.wire import ANN_ALLOCATION, Allocation, Resolved
 from numalign.topology.machine import machine_from_dict
 
 EXCLUSIVE = "numalign.io/test-exclusive"
@@ -163,8 +163,11 @@ async def test_the_engine_places_containers_under_each_pods_policy(containerd: C
         {"id": i, "cpus": str(c), "memory": "1Gi"} for i, c in enumerate(cpus)]})
     views: dict[str, PodView] = {}
 
-    def record(uid: str, alloc: Allocation) -> None:  # what the agent publishes on the pod
-        views[uid] = PodView(views[uid].pod, views[uid].resolved, alloc)
+    def record(uid: str, alloc: Allocation) -> None:  # what the agent writes on the pod
+        pod = dict(views[uid].pod)
+        pod["metadata"] = {**pod["metadata"], "annotations": {
+            ANN_ALLOCATION: alloc.to_annotation()}}
+        views[uid] = PodView(pod, views[uid].resolved)
 
     def new_agent() -> tuple[EnginePlacer, NriPlugin, asyncio.Task[None]]:
         placer = EnginePlacer(machine, views.get, reserved_cpus=[cpus[0]],

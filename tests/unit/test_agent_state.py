@@ -29,15 +29,20 @@ def _alloc(cpus: list[int], zone: int, gpu: str, nic: str) -> dict[str, Any]:
 
 
 def _pod(name: str, phase: str, alloc: dict[str, Any] | None = None,
-         reason: str | None = None) -> dict[str, Any]:
+         reason: str | None = None, cpu: str | None = "2") -> dict[str, Any]:
+    """A pod with one container "main": Guaranteed (``cpu`` CPUs, 200Mi, one GPU and one
+    NIC) unless ``cpu`` is None (BestEffort)."""
     ann = {ANN_ALLOCATION: json.dumps(alloc)} if alloc is not None else {}
     status: dict[str, Any] = {"phase": phase}
     if reason:
         status["reason"] = reason
+    main: dict[str, Any] = {"name": "main", "image": "pause"}
+    if cpu is not None:
+        res = {"cpu": cpu, "memory": "200Mi", GPU: "1", NIC: "1"}
+        main["resources"] = {"requests": res, "limits": res}
     return {"metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}",
                          "annotations": ann, "creationTimestamp": "2024-01-01T00:00:00Z"},
-            "spec": {"nodeName": "seed-figure1-0",
-                     "containers": [{"name": "main", "image": "pause"}]},
+            "spec": {"nodeName": "seed-figure1-0", "containers": [main]},
             "status": status}
 
 
@@ -178,3 +183,67 @@ def test_restore_survives_a_poisoned_annotation() -> None:
     report = st.restore(None, [poisoned, huge, good])
     assert report.restored == ["uid-good"]
     assert st.decided["uid-poisoned"] is True and "uid-poisoned" not in st.admitted
+
+
+def test_a_pod_annotation_is_believed_only_when_it_matches_the_pod() -> None:
+    """Finding 1: a record the status lacks is checked against what its pod asks (as the
+    kubelet's static policy would have given it); anything else is refused, with why."""
+    st = _state()
+    owner = _pod("owner", "Running", _alloc([0, 1], 0, "gpu0", "nic0"))
+    claim = _alloc([0, 1], 0, "gpu0", "nic0")
+    # listed before the owner, each claiming the owner's CPUs
+    best_effort = _pod("besteffort", "Running", claim, cpu=None)
+    burstable = _pod("burstable", "Running", claim)
+    res = burstable["spec"]["containers"][0]["resources"]
+    res["limits"] = dict(res["limits"], cpu="4")
+    greedy = _pod("greedy", "Running", _alloc([4, 5], 1, "gpu1", "nic1"), cpu="1")
+    elsewhere = _pod("elsewhere", "Running", _alloc([4, 5], 7, "gpu1", "nic1"))
+    ghost = _pod("ghost", "Running", {"numaNodes": [1], "containers": {
+        "sidecar": {"cpus": [4, 5], "numaNodes": [1]}}})
+    fractional = _pod("fractional", "Running", _alloc([6], 1, "gpu1", "nic1"), cpu="1500m")
+    report = st.restore(_published([_entry("owner", "0-1", 0, "gpu0", "nic0")]),
+                        [best_effort, burstable, greedy, elsewhere, ghost, fractional, owner])
+    assert report.restored == ["uid-owner"]
+    assert st.admitted["uid-owner"].allocation.cpus == [0, 1]
+    refused = report.refused
+    assert set(refused) == {"uid-besteffort", "uid-burstable", "uid-greedy", "uid-elsewhere",
+                            "uid-ghost", "uid-fractional"}
+    assert "BestEffort" in refused["uid-besteffort"]
+    assert "Burstable" in refused["uid-burstable"]
+    assert "main: 2 exclusive CPUs, but it requests 1" in refused["uid-greedy"]
+    assert "NUMA node 7" in refused["uid-elsewhere"]
+    assert "sidecar: no such container" in refused["uid-ghost"]
+    assert "main: 1 exclusive CPUs, but it requests 1500m" in refused["uid-fractional"]
+    # each runs on with nothing exclusive (decided: not admitted again with new CPUs)
+    assert all(st.decided[u] for u in refused) and not set(refused) & set(st.admitted)
+    assert st.ledger.free_cpus() == {2, 3, 4, 5, 6, 7}
+    # an honest record of a pod the status lacks comes back
+    st2 = _state()
+    honest = _pod("honest", "Running", _alloc([4, 5], 1, "gpu1", "nic1"))
+    assert st2.restore(None, [honest]).restored == ["uid-honest"]
+
+
+def test_a_record_that_parses_but_names_what_the_machine_lacks_is_refused() -> None:
+    """Finding 2: nothing in a record stops the restore (a published entry with a memory
+    zone of two nodes, NUMA nodes the machine lacks, zones that are no ids)."""
+    st = _state()
+    bad_entries = [
+        dict(_entry("zones", "0-1", 0, "gpu0", "nic0"),
+             containers=[{"name": "main", "cpus": "0-1", "memory": {"0,1": "200Mi"}}]),
+        dict(_entry("affinity", "2-3", 0, "gpu0", "nic0"),
+             containers=[{"name": "main", "cpus": "2-3", "memoryNumaNodes": [200]}]),
+        dict(_entry("negative", "2-3", 0, "gpu0", "nic0"), numaNodes=[-1]),
+    ]
+    pods = [_pod(n, "Running") for n in ("zones", "affinity", "negative")]
+    for name, bad in (("x", {"memory": {"x": 1}}), ("neg", {"numaNodes": [-1]}),
+                      ("big", {"memoryNumaNodes": [10**11]})):
+        alloc = _alloc([4, 5], 1, "gpu1", "nic1")
+        alloc["containers"]["main"].update(bad)
+        pods.append(_pod(name, "Running", alloc))
+    good = _pod("good", "Running", _alloc([6, 7], 1, "gpu1", "nic1"))
+    report = st.restore(_published(bad_entries), [*pods, good])
+    assert report.restored == ["uid-good"]
+    assert set(report.refused) == {f"uid-{n}" for n in (
+        "zones", "affinity", "negative", "x", "neg", "big")}
+    assert "memoryNumaNodes: 100000000000 is not a NUMA node id" in report.refused["uid-big"]
+    assert st.ledger.free_cpus() == {0, 1, 2, 3, 4, 5}

@@ -5,6 +5,8 @@ are on, and the label says whether a node is numalign-managed."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,7 @@ from numalign.agent.nri.managed import (
     rejection_patch,
 )
 from numalign.agent.nri.placer import EnginePlacer, PodView, parse_cpulist
-from numalign.agent.nri.plugin import Rejected
+from numalign.agent.nri.plugin import CpuSet, Rejected
 from numalign.agent.podresources import DeviceSet, KubeletContainer, KubeletPod
 from numalign.agent.publish import build_status
 from numalign.agent.state import NodeState
@@ -338,3 +340,137 @@ async def test_a_rejection_the_kubelet_reverted_is_written_again_a_bounded_numbe
     assert len(set(notes)) == len(notes)
     assert all(b["status"]["phase"] == "Failed" for b in statuses)
     assert sum(p.endswith("/events") for p, _ in kube.writes) == 1
+
+
+def test_a_pod_whose_devices_vanish_keeps_its_cpus() -> None:
+    """Finding 3: the kubelet restarted and its device plugins have not registered again:
+    the node's machine lacks the pod's device for a while, the pod still runs on its CPUs,
+    and no other pod gets them."""
+    pods = Pods()
+    placer = placer_with(pods)
+    uid = pods.add(k8s_pod("nic", "2", devices=1), "single-numa-node")
+    assert placer.decide(uid, {"main": {DEV: ["nic-1"]}}) is True
+    held = set(placer.allocations[uid].cpus)
+    assert held == {2, 3}
+    bare = machine_from_dict({"name": "2x2-nics", "numaNodes": [
+        {"id": 0, "cpus": "0-1", "memory": "4Gi"}, {"id": 1, "cpus": "2-3", "memory": "4Gi"}]})
+    placer.set_machine(bare)
+    assert placer.pool() == {0, 1}
+    other = pods.add(k8s_pod("other", "3"), "none")  # 3 CPUs: only with the nic pod's
+    assert placer.decide(other) is False
+    assert set(placer.allocations) == {uid}
+    # the devices are back: the pod holds its device again, and its CPUs all along
+    placer.set_machine(MACHINE)
+    assert placer.ledger.free_devices(DEV) == ["nic-0"]
+    assert placer.pool() == {0, 1}
+
+
+async def _settle() -> None:
+    import asyncio
+
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize("how", ["Succeeded", "Failed", "DELETED"])
+async def test_a_finished_pod_frees_its_exclusive_cpus(how: str) -> None:
+    """Finding 4: a pod whose containers all exited (its phase Succeeded or Failed), or
+    that is deleted, gives its CPUs back at once, as the kubelet's CPU manager does; the
+    shared containers get them through UpdateContainers."""
+    node = ManagedNode(RecordingKube(), "n", MACHINE, Path("nri.sock"),  # type: ignore[arg-type]
+                       memory_nodes={0})
+    pushed: list[Mapping[str, CpuSet]] = []
+
+    async def update_quietly(updates: Mapping[str, CpuSet]) -> None:
+        pushed.append(updates)
+
+    node.plugin.update_quietly = update_quietly  # type: ignore[method-assign]
+    job = k8s_pod("job", "2")
+    job["status"] = {"phase": "Running"}
+    node.on_pod("ADDED", job)
+    node.create(nri_pod("other"), nri_ctr("other", "c"))  # not from Kubernetes: shared
+    await node.prepare(nri_pod("job"))
+    got = node.create(nri_pod("job"), nri_ctr("job", "main"))
+    assert got.cpuset is not None
+    held = parse_cpulist(got.cpuset.cpus)
+    assert len(held) == 2 and held.isdisjoint(node.placer.pool())
+    if how == "DELETED":
+        node.on_pod("DELETED", job)
+    else:
+        node.on_pod("MODIFIED", dict(job, status={"phase": how}))
+    await _settle()
+    assert "job" not in node.placer.allocations and "job" not in node.admitted()
+    assert node.placer.pool() == {0, 1, 2, 3}
+    assert pushed == [{"other-c": CpuSet("0-3", "0")}]
+    # the next guaranteed pod gets them; the finished pod's sandbox going changes nothing
+    nxt = k8s_pod("next", "4")
+    node.on_pod("ADDED", nxt)
+    await node.prepare(nri_pod("next"))
+    assert node.placer.allocations["next"].cpus == [0, 1, 2, 3]
+    assert node.released(nri_pod("job"), None) == {}
+    assert node.placer.allocations["next"].cpus == [0, 1, 2, 3]
+
+
+async def test_a_plugin_task_that_ends_is_started_again_with_bounded_backoff() -> None:
+    """Finding 5: whatever ends the plugin's task (an error it did not handle, or a plain
+    return), the managed node starts it again within seconds, backing off."""
+    import asyncio
+
+    from numalign.agent.nri import managed
+
+    node = ManagedNode(RecordingKube(), "n", MACHINE, Path("nri.sock"),  # type: ignore[arg-type]
+                       memory_nodes={0}, poll_s=30.0)
+    node.on_node({"metadata": {"labels": {LABEL_MANAGED: MANAGED_NRI}}})
+    node.pods_synced()
+    loop = asyncio.get_running_loop()
+    starts: list[float] = []
+    third = asyncio.Event()
+
+    async def plugin_run() -> None:
+        starts.append(loop.time())
+        if len(starts) == 1:
+            raise RuntimeError("a frame it could not read")
+        if len(starts) == 2:
+            return
+        third.set()
+        await asyncio.Event().wait()
+
+    node.plugin.run = plugin_run  # type: ignore[method-assign]
+    node._watch_node = asyncio.Event().wait  # type: ignore[assignment,method-assign]
+    run = asyncio.create_task(node.run())
+    try:
+        await asyncio.wait_for(third.wait(), 5)
+        first_gap, second_gap = starts[1] - starts[0], starts[2] - starts[1]
+        assert managed.RESTART_MIN_S * 0.9 <= first_gap < 5
+        assert first_gap < second_gap <= managed.RESTART_MAX_S + 1
+    finally:
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+
+
+def test_the_published_status_stands_until_the_first_synchronize() -> None:
+    """Finding 1: a restarted agent publishes what it found (its status.admitted) until
+    its plugin has synchronized -- not an empty list that a second restart would then
+    find, falling back to the pods' editable records."""
+    first = ManagedNode(RecordingKube(), "n", MACHINE, Path("nri.sock"),  # type: ignore[arg-type]
+                        memory_nodes={0})
+    owner = k8s_pod("owner", "2")
+    owner["status"] = {"phase": "Running"}
+    first.on_pod("ADDED", owner)
+    assert first.placer.decide("owner") is True
+    state = NodeState("n", MACHINE)
+    state.admitted = first.admitted()
+    published = {"status": {"admitted": build_status(state)["admitted"]}}
+
+    again = ManagedNode(RecordingKube(), "n", MACHINE, Path("nri.sock"),  # type: ignore[arg-type]
+                        memory_nodes={0})
+    again.on_pod("ADDED", owner)
+    again.on_published(published)
+    before = again.admitted()
+    assert set(before) == {"owner"}
+    assert before["owner"].allocation.cpus == first.placer.allocations["owner"].cpus
+    again.synchronize([nri_pod("owner")], [nri_ctr("owner", "main")])
+    assert again.admitted()["owner"].allocation.cpus == before["owner"].allocation.cpus
+    again.synchronize([], [])  # the runtime no longer runs it
+    assert again.admitted() == {}

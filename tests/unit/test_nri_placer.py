@@ -3,6 +3,7 @@ rejection, memory nodes the kernel has, rebuild after a restart)."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,15 @@ from numalign.agent.nri.placer import (
     parse_cpulist,
 )
 from numalign.agent.nri.plugin import CpuSet, Rejected
-from numalign.api.wire import REJECTED_PREFIX, TOPOLOGY_MESSAGE, Resolved, parse_allocation
+from numalign.agent.publish import admitted_entries
+from numalign.api.wire import (
+    ANN_ALLOCATION,
+    REJECTED_PREFIX,
+    TOPOLOGY_MESSAGE,
+    Allocation,
+    Resolved,
+    parse_allocation,
+)
 from numalign.nriapi.v1alpha1 import api_pb2
 from numalign.topology.machine import machine_from_dict
 
@@ -34,6 +43,11 @@ def k8s_pod(uid: str, cpu: str, name: str = "p", containers: tuple[str, ...] = (
            "limits": {"cpu": cpu, "memory": "256Mi"}}
     return {"metadata": {"name": name, "namespace": "ns", "uid": uid},
             "spec": {"containers": [{"name": c, "resources": res} for c in containers]}}
+
+
+def best_effort(uid: str) -> dict[str, Any]:
+    return {"metadata": {"name": uid, "namespace": "ns", "uid": uid},
+            "spec": {"containers": [{"name": "c"}]}}
 
 
 def nri_pod(uid: str) -> Any:
@@ -118,16 +132,24 @@ def test_a_removed_pod_gives_its_cpus_back_to_the_shared_pool(pods: Pods) -> Non
     assert placer.released(nri_pod("g1"), None) == {}
 
 
+def recorded(view: PodView, allocation: Allocation) -> PodView:
+    """``view`` with ``allocation`` written on its pod (``numalign.io/allocation``)."""
+    pod = copy.deepcopy(dict(view.pod))
+    pod["metadata"]["annotations"] = {ANN_ALLOCATION: allocation.to_annotation()}
+    pod["status"] = {"phase": "Running"}
+    return PodView(pod, view.resolved)
+
+
 def test_synchronize_rebuilds_from_recorded_allocations_without_double_allocation(
         pods: Pods) -> None:
     first = EnginePlacer(MACHINE, pods, reserved_cpus=[0], memory_nodes=[0])
     pods.add("g2", "2")
     first.create(nri_pod("g2"), nri_ctr("g2", "main", "c-g2"))
-    recorded = parse_allocation(first.allocations["g2"].to_annotation())
-    pods.views["g2"] = PodView(pods.views["g2"].pod, pods.views["g2"].resolved, recorded)
+    alloc = first.allocations["g2"]
+    pods.views["g2"] = recorded(pods.views["g2"], alloc)
     # a second pod claims the same CPUs in its record (it must not get them too)
-    pods.views["dup"] = PodView(k8s_pod("dup", "2"), Resolved(policy="single-numa-node"),
-                                parse_allocation(recorded.to_annotation()))
+    pods.add("dup", "2")
+    pods.views["dup"] = recorded(pods.views["dup"], alloc)
 
     restarted = EnginePlacer(MACHINE, pods, reserved_cpus=[0], memory_nodes=[0])
     updates = restarted.synchronize(
@@ -145,6 +167,63 @@ def test_synchronize_rebuilds_from_recorded_allocations_without_double_allocatio
     pods.add("g1", "1")
     got = restarted.create(nri_pod("g1"), nri_ctr("g1", "main", "c-g1"))
     assert got.cpuset is not None and got.cpuset.cpus == "1"
+
+
+def test_the_published_status_wins_over_a_forged_record(pods: Pods) -> None:
+    """Finding 1: pods listed before the owner, their annotations rewritten to claim its
+    CPUs, get nothing; the owner keeps them (its entry in the agent's published status)."""
+    first = EnginePlacer(MACHINE, pods, reserved_cpus=[0], memory_nodes=[0])
+    pods.add("g2", "2")
+    first.create(nri_pod("g2"), nri_ctr("g2", "main", "c-g2"))
+    owned = first.allocations["g2"]
+    published = {"status": {"admitted": admitted_entries(first.state)}}
+    # a BestEffort pod and a Guaranteed one, each claiming g2's CPUs; g2's own annotation
+    # was rewritten to claim nothing
+    pods.views["be"] = recorded(PodView(best_effort("be"), Resolved()), owned)
+    pods.add("dup", "2")
+    pods.views["dup"] = recorded(pods.views["dup"], owned)
+    pods.views["g2"] = recorded(pods.views["g2"], Allocation())
+    restarted = EnginePlacer(MACHINE, pods, reserved_cpus=[0], memory_nodes=[0])
+    restarted.published = published
+    restarted.synchronize([nri_pod("be"), nri_pod("dup"), nri_pod("g2")],
+                          [nri_ctr("be", "c", "c-be"), nri_ctr("dup", "main", "c-dup"),
+                           nri_ctr("g2", "main", "c-g2")])
+    assert set(restarted.allocations) == {"g2"}
+    assert restarted.allocations["g2"].cpus == owned.cpus == [2, 3]
+    assert restarted.exclusive == {"c-g2": "g2"}
+    assert restarted.shared == {"c-be": "be", "c-dup": "dup"}
+    # without a published status, the BestEffort pod's claim is refused all the same
+    pods.views["g2"] = recorded(pods.views["g2"], owned)
+    alone = EnginePlacer(MACHINE, pods, reserved_cpus=[0], memory_nodes=[0])
+    alone.synchronize([nri_pod("be"), nri_pod("g2")], [])
+    assert set(alone.allocations) == {"g2"}
+
+
+def test_synchronize_refuses_records_the_machine_cannot_hold(pods: Pods) -> None:
+    """Finding 2: records that parse but name a memory zone "x", NUMA node -1 or 10^11 (or
+    a zone of two nodes the engine cannot take) never stop Synchronize."""
+    pods.add("good", "1")
+    pods.views["good"] = recorded(pods.views["good"], parse_allocation(
+        '{"numaNodes": [1], "containers": {"main": {"cpus": [3], "numaNodes": [1]}}}'))
+    bad = {"x": '{"memory": {"x": 1024}}', "neg": '{"numaNodes": [-1]}',
+           "big": '{"memoryNumaNodes": [100000000000]}', "two": '{"memory": {"0,1": 1024}}'}
+    for uid, extra in bad.items():
+        pods.add(uid, "1")
+        pod = copy.deepcopy(dict(pods.views[uid].pod))
+        pod["metadata"]["annotations"] = {ANN_ALLOCATION: (
+            '{"numaNodes": [0], "containers": {"main": {"cpus": [2], ' + extra[1:] + "}}")}
+        pod["status"] = {"phase": "Running"}
+        pods.views[uid] = PodView(pod, pods.views[uid].resolved)
+    placer = EnginePlacer(MACHINE, pods, reserved_cpus=[0], memory_nodes=[0])
+    updates = placer.synchronize([nri_pod(u) for u in [*bad, "good"]],
+                                 [nri_ctr(u, "main", f"c-{u}") for u in [*bad, "good"]])
+    assert set(placer.allocations) == {"good"}
+    assert updates["c-good"] == CpuSet("3", "0")
+    assert {updates[f"c-{u}"] for u in bad} == {CpuSet("0-2", "0")}  # the shared pool
+    # and the next pod is decided as usual
+    pods.add("next", "1")
+    got = placer.create(nri_pod("next"), nri_ctr("next", "main", "c-next"))
+    assert got.cpuset is not None and got.cpuset.cpus in ("1", "2")
 
 
 def test_kernel_memory_nodes_and_cpulists(tmp_path: Path) -> None:

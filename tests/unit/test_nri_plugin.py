@@ -23,6 +23,7 @@ from numalign.agent.nri.plugin import (
     Rejected,
     event_mask,
 )
+from numalign.nriapi.ttrpc import request_pb2
 from numalign.nriapi.v1alpha1 import api_pb2
 
 
@@ -169,6 +170,106 @@ async def test_the_runtime_calls_in_nri_order_and_the_plugin_reconnects(tmp_path
                 break
             await asyncio.sleep(0.02)
         assert plugin.registrations == 2
+    finally:
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+        await runtime.drop()
+
+
+class GarbageRuntime(FakeRuntime):
+    """A runtime whose first connection goes wrong (``kind``): the answer to RegisterPlugin
+    is not protobuf, or its envelope is not; or, once registered, it announces a ttrpc
+    message larger than ttrpc allows. Later connections are served as usual."""
+
+    def __init__(self, path: Path, kind: str) -> None:
+        super().__init__(path)
+        self.kind = kind
+        self.accepts = 0
+        self.garbage_sent = asyncio.Event()
+        self.first_closed = asyncio.Event()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepts += 1
+        if self.accepts > 1:
+            await super()._accept(reader, writer)
+            return
+        trunk = mux.Mux(reader, writer)
+        from_plugin = trunk.open(mux.RUNTIME_SERVICE_CONN)
+        trunk.start()
+        msg = await ttrpc.read_message(from_plugin.reader)  # the plugin's RegisterPlugin
+        assert msg is not None
+        stream_id = msg[0]
+        ok = request_pb2.Response(payload=api_pb2.Empty().SerializeToString())
+        if self.kind == "undecodable answer":
+            bad = request_pb2.Response(payload=b"\xff\xff\xff")
+            await trunk.write(mux.RUNTIME_SERVICE_CONN, ttrpc.frame(
+                stream_id, ttrpc.TYPE_RESPONSE, bad.SerializeToString()))
+        elif self.kind == "undecodable envelope":
+            await trunk.write(mux.RUNTIME_SERVICE_CONN,
+                              ttrpc.frame(stream_id, ttrpc.TYPE_RESPONSE, b"\xff\xff\xff"))
+        else:  # registered, then a header announcing more than ttrpc's 4 MiB
+            await trunk.write(mux.RUNTIME_SERVICE_CONN, ttrpc.frame(
+                stream_id, ttrpc.TYPE_RESPONSE, ok.SerializeToString()))
+            await asyncio.sleep(0.1)
+            await trunk.write(mux.PLUGIN_SERVICE_CONN, ttrpc.HEADER.pack(
+                ttrpc.MAX_MESSAGE + 1, 1, ttrpc.TYPE_REQUEST, 0))
+        self.garbage_sent.set()
+        await trunk.closed.wait()  # the plugin must hang up
+        self.first_closed.set()
+        await trunk.close()
+
+
+@pytest.mark.parametrize("kind", ["undecodable answer", "undecodable envelope",
+                                  "oversized message"])
+async def test_garbage_from_the_runtime_makes_the_plugin_reconnect(tmp_path: Path,
+                                                                   kind: str) -> None:
+    """Finding 5: one bad frame closes the connection; the plugin dials again and
+    registers within seconds (never waits forever, never stops)."""
+    runtime = GarbageRuntime(tmp_path / "nri.sock", kind)
+    await runtime.start()
+    plugin = NriPlugin(Recorder(), name="numalign", index="42", socket_path=runtime.path,
+                       retry_s=0.2)
+    run = asyncio.create_task(plugin.run())
+    try:
+        await asyncio.wait_for(runtime.garbage_sent.wait(), 5)
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
+        await asyncio.wait_for(runtime.first_closed.wait(), 5)
+        await asyncio.wait_for(runtime.connected.wait(), 5)
+        assert loop.time() - sent < 5
+        assert runtime.registered == [("numalign", "42")] and runtime.accepts == 2
+        assert not run.done()
+    finally:
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+        await runtime.drop()
+
+
+async def test_a_partial_synchronize_does_not_reach_the_next_connection(
+        tmp_path: Path) -> None:
+    """Finding 6: the runtime sent part of its state and went away: the next connection's
+    Synchronize is the new runtime's state only (no ghost pods held forever)."""
+    runtime = FakeRuntime(tmp_path / "nri.sock")
+    await runtime.start()
+    placer = Recorder()
+    plugin = NriPlugin(placer, name="numalign", index="42", socket_path=runtime.path,
+                       retry_s=0.05)
+    run = asyncio.create_task(plugin.run())
+    try:
+        await asyncio.wait_for(runtime.connected.wait(), 5)
+        part = await runtime.call("Synchronize", api_pb2.SynchronizeRequest(
+            pods=[api_pb2.PodSandbox(id="ghost")], containers=[api_pb2.Container(id="cg")],
+            more=True), api_pb2.SynchronizeResponse)
+        assert part.more
+        await runtime.drop()
+        await runtime.start()
+        await asyncio.wait_for(runtime.connected.wait(), 5)
+        await runtime.call("Synchronize", api_pb2.SynchronizeRequest(
+            pods=[api_pb2.PodSandbox(id="p2")], containers=[api_pb2.Container(id="c2")]),
+            api_pb2.SynchronizeResponse)
+        assert placer.synced == (["p2"], ["c2"])
     finally:
         run.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -1,5 +1,5 @@
-"""agent.nri.pods: the placer's view of the node's pods (resolved policy, node default,
-recorded allocation), and a pod the watch delivers late still placed by the engine."""
+"""agent.nri.pods: the placer's view of the node's pods (resolved policy, node default),
+and a pod the watch delivers late still placed by the engine."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from numalign.agent.nri.placer import EnginePlacer
 from numalign.agent.nri.pods import PodIndex
-from numalign.api.wire import ANN_ALLOCATION, ANN_RESOLVED
+from numalign.api.wire import ANN_RESOLVED
 from numalign.nriapi.v1alpha1 import api_pb2
 from numalign.topology.machine import machine_from_dict
 
@@ -35,8 +35,7 @@ def test_policy_from_the_pod_else_the_node_default() -> None:
     idx.on_pod("ADDED", pod("deferred", annotations={ANN_RESOLVED: json.dumps(
         {"policy": None, "scope": None, "source": "node-default"})}))
     idx.on_pod("ADDED", pod("bare"))
-    idx.on_pod("ADDED", pod("broken", annotations={ANN_RESOLVED: "{not json",
-                                                   ANN_ALLOCATION: "{nor this"}))
+    idx.on_pod("ADDED", pod("broken", annotations={ANN_RESOLVED: "{not json"}))
     a = idx("a")
     assert a is not None and (a.resolved.policy, a.resolved.scope) == ("single-numa-node",
                                                                         "container")
@@ -45,28 +44,8 @@ def test_policy_from_the_pod_else_the_node_default() -> None:
         assert v is not None
         assert (v.resolved.policy, v.resolved.scope, v.resolved.source) == (
             "best-effort", "pod", "node-default")
-        assert v.allocation is None
     idx.on_pod("DELETED", pod("a"))
     assert idx("a") is None and idx("never") is None
-
-
-def test_recorded_allocation_is_read_back() -> None:
-    idx = PodIndex()
-    alloc = {"numaNodes": [1], "containers": {"main": {"cpus": [2], "memory": {"1": 1024},
-                                                        "devices": {}}}, "gpus": {}}
-    idx.on_pod("ADDED", pod("r", annotations={ANN_ALLOCATION: json.dumps(alloc)}))
-    v = idx("r")
-    assert v is not None and v.allocation is not None
-    assert v.allocation.containers["main"].cpus == [2] and v.allocation.numa_nodes == [1]
-    # a new record replaces the old one (the parse is kept per text, not per pod)
-    alloc["containers"]["main"]["cpus"] = [3]
-    idx.on_pod("MODIFIED", pod("r", annotations={ANN_ALLOCATION: json.dumps(alloc)}))
-    v = idx("r")
-    assert v is not None and v.allocation is not None
-    assert v.allocation.containers["main"].cpus == [3]
-    idx.on_pod("MODIFIED", pod("r", annotations={ANN_ALLOCATION: "{broken"}))
-    v = idx("r")
-    assert v is not None and v.allocation is None
 
 
 async def test_a_pod_delivered_late_is_still_admitted_by_the_engine() -> None:

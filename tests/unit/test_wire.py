@@ -90,6 +90,45 @@ def test_bad_allocation_refused(value: str) -> None:
         parse_allocation(value)
 
 
+def _one_container(**fields: object) -> str:
+    return json.dumps({"numaNodes": [0], "containers": {"c": {"cpus": [1], **fields}}})
+
+
+@pytest.mark.parametrize(("value", "field"), [
+    # each parses as JSON and as the right types, but names what no machine has: the
+    # restart that reads it back must refuse it with the field, not fail in the engine
+    (_one_container(memory={"x": 1024}), r"containers\.c\.memory: zone 'x' is not"),
+    (_one_container(memory={"-1": 1024}), r"containers\.c\.memory: zone '-1' is not"),
+    (_one_container(hugepages={"2Mi": {"0,x": 2048}}),
+     r"containers\.c\.hugepages\.2Mi: zone '0,x' is not"),
+    (_one_container(numaNodes=[-1]), r"containers\.c\.numaNodes: -1 is not a NUMA node id"),
+    (_one_container(memoryNumaNodes=[10**11]),
+     r"containers\.c\.memoryNumaNodes: 100000000000 is not a NUMA node id"),
+    (json.dumps({"numaNodes": [256]}), r"allocation\.numaNodes: 256 is not a NUMA node id"),
+    (_one_container(cpus=[0, 10**11]), r"containers\.c\.cpus: 100000000000 is not a CPU id"),
+    (_one_container(cpus=[1] * 9000), r"containers\.c\.cpus: 9000 ids, at most"),
+    (json.dumps({"containers": {"c": {"numaNodes": [0] * 1000}}}),
+     r"containers\.c\.numaNodes: 1000 ids, at most"),
+    (json.dumps({"containers": {f"c{i}": {} for i in range(2000)}}),
+     r"containers: 2000 containers, at most"),
+])
+def test_an_allocation_naming_what_no_machine_has_is_refused_with_the_field(
+        value: str, field: str) -> None:
+    with pytest.raises(WireError, match=field):
+        parse_allocation(value)
+    entry = {"pod": "p", "uid": "u", **json.loads(value)}
+    if isinstance(entry.get("containers"), dict):  # status.admitted lists its containers
+        entry["containers"] = [{"name": n, **c} for n, c in entry["containers"].items()]
+    with pytest.raises(WireError):
+        parse_admitted(entry)
+
+
+def test_multi_node_memory_zones_stay_readable() -> None:
+    # a memory block on two NUMA nodes is keyed by both (the kubelet's view of a real node)
+    a = parse_allocation(_one_container(memory={"0,1": 1024}))
+    assert a.containers["c"].memory == {"0,1": 1024}
+
+
 # ---------------------------------------------------------------- options, sources
 
 

@@ -316,6 +316,7 @@ class RealNode:
         watching = self.client is not None or self.managed is not None
         if self.managed is not None:
             self.managed.on_node_spec((existing or {}).get("spec"))
+            self.managed.on_published(existing)  # what it placed before: restored first
             if self.kubelet_config_path is None:
                 log.warning("node %s: no --kubelet-config: numalign cannot check that the "
                             "kubelet's CPU, memory and Topology managers are off, nor avoid "

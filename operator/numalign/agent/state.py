@@ -2,15 +2,18 @@
 
 The state is what the kubelet's resource managers hold: the engine's ledger, and for
 each admitted pod what it got. It decides pods (admit / reject), releases them, and
-rebuilds itself after a restart from what the agent published (NodeTopology status) and
-wrote on the pods (``numalign.io/allocation``).
+rebuilds itself after a restart from what the agent published (NodeTopology status) and,
+for pods the status lacks, what is written on the pods (``numalign.io/allocation``, a
+claim believed only when it matches the pod: :mod:`.records`). Both agent modes keep
+their node here: the emulating agent and the NRI placer of a numalign-managed node
+(:mod:`.nri.placer`), which holds the kubelet's reserved CPUs out of the ledger too.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,16 +28,22 @@ from numalign.api.wire import (
     parse_admitted,
     parse_allocation,
 )
+from numalign.topology.admit import DeviceOverride
+from numalign.topology.ledger import ContainerAllocation as LedgerContainer
+from numalign.topology.ledger import Ledger
 from numalign.topology.machine import Machine
 from numalign.topology.policy import POLICY_NONE
 
 from . import engine
 from .managerstats import ManagerCounts, Managers, record_admission
 from .podfingerprint import PodEntry, pod_entry
+from .records import claim_problem, cpus_only, known_part
 
 log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
+
+RESERVED = "numalign.io/reserved-cpus"  # the ledger's pseudo pod holding reserved CPUs
 
 
 @dataclass
@@ -44,6 +53,8 @@ class AdmittedPod:
     uid: str
     resolved: Resolved
     allocation: Allocation
+    # the Pod it was admitted as (its requests: the ledger is rebuilt from them)
+    pod: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass
@@ -61,7 +72,9 @@ class RestoreReport:
     rejected: list[str] = field(default_factory=list)  # uids already rejected
     pending: list[JSON] = field(default_factory=list)  # pods still to decide, in order
     dropped: list[str] = field(default_factory=list)  # published pods that are gone
-    conflicts: list[str] = field(default_factory=list)  # allocations that could not be restored
+    conflicts: list[str] = field(default_factory=list)  # allocations taking what is held
+    # uid -> why its record was not put back (conflicts included); the pod holds nothing
+    refused: dict[str, str] = field(default_factory=dict)
 
 
 def pod_uid(pod: Mapping[str, Any]) -> str:
@@ -80,17 +93,20 @@ def is_terminal(pod: Mapping[str, Any]) -> bool:
 class NodeState:
     """Allocation state of one node."""
 
-    def __init__(self, name: str, machine: Machine, index: int = 0, admits: bool = True) -> None:
+    def __init__(self, name: str, machine: Machine, index: int = 0, admits: bool = True,
+                 reserved: Iterable[int] = ()) -> None:
         self.name = name
         self.admits = admits
         self.machine = machine
         self.index = index
-        self.ledger = engine.new_ledger(machine)
+        self.reserved = set(reserved)  # CPUs no pod gets (the kubelet's reservedSystemCPUs)
+        self.ledger = self._fresh_ledger()
         self.admitted: dict[str, AdmittedPod] = {}
         self.decided: dict[str, bool] = {}  # uid -> admitted?
         # The pods this node took out of Pending (uid -> entry): the set the
         # NodeResourceTopology's pod fingerprint covers (agent/podfingerprint.py).
         self.pods: dict[str, PodEntry] = {}
+        self.rejections: dict[str, tuple[str, str]] = {}  # uid -> (reason, message)
         self.rejected_total = 0
         self.default: Resolved = NONE
         self.spec_generation: int | None = None
@@ -110,6 +126,44 @@ class NodeState:
         # Manager policy (exported by agent/metrics.py), and which managers it stands for.
         self.counts: dict[str, ManagerCounts] = {}
         self.managers = Managers()
+
+    def _fresh_ledger(self) -> Ledger:
+        ledger = engine.new_ledger(self.machine)
+        if self.reserved:
+            held = LedgerContainer(cpus=tuple(sorted(self.reserved)))
+            ledger.allocate(RESERVED, "reserved", held, pod_name="reserved", namespace="")
+        return ledger
+
+    def reset(self) -> None:
+        """Forget every decision (a fresh ledger, with the reserved CPUs): before a
+        :meth:`restore` from what the runtime runs now."""
+        self.ledger = self._fresh_ledger()
+        self.admitted.clear()
+        self.decided.clear()
+        self.rejections.clear()
+        self.version += 1
+
+    def set_machine(self, machine: Machine) -> None:
+        """The node's machine changed (the devices the kubelet reports): the ledger is
+        rebuilt on it with every admitted pod's allocation. A pod whose devices the new
+        machine lacks (their plugin not registered again yet) keeps the rest -- its CPUs
+        above all, never given to another pod while it runs on them."""
+        if machine == self.machine:
+            return
+        self.machine = machine
+        self.ledger = self._fresh_ledger()
+        for uid, held in self.admitted.items():
+            problem = None
+            for alloc in (held.allocation, known_part(machine, held.allocation),
+                          cpus_only(held.allocation)):
+                problem, _ = self._commit(uid, held.pod, alloc)
+                if problem is None:
+                    break
+            if problem is not None or alloc is not held.allocation:
+                log.warning("%s: pod %s/%s keeps %s of its allocation on the new machine: %s",
+                            self.name, held.namespace, held.name,
+                            "nothing" if problem else "part", problem or "devices it lacks")
+        self.version += 1
 
     # -- policy pushed by the operator ------------------------------------------------
 
@@ -149,38 +203,53 @@ class NodeState:
         self.version += 1
         return True
 
-    def decide(self, pod: Mapping[str, Any], resolved: Resolved) -> Decision:
-        """Admit or reject ``pod`` (once: a decided pod gets its first answer again)."""
+    def decide(self, pod: Mapping[str, Any], resolved: Resolved,
+               devices: Sequence[DeviceOverride] = ()) -> Decision:
+        """Admit or reject ``pod`` (once: a decided pod gets its first answer again).
+        ``devices``: what someone else already assigned (a real node's device manager)."""
         uid = pod_uid(pod)
         if uid in self.decided:
             held = self.admitted.get(uid)
-            return Decision(admit=self.decided[uid],
+            reason, message = self.rejections.get(uid, (None, None))
+            return Decision(admit=self.decided[uid], reason=reason, message=message,
                             allocation=held.allocation if held else None,
                             resolved=held.resolved if held else resolved)
         counts = self.counts.setdefault(resolved.policy or POLICY_NONE, ManagerCounts())
         start = time.perf_counter()
         try:
-            result = engine.admit(self.machine, self.ledger, pod, resolved, uid)
+            result = engine.admit(self.machine, self.ledger, pod, resolved, uid, devices)
         except Exception:  # an unreadable pod: the caller refuses it
             record_admission(counts, None, None, time.perf_counter() - start)
             raise
         record_admission(counts, result.pod, result.outcome, time.perf_counter() - start,
                          self.managers)
-        self.decided[uid] = result.admit
-        self.track(pod, "Running" if result.admit else "Failed")
+        if not result.admit:
+            return self.refuse(pod, result.reason or REJECT_REASON, result.message or "",
+                               resolved)
+        self.decided[uid] = True
+        self.track(pod, "Running")
         self.version += 1
-        if result.admit:
-            alloc = result.allocation or Allocation()
-            ns, name = pod_key(pod)
-            self.admitted[uid] = AdmittedPod(ns, name, uid, resolved, alloc)
-            return Decision(True, allocation=alloc, resolved=resolved)
-        reason = result.reason or REJECT_REASON
+        alloc = result.allocation or Allocation()
+        ns, name = pod_key(pod)
+        self.admitted[uid] = AdmittedPod(ns, name, uid, resolved, alloc, pod)
+        return Decision(True, allocation=alloc, resolved=resolved)
+
+    def refuse(self, pod: Mapping[str, Any], reason: str, message: str,
+               resolved: Resolved = NONE) -> Decision:
+        """Reject ``pod`` without asking the engine (what it needs cannot be read)."""
+        uid = pod_uid(pod)
+        self.decided[uid] = False
+        self.rejections[uid] = (reason, message)
+        self.track(pod, "Failed")
+        self.version += 1
         if reason == REJECT_REASON:  # status.rejected counts TopologyAffinityErrors
             self.rejected_total += 1
-        return Decision(False, reason=reason, message=result.message, resolved=resolved)
+        return Decision(False, reason=reason, message=message, resolved=resolved)
 
     def release(self, uid: str) -> bool:
-        """Forget a pod (deleted or finished); True if it held resources."""
+        """Forget a pod (deleted, finished, or its sandbox gone); True if it held
+        resources."""
+        self.rejections.pop(uid, None)
         was_decided = self.decided.pop(uid, None) is not None
         self.untrack(uid)
         held = self.admitted.pop(uid, None)
@@ -192,15 +261,20 @@ class NodeState:
 
     # -- restart -----------------------------------------------------------------------
 
-    def restore(self, published: Mapping[str, Any] | None, pods: Iterable[Mapping[str, Any]]
-                ) -> RestoreReport:
+    def restore(self, published: Mapping[str, Any] | None, pods: Iterable[Mapping[str, Any]],
+                own: Mapping[str, AdmittedPod] | None = None) -> RestoreReport:
         """Rebuild the ledger after a restart.
 
         ``published`` is the NodeTopology object (or None); ``pods`` are the pods bound to
-        this node now. A pod that is Running with an allocation (the published entry with
-        its uid, else its annotation) gets that allocation back; a pod already rejected
-        stays rejected; a pod still Pending is returned to be decided; published pods that
-        are gone are dropped.
+        this node now; ``own``: what this process decided before (a reconnecting NRI
+        plugin), believed first. A pod that is Running, or has an allocation, gets its
+        allocation back: the one this agent decided (``own``, else its published entry),
+        else, for a pod the status lacks, its annotation when that matches the pod
+        (:func:`~numalign.agent.records.claim_problem`). Anything else -- a record that
+        cannot be read, names what the machine lacks, or would take what another pod holds
+        -- is refused (``report.refused``, with why, and a log line): the pod holds nothing.
+        A pod already finished or rejected stays so; a pod still Pending is returned to be
+        decided; published pods that are gone are dropped.
         """
         report = RestoreReport()
         status = (published or {}).get("status") or {}
@@ -211,6 +285,7 @@ class NodeState:
         for entry in status.get("admitted") or []:
             if isinstance(entry, Mapping) and entry.get("uid"):
                 by_uid[str(entry["uid"])] = entry
+        own = own or {}
         present: set[str] = set()
         pending: list[Mapping[str, Any]] = []
         to_restore: list[tuple[Mapping[str, Any], Any]] = []
@@ -231,37 +306,35 @@ class NodeState:
                 continue
             if meta.get("deletionTimestamp") and phase != "Running":
                 continue
-            if phase == "Running" or ann is not None:
+            if phase == "Running" or ann is not None or uid in by_uid or uid in own:
                 to_restore.append((pod, ann))
                 self.track(pod, "Running")
                 continue
             pending.append(pod)
-        # What the agent itself published first: a pod's annotation can be edited by its
-        # tenant, so it is used only for pods the published status lacks, after every
-        # published allocation is back (a claim on another pod's CPUs then conflicts).
-        to_restore.sort(key=lambda pa: pod_uid(pa[0]) not in by_uid)
+        # What the agent itself decided first: a pod's annotation can be edited by its
+        # tenant, so it is used only for pods the agent's records lack, after every one of
+        # those is back (a claim on another pod's CPUs then conflicts).
+        to_restore.sort(key=lambda pa: pod_uid(pa[0]) not in by_uid and
+                        pod_uid(pa[0]) not in own)
         for pod, ann in to_restore:
             uid = pod_uid(pod)
             ns, name = pod_key(pod)
-            try:
-                alloc, resolved = self._allocation_of(pod, ann, by_uid.get(uid))
-            except Exception as e:  # a poisoned pod must not stop the restore
-                log.warning("%s: cannot read the allocation of %s/%s: %s", self.name, ns,
-                            name, e)
-                alloc, resolved = None, NONE
-            if alloc is None:
-                # Running without anything to restore from (not ours): hold nothing.
-                self.decided[uid] = True
+            self.decided[uid] = True  # restored or not: decided (not admitted again)
+            alloc, resolved, problem = self._allocation_of(pod, ann, by_uid.get(uid),
+                                                           own.get(uid))
+            conflict = False
+            if alloc is not None and problem is None:
+                problem, conflict = self._commit(uid, pod, alloc)
+            if problem is not None:
+                log.warning("%s: not restoring the allocation of %s/%s (it holds nothing "
+                            "exclusive): %s", self.name, ns, name, problem)
+                report.refused[uid] = problem
+                if conflict:
+                    report.conflicts.append(uid)
                 continue
-            try:
-                engine.commit(self.machine, self.ledger, uid, pod, alloc)
-            except engine.RestoreConflict as e:
-                log.warning("%s: cannot restore %s/%s: %s", self.name, ns, name, e)
-                report.conflicts.append(uid)
-                self.decided[uid] = True
+            if alloc is None:  # running without any record (not ours): holds nothing
                 continue
-            self.decided[uid] = True
-            self.admitted[uid] = AdmittedPod(ns, name, uid, resolved, alloc)
+            self.admitted[uid] = AdmittedPod(ns, name, uid, resolved, alloc, pod)
             report.restored.append(uid)
         report.dropped = [u for u in by_uid if u not in present]
         prev = status.get("rejected")
@@ -274,28 +347,62 @@ class NodeState:
         self.version += 1
         return report
 
+    def _commit(self, uid: str, pod: Mapping[str, Any], alloc: Allocation
+                ) -> tuple[str | None, bool]:
+        """Put ``alloc`` back in the ledger: (None, False), or why not and whether it
+        conflicts with what is held. Never raises: a poisoned record must not stop a
+        restore."""
+        try:
+            engine.commit(self.machine, self.ledger, uid, pod, alloc)
+        except engine.RestoreConflict as e:
+            return str(e), True
+        except Exception as e:  # a record the decoder let through but the engine refuses
+            self.ledger.release(uid)
+            return f"{type(e).__name__}: {e}", False
+        return None, False
+
     def _allocation_of(self, pod: Mapping[str, Any], ann: Any,
-                       entry: Mapping[str, Any] | None) -> tuple[Allocation | None, Resolved]:
-        """From the published entry (what this agent wrote), else the pod's allocation
-        annotation (which its tenant can edit); the policy from the published entry."""
-        resolved = NONE
-        published: Allocation | None = None
+                       entry: Mapping[str, Any] | None, own: AdmittedPod | None
+                       ) -> tuple[Allocation | None, Resolved, str | None]:
+        """(allocation, policy, problem): what this agent decided (``own``, else the
+        published entry) as it is; else the pod's annotation (which its tenant can edit)
+        when it matches the pod."""
+        if own is not None:
+            return own.allocation, own.resolved, None
         if entry is not None:
+            where = f"NodeTopology {self.name} status.admitted entry"
             try:
-                got = parse_admitted(entry, f"NodeTopology {self.name} status.admitted entry")
-                resolved, published = got.resolved, got.allocation
-                for problem in resolved.problems:
-                    log.warning("%s: %s", self.name, problem)
+                got = parse_admitted(entry, where)
             except WireError as e:
-                log.warning("%s: NodeTopology entry of %s: %s", self.name, entry.get("pod"), e)
-        if published is not None:
-            return published, resolved
-        if ann is not None:
-            try:
-                return parse_allocation(str(ann)), resolved
-            except WireError as e:
-                log.warning("%s: %s", self.name, e)
-        return None, resolved
+                return None, NONE, str(e)
+            for note in got.resolved.problems:
+                log.warning("%s: %s", self.name, note)
+            return got.allocation, got.resolved, None
+        if ann is None:
+            return None, NONE, None
+        try:
+            alloc = parse_allocation(str(ann))
+        except WireError as e:
+            return None, NONE, str(e)
+        problem = claim_problem(self.machine, pod, alloc)
+        if problem is not None:
+            return None, NONE, f"annotation {ANN_ALLOCATION}: {problem}"
+        return alloc, NONE, None
+
+
+def published_pods(name: str, published: Mapping[str, Any] | None) -> dict[str, AdmittedPod]:
+    """The pods a node's NodeTopology ``status.admitted`` shows (entries that cannot be
+    read are left out, with a log line)."""
+    out: dict[str, AdmittedPod] = {}
+    for entry in ((published or {}).get("status") or {}).get("admitted") or []:
+        try:
+            got = parse_admitted(entry, f"NodeTopology {name} status.admitted entry")
+        except WireError as e:
+            log.warning("%s: %s", name, e)
+            continue
+        out[got.uid] = AdmittedPod(got.namespace, got.pod, got.uid, got.resolved,
+                                   got.allocation)
+    return out
 
 
 def _bind_order(pod: Mapping[str, Any]) -> tuple[str, str]:

@@ -14,7 +14,7 @@ from typing import Any
 from numalign.topology import jsontext
 from numalign.topology.errors import TopologyError
 from numalign.topology.gpu.requests import ANNOTATION as GPU_ANNOTATION
-from numalign.topology.machine import MAX_NUMA_NODES
+from numalign.topology.machine import MAX_NUMA_ID, MAX_NUMA_NODES
 from numalign.topology.merge import REJECT_MESSAGE as REJECT_MESSAGE  # the engine's
 from numalign.topology.merge import REJECT_REASON as REJECT_REASON
 from numalign.topology.policy import (
@@ -28,7 +28,7 @@ from numalign.topology.policy import (
     parse_go_bool,
     parse_policy_options,
 )
-from numalign.topology.quantity import format_cpulist, parse_cpulist, quantity_bytes
+from numalign.topology.quantity import MAX_CPU_ID, format_cpulist, parse_cpulist, quantity_bytes
 
 JSON = dict[str, Any]
 
@@ -94,6 +94,9 @@ _OPTION_NAMES = {**KUBELET_OPTION_NAMES, **{k: k for k in KUBELET_OPTION_NAMES.v
 # A resolution is ~200 bytes; anything much larger is not one (an allocation is bounded
 # by jsontext's default, 64 KiB).
 MAX_RESOLVED_BYTES = 4096
+# An allocation's containers, and ids of one device resource, at most (a pod has far fewer;
+# the bound keeps a hostile record's cost small)
+MAX_ALLOCATION_ITEMS = 1024
 
 
 class WireError(ValueError):
@@ -350,6 +353,24 @@ def _int_list(v: Any, where: str) -> list[int]:
     return [int(x) for x in v]
 
 
+def _ids(v: Any, where: str, top: int, what: str) -> list[int]:
+    """A list of ids each in 0..top, at most top + 1 of them (bounded: the engine builds
+    masks and sets from them)."""
+    if isinstance(v, list) and len(v) > top + 1:
+        raise WireError(f"{where}: {len(v)} ids, at most {top + 1}")
+    ids = _int_list(v, where)
+    for i in ids:
+        if not 0 <= i <= top:
+            raise WireError(f"{where}: {i} is not a {what} id (0-{top})")
+    return ids
+
+
+def _numa_ids(v: Any, where: str) -> list[int]:
+    if isinstance(v, list) and len(v) > MAX_NUMA_NODES:
+        raise WireError(f"{where}: {len(v)} ids, at most {MAX_NUMA_NODES}")
+    return _ids(v, where, MAX_NUMA_ID, "NUMA node")
+
+
 def _cpus(v: Any, where: str) -> list[int]:
     """A cpulist string ("0-3,8") or a list of CPU ids."""
     if isinstance(v, str):
@@ -357,7 +378,7 @@ def _cpus(v: Any, where: str) -> list[int]:
             return parse_cpulist(v)
         except ValueError as e:
             raise WireError(f"{where}: {e}") from None
-    return _int_list(v or [], where)
+    return _ids(v or [], where, MAX_CPU_ID, "CPU")
 
 
 def _str_lists(v: Any, where: str) -> dict[str, list[str]]:
@@ -369,16 +390,33 @@ def _str_lists(v: Any, where: str) -> dict[str, list[str]]:
     for k, ids in v.items():
         if not isinstance(ids, list):
             raise WireError(f"{where}.{k} must be a list of ids")
+        if len(ids) > MAX_ALLOCATION_ITEMS:
+            raise WireError(f"{where}.{k}: {len(ids)} ids, at most {MAX_ALLOCATION_ITEMS}")
         out[str(k)] = [str(i) for i in ids]
     return out
+
+
+def _zone(z: Any, where: str) -> str:
+    """A memory zone: a NUMA node id, or several joined by commas ("0,1": a block the
+    kubelet reports on more than one node)."""
+    parts = str(z).split(",")
+    if len(parts) > MAX_NUMA_NODES or not all(
+            p.isascii() and p.isdigit() and len(p) <= 3 and int(p) <= MAX_NUMA_ID
+            for p in parts):
+        raise WireError(f"{where}: zone {str(z)[:40]!r} is not a NUMA node id (0-"
+                        f"{MAX_NUMA_ID}) or a list of them")
+    return str(z)
 
 
 def _bytes_per_zone(raw: Any, where: str) -> dict[str, int]:
     """Zone -> bytes; integers, digit strings or quantities ("32Gi")."""
     if not isinstance(raw, Mapping):
         raise WireError(f"{where} must be an object")
+    if len(raw) > MAX_NUMA_NODES:
+        raise WireError(f"{where}: {len(raw)} zones, at most {MAX_NUMA_NODES}")
     out: dict[str, int] = {}
     for z, b in raw.items():
+        _zone(z, where)
         if isinstance(b, bool) or not isinstance(b, int | str):
             raise WireError(f"{where}.{z} must be an integer (bytes) or a quantity")
         try:
@@ -395,25 +433,30 @@ def _container(c: Any, w: str) -> ContainerAllocation:
     hp_raw = c.get("hugepages") or {}
     if not isinstance(hp_raw, Mapping):
         raise WireError(f"{w}.hugepages must be an object")
+    if len(hp_raw) > MAX_ALLOCATION_ITEMS:
+        raise WireError(f"{w}.hugepages: {len(hp_raw)} sizes, at most {MAX_ALLOCATION_ITEMS}")
     hugepages = {str(k): _bytes_per_zone(v, f"{w}.hugepages.{k}") for k, v in hp_raw.items()}
     numa_raw = c.get("numaNodes")
     mem_numa_raw = c.get("memoryNumaNodes")
     return ContainerAllocation(
         cpus=_cpus(c.get("cpus"), f"{w}.cpus"), memory=memory,
         devices=_str_lists(c.get("devices"), f"{w}.devices"),
-        numa_nodes=None if numa_raw is None else _int_list(numa_raw, f"{w}.numaNodes"),
+        numa_nodes=None if numa_raw is None else _numa_ids(numa_raw, f"{w}.numaNodes"),
         hugepages=hugepages,
         memory_numa_nodes=None if mem_numa_raw is None
-        else _int_list(mem_numa_raw, f"{w}.memoryNumaNodes"))
+        else _numa_ids(mem_numa_raw, f"{w}.memoryNumaNodes"))
 
 
 def allocation_from_json(doc: Any, where: str = f"annotation {ANN_ALLOCATION}") -> Allocation:
     if not isinstance(doc, Mapping):
         raise WireError(f"{where} must be a JSON object")
-    numa = _int_list(doc.get("numaNodes") or [], f"{where}.numaNodes")
+    numa = _numa_ids(doc.get("numaNodes") or [], f"{where}.numaNodes")
     raw_c = doc.get("containers") or {}
     if not isinstance(raw_c, Mapping):
         raise WireError(f"{where}.containers must be an object")
+    if len(raw_c) > MAX_ALLOCATION_ITEMS:
+        raise WireError(f"{where}.containers: {len(raw_c)} containers, at most "
+                        f"{MAX_ALLOCATION_ITEMS}")
     containers = {str(name): _container(c, f"{where}.containers.{name}")
                   for name, c in raw_c.items()}
     return Allocation(numa_nodes=numa, containers=containers,
@@ -512,6 +555,9 @@ def parse_admitted(entry: Any, where: str = "status.admitted entry") -> Admitted
                         str(entry.get("source") or SOURCE_NONE), problems=tuple(problems))
     raw = entry.get("containers")
     containers: dict[str, ContainerAllocation] = {}
+    if isinstance(raw, list) and len(raw) > MAX_ALLOCATION_ITEMS:
+        raise WireError(f"{where}.containers: {len(raw)} containers, at most "
+                        f"{MAX_ALLOCATION_ITEMS}")
     if isinstance(raw, list) and raw:
         for i, c in enumerate(raw):
             w = f"{where}.containers[{i}]"
@@ -523,6 +569,6 @@ def parse_admitted(entry: Any, where: str = "status.admitted entry") -> Admitted
     else:
         totals = ("cpus", "memory", "hugepages", "devices", "numaNodes")
         containers[""] = _container({k: entry.get(k) for k in totals}, where)
-    allocation = Allocation(_int_list(entry.get("numaNodes") or [], f"{where}.numaNodes"),
+    allocation = Allocation(_numa_ids(entry.get("numaNodes") or [], f"{where}.numaNodes"),
                             containers, _str_lists(entry.get("gpus"), f"{where}.gpus"))
     return Admitted(name, ns, uid or f"{ns}/{name}", resolved, allocation)

@@ -51,7 +51,7 @@ from numalign.agent.nri.placer import EnginePlacer, cpulist
 from numalign.agent.nri.plugin import CpuSet, NriPlugin, Placement, Rejected
 from numalign.agent.nri.pods import PodIndex
 from numalign.agent.podresources import PodResourcesClient, PodResourcesError, Snapshot
-from numalign.agent.state import AdmittedPod
+from numalign.agent.state import AdmittedPod, published_pods
 from numalign.api.kube import MERGE_PATCH, Kube, pod_path, q
 from numalign.api.nodetopology import (
     NRI_KUBELET_MANAGERS_ON,
@@ -75,6 +75,8 @@ log = logging.getLogger(__name__)
 
 TERMINAL = ("Failed", "Succeeded")
 MAX_REASSERTS = 5  # a rejection written again when the kubelet reverted it
+RESTART_MIN_S = 0.5  # an ended plugin task is started again after this, doubling
+RESTART_MAX_S = 8.0  # up to this while it keeps ending without registering
 
 
 
@@ -170,7 +172,7 @@ class ManagedNode:
         self.index = PodIndex()
         self.placer = EnginePlacer(machine, self.index, memory_nodes=memory_nodes,
                                    wait_for=self.index.wait_for,
-                                   wait_s=wait_s)
+                                   wait_s=wait_s, name=name)
         self.plugin = NriPlugin(self, name=NRI_PLUGIN_NAME, index=plugin_index,
                                 socket_path=socket_path, retry_s=retry_s)
         self.pod_resources = pod_resources
@@ -190,15 +192,30 @@ class ManagedNode:
         self._tasks: set[asyncio.Task[None]] = set()
         self.status = placement_status(None, None, False, None, socket_path)
         self._task: asyncio.Task[None] | None = None
+        self._restart_s = 0.0  # the last backoff before starting an ended plugin again
+        self._restart_at = 0.0  # (loop time) not before
+        self._registrations_at_start = 0
         self._wake = asyncio.Event()
 
     # -- inputs -----------------------------------------------------------------------------
 
     def on_pod(self, typ: str, pod: Mapping[str, Any]) -> None:
         self.index.on_pod(typ, pod)
-        if typ != "DELETED" and self._reasserts(pod):
-            uid = str((pod.get("metadata") or {}).get("uid") or "")
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        finished = str((pod.get("status") or {}).get("phase") or "") in TERMINAL
+        if typ == "DELETED" or (finished and uid in self.placer.admitted):
+            # deleted, or every container exited for good: its resources go back at once
+            # (as the kubelet's CPU manager frees them), not when its sandbox goes
+            updates = self.free(uid)
+            if updates:
+                self._background(self.plugin.update_quietly(updates))
+        elif self._reasserts(pod):
             self._background(self._report(uid))
+
+    def on_published(self, nodetopology: Mapping[str, Any] | None) -> None:
+        """This agent's NodeTopology as it found it at start: the plugin's first
+        synchronize restores the pods' allocations from its ``status.admitted``."""
+        self.placer.published = nodetopology
 
     def on_node_spec(self, spec: Mapping[str, Any] | None) -> None:
         self.index.on_node_spec(spec)
@@ -248,7 +265,7 @@ class ManagedNode:
 
     def synchronize(self, pods: list[Any], containers: list[Any]) -> Mapping[str, CpuSet]:
         updates = self.placer.synchronize(pods, containers)
-        self.recorded = set(self.placer.allocations)
+        self.recorded = set(self.placer.admitted)
         self.on_change()
         return updates
 
@@ -258,18 +275,17 @@ class ManagedNode:
         view = self.index(uid)
         status = (view.pod.get("status") or {}) if view is not None else {}
         phase = str(status.get("phase") or "")
-        if phase in TERMINAL and uid not in self.placer.allocations \
+        if phase in TERMINAL and uid not in self.placer.admitted \
                 and uid not in self.placer.rejected:
             # failed (rejected before this agent started, say) or done: never started again
             why = f"{status.get('reason')}: {status.get('message')}" \
                 if status.get("reason") else f"numalign: pod {pod.namespace}/{pod.name} is {phase}"
             raise Rejected(why)
-        if view is not None and uid not in self.placer.allocations \
-                and uid not in self.placer.rejected:
+        if view is not None and uid not in self.placer.state.decided:
             devices = await self._devices(view.pod) if asks_for_devices(view.pod) else None
             if self.placer.decide(uid, devices) is not None:
                 self.on_change()
-        if uid in self.placer.allocations and uid not in self.recorded:
+        if uid in self.placer.admitted and uid not in self.recorded:
             await self._record(uid)
         if uid in self.placer.rejected and uid not in self.reported:
             await self._report(uid)
@@ -278,13 +294,18 @@ class ManagedNode:
         return self.placer.create(pod, container)
 
     def released(self, pod: Any, container: Any | None) -> Mapping[str, CpuSet]:
-        updates = self.placer.released(pod, container)
-        if container is None:
-            uid = str(pod.uid)
-            self.recorded.discard(uid)
-            self.reported.discard(uid)
-            self.reasserted.pop(uid, None)
-            self.on_change()
+        if container is None:  # the pod's sandbox is gone
+            return self.free(str(pod.uid))
+        return self.placer.released(pod, container)
+
+    def free(self, uid: str) -> Mapping[str, CpuSet]:
+        """The one path that gives a pod's resources back and forgets it (deleted,
+        finished, or its sandbox gone): the shared containers' new cpusets."""
+        updates = self.placer.free(uid)
+        self.recorded.discard(uid)
+        self.reported.discard(uid)
+        self.reasserted.pop(uid, None)
+        self.on_change()
         return updates
 
     # -- the pod's records ----------------------------------------------------------------------
@@ -309,8 +330,8 @@ class ManagedNode:
         return None
 
     async def _record(self, uid: str) -> None:
-        alloc = self.placer.allocations[uid]
-        pod = self.placer.pods.get(uid) or {}
+        held = self.placer.admitted[uid]
+        alloc, pod = held.allocation, held.pod
         meta = pod.get("metadata") or {}
         ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
         try:
@@ -383,16 +404,18 @@ class ManagedNode:
     # -- what NodeTopology status shows ------------------------------------------------------
 
     def admitted(self) -> dict[str, AdmittedPod]:
-        """The pods numalign placed, with what their containers' cgroups got."""
+        """The pods numalign placed, with what their containers' cgroups got. Until the
+        plugin's first synchronize, what the status said when this agent started: the next
+        restart must find it there, not an empty list."""
+        if not self.placer.synchronized and self.placer.published is not None:
+            return published_pods(self.name, self.placer.published)
         out: dict[str, AdmittedPod] = {}
-        for uid, alloc in self.placer.allocations.items():
+        for uid, held in self.placer.admitted.items():
             view = self.index(uid)
-            pod = view.pod if view is not None else self.placer.pods.get(uid) or {}
-            meta = pod.get("metadata") or {}
             resolved = view.resolved if view is not None else node_default(
                 self.index.node_spec)
-            out[uid] = AdmittedPod(str(meta.get("namespace") or ""),
-                                   str(meta.get("name") or ""), uid, resolved, alloc)
+            out[uid] = AdmittedPod(held.namespace, held.name, uid, resolved, held.allocation,
+                                   held.pod)
         return out
 
     # -- running --------------------------------------------------------------------------------
@@ -435,26 +458,49 @@ class ManagedNode:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # ended already
                 await task
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """The plugin's task ended by itself (it should not): start it again after a
+        backoff, doubled each time it ends before registering once more."""
+        if task is not self._task:
+            return
+        self._task = None
+        why = "cancelled" if task.cancelled() else (
+            f"{type(task.exception()).__name__}: {task.exception()}"
+            if task.exception() is not None else "it returned")
+        registered = self.plugin.registrations > self._registrations_at_start
+        self._restart_s = RESTART_MIN_S if registered else min(
+            RESTART_MAX_S, self._restart_s * 2 if self._restart_s else RESTART_MIN_S)
+        self._restart_at = asyncio.get_running_loop().time() + self._restart_s
+        log.warning("node %s: numalign's NRI plugin stopped (%s); starting it again in "
+                    "%.1fs", self.name, why, self._restart_s)
+        self._wake.set()
 
     async def run(self) -> None:
         watcher = asyncio.create_task(self._watch_node(), name="nri-node")
+        loop = asyncio.get_running_loop()
         try:
             while True:
                 want = bool(self.labelled) and self.refused is None \
                     and self.pods_listed.is_set() and self.devices_known
-                if want and self._task is None:
+                wait = self.poll_s
+                if want and self._task is None and loop.time() < self._restart_at:
+                    wait = min(wait, self._restart_at - loop.time())
+                elif want and self._task is None:
                     log.info("node %s: registering numalign's NRI plugin on %s", self.name,
                              self.socket_path)
+                    self._registrations_at_start = self.plugin.registrations
                     self._task = asyncio.create_task(self.plugin.run(), name="nri-plugin")
+                    self._task.add_done_callback(self._ended)
                 elif not want and self._task is not None:
                     log.info("node %s: disconnecting numalign's NRI plugin (%s)", self.name,
                              "refused" if self.refused else "not managed")
                     await self._stop_plugin()
                 self._update_status()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.poll_s)
+                    await asyncio.wait_for(self._wake.wait(), wait)
                 self._wake.clear()
         finally:
             watcher.cancel()

@@ -20,10 +20,17 @@ The machine's NUMA nodes may be a view laid over fewer real memory nodes (the lo
 node): ``cpuset.mems`` names only memory nodes the kernel has (:func:`kernel_memory_nodes`),
 a view node with no kernel node of its own mapping to all of them.
 
-Pods are looked up by uid (:class:`PodView`: the pod as Kubernetes has it, its resolved
-policy, and its recorded allocation, if any); a container of a pod the lookup does not know
-(not from Kubernetes) runs in the shared pool. After a restart, :meth:`EnginePlacer.synchronize`
-rebuilds the ledger from the recorded allocations of the pods the runtime still runs.
+The decisions and the ledger are the node's :class:`~numalign.agent.state.NodeState`, as on
+an emulated node (one decide, release and restore); the placer keeps beside it only which
+container runs where (container id -> pod uid, exclusive or shared). Pods are looked up by
+uid (:class:`PodView`: the pod as Kubernetes has it and its resolved policy); a container
+of a pod the lookup does not know (not from Kubernetes) runs in the shared pool.
+:meth:`EnginePlacer.free` is the one path that gives a pod's resources back (deleted,
+finished, or its sandbox gone). After a (re)connection, :meth:`EnginePlacer.synchronize`
+rebuilds the state with :meth:`NodeState.restore <numalign.agent.state.NodeState.restore>`
+from the pods the runtime still runs: what this agent decided first (its own decisions
+before a reconnection, else its published NodeTopology status, :attr:`EnginePlacer.published`),
+a pod's recorded allocation only for pods those lack and only when it matches the pod.
 """
 
 from __future__ import annotations
@@ -34,27 +41,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from numalign.agent import engine
 from numalign.agent.nri.devices import Assigned, assigned_overrides
 from numalign.agent.nri.plugin import CpuSet, Placement, Rejected
+from numalign.agent.state import RESERVED, AdmittedPod, NodeState
 from numalign.api.wire import REJECT_REASON, Allocation, Resolved
 from numalign.topology import quantity
 from numalign.topology.errors import TopologyError
-from numalign.topology.ledger import ContainerAllocation as LedgerContainer
-from numalign.topology.ledger import Ledger, LedgerError
+from numalign.topology.ledger import Ledger
 from numalign.topology.machine import Machine
 from numalign.topology.quantity import format_cpulist
 
 log = logging.getLogger(__name__)
 
-RESERVED = "numalign.io/reserved-cpus"  # the ledger's pseudo pod holding reserved CPUs
-
-
 @dataclass(frozen=True)
 class PodView:
     pod: Mapping[str, Any]  # the Pod as the API server has it
     resolved: Resolved
-    allocation: Allocation | None = None  # recorded (numalign.io/allocation), if any
 
 
 def cpulist(ids: Iterable[int]) -> str:
@@ -87,13 +89,12 @@ class EnginePlacer:
                  reserved_cpus: Iterable[int] = (), memory_nodes: Iterable[int] = (0,),
                  on_admit: Callable[[str, Allocation], None] | None = None,
                  wait_for: Callable[[str, float], Awaitable[bool]] | None = None,
-                 wait_s: float = 5.0) -> None:
-        self.machine = machine
+                 wait_s: float = 5.0, name: str = "") -> None:
         self.lookup = lookup
         self.wait_for = wait_for
         self.wait_s = wait_s
-        self.reserved = set(reserved_cpus)
-        unknown = self.reserved - set(machine.cpus)
+        reserved = set(reserved_cpus)
+        unknown = reserved - set(machine.cpus)
         if unknown:
             raise ValueError(f"reserved_cpus: {cpulist(unknown)} not in machine "
                              f"{machine.name}")
@@ -101,19 +102,55 @@ class EnginePlacer:
         if not self.memory_nodes:
             raise ValueError("memory_nodes: at least one kernel memory node is needed")
         self.on_admit = on_admit  # (uid, allocation): the agent records it on the pod
-        self.ledger = self._fresh_ledger()
-        self.allocations: dict[str, Allocation] = {}  # pod uid -> its allocation
-        self.pods: dict[str, Mapping[str, Any]] = {}  # pod uid -> the admitted Pod
-        self.rejected: dict[str, tuple[str, str]] = {}  # pod uid -> (reason, message)
+        self.state = NodeState(name or machine.name, machine, reserved=reserved)
+        # the agent's NodeTopology as it found it at start: what the first synchronize
+        # restores from (later ones from what this placer decided since)
+        self.published: Mapping[str, Any] | None = None
+        self._synchronized = False
         self.shared: dict[str, str] = {}  # container id -> pod uid, in the shared pool
         self.exclusive: dict[str, str] = {}  # container id -> pod uid, own CPUs
 
-    def _fresh_ledger(self) -> Ledger:
-        ledger = engine.new_ledger(self.machine)
-        if self.reserved:
-            held = LedgerContainer(cpus=tuple(sorted(self.reserved)))
-            ledger.allocate(RESERVED, "reserved", held, pod_name="reserved", namespace="")
-        return ledger
+    # -- the node state -------------------------------------------------------------------
+
+    @property
+    def machine(self) -> Machine:
+        return self.state.machine
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.state.ledger
+
+    @property
+    def reserved(self) -> set[int]:
+        return self.state.reserved
+
+    @reserved.setter
+    def reserved(self, cpus: set[int]) -> None:
+        """Taken at the next synchronize (a fresh ledger)."""
+        self.state.reserved = set(cpus)
+
+    @property
+    def admitted(self) -> dict[str, AdmittedPod]:
+        return self.state.admitted
+
+    @property
+    def synchronized(self) -> bool:
+        """Whether the runtime's state was taken once (the state is this placer's own)."""
+        return self._synchronized
+
+    @property
+    def allocations(self) -> dict[str, Allocation]:
+        """Pod uid -> its allocation, for every admitted pod."""
+        return {uid: held.allocation for uid, held in self.state.admitted.items()}
+
+    @property
+    def rejected(self) -> dict[str, tuple[str, str]]:
+        """Pod uid -> (reason, message), for every rejected pod."""
+        return self.state.rejections
+
+    def set_machine(self, machine: Machine) -> None:
+        """The node's machine changed (devices the kubelet reports)."""
+        self.state.set_machine(machine)
 
     # -- views ----------------------------------------------------------------------------
 
@@ -135,12 +172,12 @@ class EnginePlacer:
         return {cid: cpuset for cid in self.shared}
 
     def _container_cpuset(self, uid: str, name: str) -> CpuSet | None:
-        alloc = self.allocations.get(uid)
-        held = alloc.containers.get(name) if alloc is not None else None
-        if held is None or not held.cpus:
+        held = self.state.admitted.get(uid)
+        ca = held.allocation.containers.get(name) if held is not None else None
+        if ca is None or not ca.cpus:
             return None
-        zones = [int(z) for z, b in held.memory.items() if b] or list(held.numa_nodes or [])
-        return CpuSet(cpulist(held.cpus), self.mems_of(zones))
+        zones = [int(z) for z, b in ca.memory.items() if b] or list(ca.numa_nodes or [])
+        return CpuSet(cpulist(ca.cpus), self.mems_of(zones))
 
     # -- the Placer protocol ----------------------------------------------------------------
 
@@ -148,8 +185,8 @@ class EnginePlacer:
         """Before a pod's first container: give the pod watch time to deliver the pod (a
         Kubernetes pod the lookup does not know yet would otherwise run unplaced)."""
         uid = str(pod.uid)
-        if (self.wait_for is not None and uid not in self.allocations
-                and uid not in self.rejected and self.lookup(uid) is None
+        if (self.wait_for is not None and uid not in self.state.decided
+                and self.lookup(uid) is None
                 and not await self.wait_for(uid, self.wait_s)):
             log.info("NRI: pod %s/%s (%s) is unknown: its containers share the pool",
                      pod.namespace, pod.name, uid)
@@ -158,39 +195,28 @@ class EnginePlacer:
         """Admit the pod ``uid`` now, unless it is decided already or unknown (None): True
         when admitted, False when rejected. ``devices``: what the kubelet's device manager
         assigned to its containers (fixed hints)."""
-        if uid in self.allocations or uid in self.rejected:
+        if uid in self.state.decided:
             return None
         view = self.lookup(uid)
         if view is None:
             return None
         try:
-            self._admit(uid, view, devices)
-        except Rejected:
+            overrides = assigned_overrides(self.machine, devices) if devices else []
+            decision = self.state.decide(view.pod, view.resolved, overrides)
+        except TopologyError as exc:  # a pod no placement can ever satisfy
+            decision = self.state.refuse(view.pod, REJECT_REASON, str(exc), view.resolved)
+        if not decision.admit or decision.allocation is None:
+            log.info("NRI: pod %s rejected: %s: %s", uid, decision.reason, decision.message)
             return False
+        if self.on_admit is not None:
+            self.on_admit(uid, decision.allocation)
         return True
-
-    def set_machine(self, machine: Machine) -> None:
-        """The node's machine changed (devices the kubelet reports): the ledger is rebuilt
-        on it with every allocation held."""
-        if machine == self.machine:
-            return
-        self.machine = machine
-        self.ledger = self._fresh_ledger()
-        for uid, alloc in list(self.allocations.items()):
-            try:
-                engine.commit(machine, self.ledger, uid, self.pods.get(uid) or {}, alloc)
-            except (engine.RestoreConflict, LedgerError) as exc:
-                log.warning("NRI: pod %s's allocation does not fit the node's new machine: "
-                            "%s", uid, exc)
 
     def create(self, pod: Any, container: Any) -> Placement:
         uid = str(pod.uid)
-        if uid in self.rejected:
-            raise Rejected(": ".join(self.rejected[uid]))
-        if uid not in self.allocations:
-            view = self.lookup(uid)
-            if view is not None:
-                self._admit(uid, view)
+        self.decide(uid)
+        if uid in self.state.rejections:
+            raise Rejected(": ".join(self.state.rejections[uid]))
         cpuset = self._container_cpuset(uid, str(container.name))
         if cpuset is None:
             self.shared[str(container.id)] = uid
@@ -198,73 +224,49 @@ class EnginePlacer:
         self.exclusive[str(container.id)] = uid
         return Placement(cpuset, self._shared_updates())
 
-    def _admit(self, uid: str, view: PodView, devices: Assigned | None = None) -> None:
-        try:
-            overrides = assigned_overrides(self.machine, devices) if devices else []
-            result = engine.admit(self.machine, self.ledger, view.pod, view.resolved, uid,
-                                  overrides)
-        except TopologyError as exc:  # a pod no placement can ever satisfy
-            result = engine.EngineResult(False, reason=REJECT_REASON, message=str(exc))
-        if not result.admit or result.allocation is None:
-            self.rejected[uid] = (result.reason or REJECT_REASON, result.message or "")
-            why = ": ".join(self.rejected[uid])
-            log.info("NRI: pod %s rejected: %s", uid, why)
-            raise Rejected(why)
-        self.allocations[uid] = result.allocation
-        self.pods[uid] = view.pod
-        if self.on_admit is not None:
-            self.on_admit(uid, result.allocation)
-
     def released(self, pod: Any, container: Any | None) -> Mapping[str, CpuSet]:
-        uid = str(pod.uid)
         if container is not None:  # its CPUs stay the pod's until the pod goes
             self.shared.pop(str(container.id), None)
             self.exclusive.pop(str(container.id), None)
             return {}
-        self.rejected.pop(uid, None)
+        return self.free(str(pod.uid))
+
+    def free(self, uid: str) -> dict[str, CpuSet]:
+        """The one path that gives a pod's resources back (deleted, finished, or its
+        sandbox gone): the new cpusets of the shared containers (none if nothing changed)."""
         for table in (self.shared, self.exclusive):
             for cid in [c for c, u in table.items() if u == uid]:
                 del table[cid]
-        self.pods.pop(uid, None)
-        if self.allocations.pop(uid, None) is None:
-            return {}
         before = self.pool()
-        engine.release(self.ledger, uid)
+        self.state.release(uid)
         return self._shared_updates() if self.pool() != before else {}
 
     def synchronize(self, pods: list[Any], containers: list[Any]) -> Mapping[str, CpuSet]:
-        """Rebuild from the runtime's state: each running pod's recorded allocation goes
-        back in a fresh ledger (one that would take a CPU twice is refused and its
-        containers join the shared pool); the shared containers get the pool, and each
-        exclusive container its recorded cpuset again (the same for one that kept it; the
-        right one for a container the runtime created while the plugin was away, say
-        because the agent died in the middle of its creation)."""
-        self.ledger = self._fresh_ledger()
-        self.allocations.clear()
-        self.pods.clear()
-        self.rejected.clear()
+        """Rebuild from the runtime's state (:meth:`NodeState.restore
+        <numalign.agent.state.NodeState.restore>` of the pods it runs; a record refused is
+        logged and its pod's containers join the shared pool); the shared containers get
+        the pool, and each exclusive container its recorded cpuset again (the same for one
+        that kept it; the right one for a container the runtime created while the plugin
+        was away, say because the agent died in the middle of its creation)."""
+        own = dict(self.state.admitted)  # decided by this process: believed first
+        published = None if self._synchronized else self.published
+        self.state.reset()
         self.shared.clear()
         self.exclusive.clear()
-        for pod in pods:
-            uid = str(pod.uid)
-            view = self.lookup(uid)
-            if view is None or view.allocation is None:
-                continue
-            try:
-                engine.commit(self.machine, self.ledger, uid, view.pod, view.allocation)
-            except (engine.RestoreConflict, LedgerError) as exc:
-                log.warning("NRI: pod %s's recorded allocation conflicts: %s", uid, exc)
-                continue
-            self.allocations[uid] = view.allocation
-            self.pods[uid] = view.pod
+        running = [view.pod for p in pods if (view := self.lookup(str(p.uid))) is not None]
+        report = self.state.restore(published, running, own)
+        self._synchronized, self.published = True, None
+        if report.restored or report.refused or report.dropped:
+            log.info("NRI: synchronized: %d pods restored, %d refused, %d gone",
+                     len(report.restored), len(report.refused), len(report.dropped))
         uid_of = {str(p.id): str(p.uid) for p in pods}
-        own: dict[str, CpuSet] = {}
+        own_cpus: dict[str, CpuSet] = {}
         for ctr in containers:
             owner = uid_of.get(str(ctr.pod_sandbox_id), str(ctr.pod_sandbox_id))
             cpuset = self._container_cpuset(owner, str(ctr.name))
             if cpuset is not None:
                 self.exclusive[str(ctr.id)] = owner
-                own[str(ctr.id)] = cpuset
+                own_cpus[str(ctr.id)] = cpuset
             else:
                 self.shared[str(ctr.id)] = owner
-        return {**self._shared_updates(), **own}
+        return {**self._shared_updates(), **own_cpus}

@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 
 # NRI's events (api.Event); a plugin subscribes with a mask of bit (event - 1)
 EVENTS: dict[str, int] = dict(api_pb2.Event.items())
+# pods and containers one Synchronize may carry in all its parts (bounded memory)
+MAX_SYNC_ITEMS = 1 << 16
 SUBSCRIBED = ("CREATE_CONTAINER", "STOP_CONTAINER", "REMOVE_CONTAINER", "REMOVE_POD_SANDBOX")
 
 
@@ -167,6 +169,11 @@ class NriPlugin:
     async def _synchronize(self, req: Any) -> Any:
         pods, ctrs = self._sync
         pods, ctrs = pods + list(req.pods), ctrs + list(req.containers)
+        if len(pods) + len(ctrs) > MAX_SYNC_ITEMS:
+            self._sync = ([], [])
+            raise ttrpc.TtrpcError(ttrpc.INVALID_ARGUMENT,
+                                   f"Synchronize: more than {MAX_SYNC_ITEMS} pods and "
+                                   "containers")
         if req.more:  # the runtime sends its state in parts; answer when it has all
             self._sync = (pods, ctrs)
             return api_pb2.SynchronizeResponse(more=True)
@@ -195,7 +202,7 @@ class NriPlugin:
     async def _released_updates(self, pod: Any, container: Any | None) -> None:
         updates = self.placer.released(pod, container)
         if updates:
-            asyncio.get_running_loop().create_task(self._update_quietly(updates))
+            asyncio.get_running_loop().create_task(self.update_quietly(updates))
 
     async def _removed(self, req: Any) -> Any:
         await self._released_updates(req.pod, req.container)
@@ -225,7 +232,7 @@ class NriPlugin:
             api_pb2.UpdateContainersResponse, timeout=self.register_timeout_s)
         return [u.container_id for u in resp.failed]
 
-    async def _update_quietly(self, updates: Mapping[str, CpuSet]) -> None:
+    async def update_quietly(self, updates: Mapping[str, CpuSet]) -> None:
         try:
             failed = await self.update_containers(updates)
         except ttrpc.TtrpcError as exc:
@@ -238,6 +245,7 @@ class NriPlugin:
 
     async def serve_once(self) -> None:
         """Connect, register, and serve until the runtime closes the connection."""
+        self._sync = ([], [])  # a Synchronize in parts belongs to its connection
         reader, writer = await asyncio.open_unix_connection(str(self.socket_path))
         trunk = mux.Mux(reader, writer)
         srv = trunk.open(mux.PLUGIN_SERVICE_CONN)
@@ -254,23 +262,36 @@ class NriPlugin:
                 api_pb2.Empty, timeout=self.register_timeout_s)
             self.registrations += 1
             log.info("NRI: registered as %s-%s on %s", self.index, self.name, self.socket_path)
-            await trunk.closed.wait()
+            # until the runtime hangs up, or either ttrpc connection breaks (a bad frame:
+            # nothing after it can be trusted, so the plugin hangs up and dials again)
+            waits = [asyncio.create_task(e.wait())
+                     for e in (trunk.closed, server.closed, client.closed)]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
         finally:
             self._client = None
+            self._sync = ([], [])
             for t in tasks:
                 t.cancel()
-            for t in tasks:
-                with contextlib.suppress(asyncio.CancelledError, ConnectionError, OSError):
+            for t in tasks:  # how a connection broke is logged where it broke
+                with contextlib.suppress(asyncio.CancelledError, Exception):
                     await t
             await trunk.close()
 
     async def run(self) -> None:
-        """Stay registered: reconnect whenever the runtime goes away, until cancelled."""
+        """Stay registered: reconnect whenever the runtime goes away or the connection
+        breaks, until cancelled."""
         while True:
             try:
                 await self.serve_once()
-                log.info("NRI: the runtime closed the connection; reconnecting")
+                log.info("NRI: the connection to the runtime ended; reconnecting")
             except (OSError, ttrpc.TtrpcError) as exc:
                 log.info("NRI: no runtime at %s (%s); retrying in %ss", self.socket_path, exc,
                          self.retry_s)
+            except Exception as exc:  # whatever the runtime sent, the plugin dials again
+                log.warning("NRI: the connection to the runtime failed: %s: %s; retrying in "
+                            "%ss", type(exc).__name__, exc, self.retry_s)
             await asyncio.sleep(self.retry_s)

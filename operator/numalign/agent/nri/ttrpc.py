@@ -21,6 +21,8 @@ import struct
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
+from google.protobuf.message import DecodeError
+
 from numalign.nriapi.ttrpc import request_pb2
 
 HEADER = struct.Struct(">IIBB")
@@ -80,7 +82,9 @@ class Endpoint:
     ``handlers`` maps ``(service, method)`` to an async function from the request's bytes to
     the response's; a handler raising :class:`TtrpcError` answers with its status, any other
     exception with UNKNOWN. :meth:`run` reads until the stream ends; pending calls then fail
-    with UNAVAILABLE.
+    with UNAVAILABLE. A message that breaks the protocol (too large, an answer that is not
+    protobuf) closes the endpoint: :attr:`closed` is set, and whoever owns the stream
+    hangs up (nothing after a bad frame can be trusted).
     """
 
     def __init__(self, reader: asyncio.StreamReader, writer: Writer,
@@ -93,6 +97,7 @@ class Endpoint:
         self._tasks: set[asyncio.Task[None]] = set()
         self._write_lock = asyncio.Lock()
         self._closed: str | None = None
+        self.closed = asyncio.Event()
 
     async def _send(self, data: bytes) -> None:
         async with self._write_lock:
@@ -120,7 +125,12 @@ class Endpoint:
             self._pending.pop(stream_id, None)
         if resp.HasField("status") and resp.status.code != OK:
             raise TtrpcError(resp.status.code, resp.status.message)
-        return response_type.FromString(resp.payload)
+        try:
+            return response_type.FromString(resp.payload)
+        except DecodeError as exc:
+            why = f"{service}/{method}: the answer is not a {response_type.__name__}: {exc}"
+            self._close(why)
+            raise TtrpcError(UNKNOWN, why) from None
 
     async def run(self) -> None:
         """Serve and dispatch until the stream ends (or fails)."""
@@ -131,7 +141,12 @@ class Endpoint:
                 if msg_type == TYPE_RESPONSE:
                     fut = self._pending.get(stream_id)
                     if fut is not None and not fut.done():
-                        fut.set_result(request_pb2.Response.FromString(payload))
+                        try:
+                            resp = request_pb2.Response.FromString(payload)
+                        except DecodeError as exc:
+                            raise ConnectionError(f"ttrpc: an undecodable response on stream "
+                                                  f"{stream_id}: {exc}") from None
+                        fut.set_result(resp)
                 elif msg_type == TYPE_REQUEST:
                     task = asyncio.get_running_loop().create_task(
                         self._serve(stream_id, payload))
@@ -147,7 +162,10 @@ class Endpoint:
             self._close(reason)
 
     def _close(self, reason: str) -> None:
-        self._closed = reason
+        if self._closed is None:
+            log.info("ttrpc: connection closed: %s", reason)
+        self._closed = self._closed or reason
+        self.closed.set()
         for fut in self._pending.values():
             if not fut.done():
                 fut.set_exception(TtrpcError(UNAVAILABLE, f"connection closed: {reason}"))
