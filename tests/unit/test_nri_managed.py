@@ -16,7 +16,6 @@ from numalign.agent.kubelet_config import KubeletConfig, parse_kubelet_config
 from numalign.agent.nri.devices import AssignedDevices, asks_for_devices, assigned_of
 from numalign.agent.nri.managed import (
     ManagedNode,
-    allocation_patch,
     is_managed,
     placement_status,
     refusal,
@@ -260,7 +259,7 @@ def test_the_allocation_record_round_trips() -> None:
     placer = placer_with(pods)
     uid = pods.add(k8s_pod("p", "1", devices=1), "single-numa-node")
     assert placer.decide(uid, {"main": {DEV: ["nic-1"]}})
-    body = allocation_patch(uid, placer.allocations[uid].to_annotation())
+    body = placer.allocations[uid].pod_patch(uid)
     assert body["metadata"]["uid"] == uid
     back = parse_allocation(body["metadata"]["annotations"][ANN_ALLOCATION])
     assert back.containers["main"].cpus == placer.allocations[uid].containers["main"].cpus

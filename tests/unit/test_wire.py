@@ -12,7 +12,7 @@ from numalign.api.wire import (
     ANN_RESOLVED,
     Admitted,
     Allocation,
-    ContainerAllocation,
+    ContainerRecord,
     Resolved,
     WireError,
     node_default,
@@ -63,7 +63,7 @@ def test_node_default_from_spec() -> None:
 
 def test_allocation_round_trip() -> None:
     a = Allocation(numa_nodes=[0], containers={
-        "main": ContainerAllocation(cpus=[0, 1], memory={"0": 200 << 20},
+        "main": ContainerRecord(cpus=[0, 1], memory={"0": 200 << 20},
                                     devices={"gpu-vendor.com/gpu": ["gpu0"]},
                                     hugepages={"2Mi": {"0": 4 << 20}})},
         gpus={"0": ["gpu0"]})
@@ -171,7 +171,7 @@ def test_deferred_resolution_is_one_value() -> None:
 
 def _held() -> tuple[Resolved, Allocation]:
     alloc = Allocation(numa_nodes=[0, 1], containers={
-        "app": ContainerAllocation(cpus=[0, 1, 2], memory={"0": 1 << 30, "1": 1 << 30},
+        "app": ContainerRecord(cpus=[0, 1, 2], memory={"0": 1 << 30, "1": 1 << 30},
                                    devices={"nvidia.com/gpu": ["g0"]}, numa_nodes=[0, 1],
                                    hugepages={"2Mi": {"0": 4 << 20}})},
         gpus={"0": ["g0"]})

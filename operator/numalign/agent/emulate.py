@@ -21,12 +21,12 @@ from typing import Any
 from numalign.api.effective import EMULATED, NodePolicy, effective_policy
 from numalign.api.kube import MERGE_PATCH, NT_BASE, ApiError, Kube, nt_path, pod_path, q
 from numalign.api.wire import (
-    ANN_ALLOCATION,
     EVENT_INVALID_POLICY,
     LABEL_MACHINE,
     REJECT_REASON,
     REJECTED_PREFIX,
     TOPOLOGY_MESSAGE,
+    Allocation,
 )
 from numalign.topology.machine import Machine
 
@@ -499,7 +499,7 @@ class Emulator:
         self.publisher.mark(node)
         if decision.admit:
             self.stats.admitted += 1
-            self._spawn(self._write_running(st, pod, decision.allocation, problem))
+            self._spawn(self._write_running(st, pod, decision.allocation or Allocation(), problem))
         else:
             self.stats.rejected += 1
             self._spawn(self._write_rejected(st, pod, decision.reason or REJECT_REASON,
@@ -522,15 +522,14 @@ class Emulator:
         except ApiError as e:
             log.warning("event on %s/%s: %s", ns, (pod.get("metadata") or {}).get("name"), e)
 
-    async def _write_running(self, st: NodeState, pod: Mapping[str, Any], alloc: Any,
+    async def _write_running(self, st: NodeState, pod: Mapping[str, Any], alloc: Allocation,
                              problem: str | None) -> None:
         uid = pod_uid(pod)
         host_ip, _ = node_addresses(st.index)
         status = running_status(pod, host_ip, self.ips.take(st.name, st.index), scheduled_at(pod))
         self.ips.keep(st.name, {"metadata": {"uid": uid}, "spec": pod.get("spec"),
                                 "status": status})
-        body = {"metadata": {"uid": uid, "annotations": {ANN_ALLOCATION: alloc.to_annotation()}},
-                "status": status}
+        body = {**alloc.pod_patch(uid), "status": status}
         await self._write_pod(st, pod, body)
         if problem:
             self._spawn(self._event(st, pod, INVALID_POLICY_REASON,

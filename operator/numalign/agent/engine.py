@@ -7,23 +7,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from numalign.api.nodestatus import ledger_container
+from numalign.api.nodestatus import ledger_container, wire_container
 from numalign.api.wire import (
     EVENT_INVALID_GPU,
     REJECT_REASON,
     REJECTED_PREFIX,
     TOPOLOGY_MESSAGE,
     Allocation,
+    ContainerRecord,
     Resolved,
 )
-from numalign.api.wire import ContainerAllocation as AnnotatedContainer
 from numalign.topology.admit import AdmitResult, DeviceOverride, admit_pod, default_overrides
 from numalign.topology.errors import TopologyError
 from numalign.topology.fit import fit_requests
 from numalign.topology.hints import mask_ids
-from numalign.topology.ledger import MEMORY, ContainerAllocation, Ledger, LedgerError
+from numalign.topology.ledger import Ledger, LedgerError
 from numalign.topology.machine import Machine
-from numalign.topology.pod import HUGEPAGES_PREFIX, Pod, pod_from_dict
+from numalign.topology.pod import Pod, pod_from_dict
 
 # A pod whose numalign.io/gpus cannot be read (or asks what the machine cannot name) is
 # refused with this reason: Failed, with a Warning event, no allocation.
@@ -48,23 +48,6 @@ class EngineResult:
 
 def new_ledger(machine: Machine) -> Ledger:
     return Ledger(machine)
-
-
-def _annotated(held: ContainerAllocation, numa: list[int] | None) -> AnnotatedContainer:
-    memory: dict[str, int] = {}
-    hugepages: dict[str, dict[str, int]] = {}
-    for kind, per_node in held.memory.items():
-        if kind == MEMORY:
-            memory = {str(n): b for n, b in sorted(per_node.items()) if b}
-        elif kind.startswith(HUGEPAGES_PREFIX):
-            hp = {str(n): b for n, b in sorted(per_node.items()) if b}
-            if hp:
-                hugepages[kind.removeprefix(HUGEPAGES_PREFIX)] = hp
-    return AnnotatedContainer(
-        cpus=sorted(held.cpus), memory=memory,
-        devices={r: list(ids) for r, ids in sorted(held.devices.items()) if ids},
-        numa_nodes=numa, hugepages=hugepages,
-        memory_numa_nodes=None if held.memory_mask is None else mask_ids(held.memory_mask))
 
 
 def admit(machine: Machine, ledger: Ledger, pod: Mapping[str, Any], resolved: Resolved,
@@ -102,10 +85,10 @@ def _allocation_of(ledger: Ledger, uid: str, result: AdmitResult) -> Allocation:
     init and app containers), with each container's NUMA affinity from the decision."""
     rec = ledger.pods.get(uid)
     numa_of = {name: list(c.numa_nodes) for name, c in result.containers.items()}
-    containers: dict[str, AnnotatedContainer] = {}
+    containers: dict[str, ContainerRecord] = {}
     if rec is not None:
         for name, held in rec.containers.items():
-            containers[name] = _annotated(held, numa_of.get(name))
+            containers[name] = wire_container(held, numa_of.get(name))
     if result.hint.mask is not None:
         pod_numa = mask_ids(result.hint.mask)
     else:

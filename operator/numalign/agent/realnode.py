@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from numalign.api.wire import Allocation, ContainerAllocation, Resolved, parse_options
+from numalign.api.wire import Allocation, ContainerRecord, Resolved, parse_options
 from numalign.topology.machine import Device, Machine
 
 from .kubelet_config import KubeletConfig
@@ -55,7 +55,7 @@ def _zone_key(nodes: tuple[int, ...]) -> str:
     return ",".join(str(n) for n in nodes)
 
 
-def container_allocation(machine: Machine, kc: KubeletContainer) -> ContainerAllocation:
+def container_allocation(machine: Machine, kc: KubeletContainer) -> ContainerRecord:
     """One container's allocation as the kubelet reports it, with its derived affinity
     (a memory block on several NUMA nodes is keyed by all of them, e.g. "0,1")."""
     cpu_numa = {c.id: c.numa for c in machine.cpus.values()}
@@ -77,7 +77,7 @@ def container_allocation(machine: Machine, kc: KubeletContainer) -> ContainerAll
             per = hugepages.setdefault(mb.kind.removeprefix(HUGEPAGES), {})
             per[key] = per.get(key, 0) + mb.size
     has_any = bool(kc.cpus or devices or memory or hugepages)
-    return ContainerAllocation(cpus=list(kc.cpus), memory=memory,
+    return ContainerRecord(cpus=list(kc.cpus), memory=memory,
                                devices={r: ids for r, ids in sorted(devices.items())},
                                numa_nodes=sorted(numa) if has_any else None,
                                hugepages=hugepages)

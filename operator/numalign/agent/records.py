@@ -14,7 +14,7 @@ from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
-from numalign.api.wire import Allocation, ContainerAllocation
+from numalign.api.wire import Allocation, ContainerRecord
 from numalign.topology.errors import TopologyError
 from numalign.topology.machine import Machine
 from numalign.topology.pod import QOS_GUARANTEED, pod_from_dict
@@ -25,7 +25,7 @@ def _quantity(q: Decimal) -> str:
     return str(int(q)) if q == q.to_integral_value() else f"{int(q * 1000)}m"
 
 
-def _zone_ids(ca: ContainerAllocation) -> Iterable[int]:
+def _zone_ids(ca: ContainerRecord) -> Iterable[int]:
     yield from ca.numa_nodes or ()
     yield from ca.memory_numa_nodes or ()
     for zone in [*ca.memory, *(z for per in ca.hugepages.values() for z in per)]:
@@ -87,5 +87,5 @@ def known_part(machine: Machine, alloc: Allocation) -> Allocation:
 def cpus_only(alloc: Allocation) -> Allocation:
     """Only the exclusive CPUs of ``alloc`` (what must never be given twice)."""
     return Allocation(numa_nodes=list(alloc.numa_nodes), containers={
-        name: ContainerAllocation(cpus=list(ca.cpus), numa_nodes=ca.numa_nodes)
+        name: ContainerRecord(cpus=list(ca.cpus), numa_nodes=ca.numa_nodes)
         for name, ca in alloc.containers.items()})

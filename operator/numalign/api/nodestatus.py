@@ -11,7 +11,7 @@ from typing import Any
 
 from numalign.topology.cputopo import cpus_from_topology
 from numalign.topology.errors import MachineError, TopologyError
-from numalign.topology.hints import NumaMask, mask_of
+from numalign.topology.hints import NumaMask, mask_ids, mask_of
 from numalign.topology.ledger import MEMORY, ContainerAllocation, Ledger, LedgerError
 from numalign.topology.machine import Machine, machine_from_dict
 from numalign.topology.pod import HUGEPAGES_PREFIX
@@ -95,10 +95,35 @@ def machine_from_status(status: Mapping[str, Any], name: str = "node") -> Machin
     return replace(machine, cpus=cpus)
 
 
-def ledger_container(a: wire.ContainerAllocation, reusable: bool = False) -> ContainerAllocation:
+# ---------------------------------------------------------------- ledger <-> wire
+# One converter pair between what the engine's ledger holds for a container and what the
+# allocation annotation and ``status.admitted`` say of it.
+
+
+def wire_container(held: ContainerAllocation, numa_nodes: list[int] | None
+                   ) -> wire.ContainerRecord:
+    """What the ledger holds for a container, as the wire says it (``numa_nodes``: the
+    container's affinity from its decision)."""
+    memory: dict[str, int] = {}
+    hugepages: dict[str, dict[str, int]] = {}
+    for kind, per_node in held.memory.items():
+        if kind == MEMORY:
+            memory = {str(n): b for n, b in sorted(per_node.items()) if b}
+        elif kind.startswith(HUGEPAGES_PREFIX):
+            hp = {str(n): b for n, b in sorted(per_node.items()) if b}
+            if hp:
+                hugepages[kind.removeprefix(HUGEPAGES_PREFIX)] = hp
+    return wire.ContainerRecord(
+        cpus=sorted(held.cpus), memory=memory,
+        devices={r: list(ids) for r, ids in sorted(held.devices.items()) if ids},
+        numa_nodes=numa_nodes, hugepages=hugepages,
+        memory_numa_nodes=None if held.memory_mask is None else mask_ids(held.memory_mask))
+
+
+def ledger_container(a: wire.ContainerRecord, reusable: bool = False) -> ContainerAllocation:
     """What a container holds (as the allocation annotation and ``status.admitted`` say
-    it) as the ledger's allocation; ``reusable``: a plain init container's, which the
-    app containers may reuse."""
+    it) as the ledger's allocation (:func:`wire_container` back); ``reusable``: a plain
+    init container's, which the app containers may reuse."""
     memory: dict[str, dict[int, int]] = {}
     if a.memory:
         memory[MEMORY] = {int(z): b for z, b in a.memory.items()}

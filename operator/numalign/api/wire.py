@@ -279,7 +279,7 @@ def node_default(spec: Mapping[str, Any] | None) -> Resolved:
 
 
 @dataclass
-class ContainerAllocation:
+class ContainerRecord:
     cpus: list[int] = field(default_factory=list)
     memory: dict[str, int] = field(default_factory=dict)  # zone ("0") -> bytes
     devices: dict[str, list[str]] = field(default_factory=dict)
@@ -306,7 +306,7 @@ class Allocation:
     """What one admitted pod holds (``numalign.io/allocation``)."""
 
     numa_nodes: list[int] = field(default_factory=list)
-    containers: dict[str, ContainerAllocation] = field(default_factory=dict)
+    containers: dict[str, ContainerRecord] = field(default_factory=dict)
     gpus: dict[str, list[str]] = field(default_factory=dict)
 
     def to_json(self) -> JSON:
@@ -316,6 +316,11 @@ class Allocation:
 
     def to_annotation(self) -> str:
         return json.dumps(self.to_json(), separators=(",", ":"), sort_keys=True)
+
+    def pod_patch(self, uid: str) -> JSON:
+        """The pod (status) merge patch recording this allocation, the pod's uid as a
+        precondition."""
+        return {"metadata": {"uid": uid, "annotations": {ANN_ALLOCATION: self.to_annotation()}}}
 
     @property
     def cpus(self) -> list[int]:
@@ -426,7 +431,7 @@ def _bytes_per_zone(raw: Any, where: str) -> dict[str, int]:
     return out
 
 
-def _container(c: Any, w: str) -> ContainerAllocation:
+def _container(c: Any, w: str) -> ContainerRecord:
     if not isinstance(c, Mapping):
         raise WireError(f"{w} must be an object")
     memory = _bytes_per_zone(c.get("memory") or {}, f"{w}.memory")
@@ -438,7 +443,7 @@ def _container(c: Any, w: str) -> ContainerAllocation:
     hugepages = {str(k): _bytes_per_zone(v, f"{w}.hugepages.{k}") for k, v in hp_raw.items()}
     numa_raw = c.get("numaNodes")
     mem_numa_raw = c.get("memoryNumaNodes")
-    return ContainerAllocation(
+    return ContainerRecord(
         cpus=_cpus(c.get("cpus"), f"{w}.cpus"), memory=memory,
         devices=_str_lists(c.get("devices"), f"{w}.devices"),
         numa_nodes=None if numa_raw is None else _numa_ids(numa_raw, f"{w}.numaNodes"),
@@ -554,7 +559,7 @@ def parse_admitted(entry: Any, where: str = "status.admitted entry") -> Admitted
     resolved = Resolved(str(policy), str(scope), options,
                         str(entry.get("source") or SOURCE_NONE), problems=tuple(problems))
     raw = entry.get("containers")
-    containers: dict[str, ContainerAllocation] = {}
+    containers: dict[str, ContainerRecord] = {}
     if isinstance(raw, list) and len(raw) > MAX_ALLOCATION_ITEMS:
         raise WireError(f"{where}.containers: {len(raw)} containers, at most "
                         f"{MAX_ALLOCATION_ITEMS}")

@@ -30,10 +30,10 @@ from typing import Any
 
 from .admit import AdmitResult, DeviceOverride, admit_pod, default_overrides
 from .hints import NumaMask, TopologyHint, mask_ids, mask_of
-from .ledger import MEMORY, Ledger
+from .ledger import Ledger
 from .machine import Machine
 from .merge import REJECT_REASON, Candidate, MergeResult
-from .pod import HUGEPAGES_PREFIX, Pod
+from .pod import Pod
 from .policies import get_policy
 from .policy import PolicyOptions
 
@@ -297,19 +297,9 @@ def _decision_view(result: AdmitResult, index: int, machine: Machine,
 
 
 def _allocation_json(result: AdmitResult) -> JSON:
-    containers: JSON = {}
-    for name, c in result.containers.items():
-        a = c.allocation
-        entry: JSON = {"numaNodes": list(c.numa_nodes), "cpus": list(a.cpus),
-                       "memory": {str(n): b for n, b in sorted(a.memory.get(MEMORY, {}).items())
-                                  if b},
-                       "devices": {r: list(ids) for r, ids in sorted(a.devices.items()) if ids}}
-        huge = {k.removeprefix(HUGEPAGES_PREFIX): {str(n): b for n, b in sorted(per.items()) if b}
-                for k, per in sorted(a.memory.items()) if k.startswith(HUGEPAGES_PREFIX)}
-        huge = {k: v for k, v in huge.items() if v}
-        if huge:
-            entry["hugepages"] = huge
-        containers[name] = entry
+    """The pod's allocation as ``numalign admit`` prints it (each container's
+    :meth:`~numalign.topology.admit.ContainerResult.to_json`), with the pod's NUMA nodes."""
+    containers: JSON = {name: c.to_json() for name, c in result.containers.items()}
     numa = (mask_ids(result.hint.mask) if result.hint.mask is not None
             else sorted({n for c in result.containers.values() for n in c.numa_nodes}))
     return {"numaNodes": numa if result.admit else [], "containers": containers,

@@ -61,7 +61,6 @@ from numalign.api.nodetopology import (
     NRI_STARTING,
 )
 from numalign.api.wire import (
-    ANN_ALLOCATION,
     ANN_REJECTION,
     LABEL_MANAGED,
     MANAGED_NRI,
@@ -136,11 +135,6 @@ def placement_status(labelled: bool | None, refused: str | None, connected: bool
     who = f"{runtime[0]} {runtime[1]}" if runtime else "the runtime"
     return PlacementStatus(True, NRI_REGISTERED,
                            f"numalign places this node's containers through the NRI of {who}")
-
-
-def allocation_patch(uid: str, annotation: str) -> dict[str, Any]:
-    """The pod status patch recording an allocation (the uid: a precondition)."""
-    return {"metadata": {"uid": uid, "annotations": {ANN_ALLOCATION: annotation}}}
 
 
 def rejection_patch(pod: Mapping[str, Any], reason: str, message: str,
@@ -336,7 +330,7 @@ class ManagedNode:
         ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
         try:
             await self.kube.patch(pod_path(ns, name, "status"),
-                                  allocation_patch(uid, alloc.to_annotation()), MERGE_PATCH,
+                                  alloc.pod_patch(uid), MERGE_PATCH,
                                   decode=False)
         except Exception as exc:
             # not recorded, not answered (an API error or connection trouble): the creation
