@@ -506,10 +506,10 @@ def _replay_node(node: Any) -> Any:
     import asyncio
 
     from numalign.agent.kubelet_config import load_kubelet_config
+    from numalign.agent.kubelet_view import machine_with_devices
     from numalign.agent.managerstats import Managers
     from numalign.agent.node import discover_machine
     from numalign.agent.podresources import PodResourcesClient
-    from numalign.agent.realnode import machine_with_devices
     from numalign.agent.state import NodeState
     from numalign.topology.ledger import ContainerAllocation
 
@@ -540,7 +540,7 @@ def test_numalign_counts_what_the_kubelets_managers_count(
     from prometheus_client import CollectorRegistry, generate_latest
 
     from numalign.agent import metrics
-    from numalign.agent.realnode import resolved_of
+    from numalign.agent.kubelet_view import resolved_of
 
     real_node_can_take(core, 2)
     st, config = _replay_node(real_node)

@@ -31,7 +31,7 @@ import pytest
 from containerd_helpers import Containerd
 from cri_helpers import Cri, cgroup_cpuset, wait_until
 from criapi.runtime_v1 import api_pb2 as cri
-from numalign.agent.node import RealNode
+from numalign.agent.node import NodeAgent
 from numalign.agent.nri.managed import ManagedNode
 from numalign.api.kube import ApiError, Kube, load_config, pod_path
 from numalign.api.nodetopology import NRI_KUBELET_MANAGERS_ON, NRI_NOT_MANAGED
@@ -71,7 +71,7 @@ class Agent:
     """One run of the real-node agent in this process (a restart: a new one)."""
 
     def __init__(self, kube: Kube, node: str, machine: Any, sock: Path, config: Path) -> None:
-        self.node = RealNode(kube, node, machine, kubelet_config=str(config),
+        self.node = NodeAgent(kube, node, machine, kubelet_config=str(config),
                              nri_socket=str(sock), refresh=1.0, debounce=0.05)
         self.task = asyncio.create_task(self.node.run())
 

@@ -18,7 +18,7 @@ import pytest_asyncio
 
 import testdata
 from numalign.agent.kubelet_config import load_kubelet_config, parse_kubelet_config
-from numalign.agent.node import RealNode
+from numalign.agent.node import NodeAgent
 from numalign.api.kube import JSON_PATCH
 from numalign.api.nodetopology import NodeTopologyStatus
 from numalign.kubeletapi.podresources_v1 import api_pb2 as pr
@@ -123,16 +123,16 @@ async def kubelet(tmp_path: Path) -> AsyncIterator[tuple[Kubelet, Path]]:
     await server.stop(None)
 
 
-def make_node(sock: Path, tmp_path: Path, config: str = CONFIG) -> tuple[RealNode, FakeKube]:
+def make_node(sock: Path, tmp_path: Path, config: str = CONFIG) -> tuple[NodeAgent, FakeKube]:
     (tmp_path / "kubelet-config.yaml").write_text(config)
     kube = FakeKube()
-    node = RealNode(kube, "real-1", MACHINE, pod_resources=str(sock),  # type: ignore[arg-type]
+    node = NodeAgent(kube, "real-1", MACHINE, pod_resources=str(sock),  # type: ignore[arg-type]
                     kubelet_config=str(tmp_path / "kubelet-config.yaml"), debounce=0.01,
                     refresh=30.0)
     return node, kube
 
 
-async def publish(node: RealNode, kube: FakeKube) -> dict[str, Any]:
+async def publish(node: NodeAgent, kube: FakeKube) -> dict[str, Any]:
     node.publisher.mark(node.state.name)
     await node.publisher.flush()
     NodeTopologyStatus.model_validate(kube.status)  # what the CRD schema accepts

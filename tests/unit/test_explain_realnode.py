@@ -10,6 +10,7 @@ import pytest
 
 import testdata
 from numalign.agent.kubelet_config import parse_kubelet_config
+from numalign.agent.kubelet_view import apply_snapshot, kubelet_settings
 from numalign.agent.podresources import (
     Allocatable,
     DeviceSet,
@@ -18,7 +19,6 @@ from numalign.agent.podresources import (
     Snapshot,
 )
 from numalign.agent.publish import build_status
-from numalign.agent.realnode import apply_snapshot, kubelet_settings
 from numalign.agent.state import NodeState
 from numalign.commands import explain
 from numalign.topology.machine import load_machine

@@ -2,7 +2,7 @@
 acknowledge the node default policy the operator pushes. A real kubelet admits the pods
 there, so this agent holds no allocations of its own: given the kubelet's pod-resources
 socket (and its configuration file), it reports the kubelet's, as the PodResources API
-says them (agent/realnode.py), refreshed on every event of a pod bound to the node and
+says them (agent/kubelet_view.py), refreshed on every event of a pod bound to the node and
 every ``refresh`` seconds; when the socket cannot be read it says so (status condition
 Ready False, ``status.kubelet.podResources``, a log line) and retries with backoff.
 
@@ -27,11 +27,11 @@ from numalign.topology.errors import TopologyError
 from numalign.topology.machine import Machine
 
 from .kubelet_config import KubeletConfig, load_kubelet_config
+from .kubelet_view import apply_snapshot, kubelet_settings, machine_with_devices
 from .lease import NodeLease
 from .nrt import NrtOptions
 from .podresources import PodResourcesClient, PodResourcesError
 from .publish import Publisher
-from .realnode import apply_snapshot, kubelet_settings, machine_with_devices
 from .state import NodeState
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ def discover_machine(name: str, root: str = "/") -> Machine:
     return discovery.to_machine(dm, name, description=f"discovered on {name}")
 
 
-class RealNode:
+class NodeAgent:
     def __init__(self, kube: Kube, name: str, machine: Machine, *,
                  resync: float = 300.0, publish_nrt: bool = False,
                  nrt_options: NrtOptions | None = None,

@@ -47,7 +47,7 @@ RESERVED = "numalign.io/reserved-cpus"  # the ledger's pseudo pod holding reserv
 
 
 @dataclass
-class AdmittedPod:
+class PlacedPod:
     namespace: str
     name: str
     uid: str
@@ -101,7 +101,7 @@ class NodeState:
         self.index = index
         self.reserved = set(reserved)  # CPUs no pod gets (the kubelet's reservedSystemCPUs)
         self.ledger = self._fresh_ledger()
-        self.admitted: dict[str, AdmittedPod] = {}
+        self.admitted: dict[str, PlacedPod] = {}
         self.decided: dict[str, bool] = {}  # uid -> admitted?
         # The pods this node took out of Pending (uid -> entry): the set the
         # NodeResourceTopology's pod fingerprint covers (agent/podfingerprint.py).
@@ -113,7 +113,7 @@ class NodeState:
         self.observed_generation: int | None = None
         self.version = 0  # bumped on every change worth publishing
         self.pod_seq = 0
-        # Real nodes (agent/realnode.py): the kubelet's allocatable per zone (else the
+        # Real nodes (agent/kubelet_view.py): the kubelet's allocatable per zone (else the
         # machine's capacity), its configuration, and whether the agent can read it.
         self.zone_allocatable: dict[int, dict[str, int]] | None = None
         self.kubelet: dict[str, Any] | None = None
@@ -231,7 +231,7 @@ class NodeState:
         self.version += 1
         alloc = result.allocation or Allocation()
         ns, name = pod_key(pod)
-        self.admitted[uid] = AdmittedPod(ns, name, uid, resolved, alloc, pod)
+        self.admitted[uid] = PlacedPod(ns, name, uid, resolved, alloc, pod)
         return Decision(True, allocation=alloc, resolved=resolved)
 
     def refuse(self, pod: Mapping[str, Any], reason: str, message: str,
@@ -262,7 +262,7 @@ class NodeState:
     # -- restart -----------------------------------------------------------------------
 
     def restore(self, published: Mapping[str, Any] | None, pods: Iterable[Mapping[str, Any]],
-                own: Mapping[str, AdmittedPod] | None = None) -> RestoreReport:
+                own: Mapping[str, PlacedPod] | None = None) -> RestoreReport:
         """Rebuild the ledger after a restart.
 
         ``published`` is the NodeTopology object (or None); ``pods`` are the pods bound to
@@ -334,7 +334,7 @@ class NodeState:
                 continue
             if alloc is None:  # running without any record (not ours): holds nothing
                 continue
-            self.admitted[uid] = AdmittedPod(ns, name, uid, resolved, alloc, pod)
+            self.admitted[uid] = PlacedPod(ns, name, uid, resolved, alloc, pod)
             report.restored.append(uid)
         report.dropped = [u for u in by_uid if u not in present]
         prev = status.get("rejected")
@@ -362,7 +362,7 @@ class NodeState:
         return None, False
 
     def _allocation_of(self, pod: Mapping[str, Any], ann: Any,
-                       entry: Mapping[str, Any] | None, own: AdmittedPod | None
+                       entry: Mapping[str, Any] | None, own: PlacedPod | None
                        ) -> tuple[Allocation | None, Resolved, str | None]:
         """(allocation, policy, problem): what this agent decided (``own``, else the
         published entry) as it is; else the pod's annotation (which its tenant can edit)
@@ -390,17 +390,17 @@ class NodeState:
         return alloc, NONE, None
 
 
-def published_pods(name: str, published: Mapping[str, Any] | None) -> dict[str, AdmittedPod]:
+def published_pods(name: str, published: Mapping[str, Any] | None) -> dict[str, PlacedPod]:
     """The pods a node's NodeTopology ``status.admitted`` shows (entries that cannot be
     read are left out, with a log line)."""
-    out: dict[str, AdmittedPod] = {}
+    out: dict[str, PlacedPod] = {}
     for entry in ((published or {}).get("status") or {}).get("admitted") or []:
         try:
             got = parse_admitted(entry, f"NodeTopology {name} status.admitted entry")
         except WireError as e:
             log.warning("%s: %s", name, e)
             continue
-        out[got.uid] = AdmittedPod(got.namespace, got.pod, got.uid, got.resolved,
+        out[got.uid] = PlacedPod(got.namespace, got.pod, got.uid, got.resolved,
                                    got.allocation)
     return out
 

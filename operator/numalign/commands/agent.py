@@ -214,12 +214,12 @@ def main(argv: list[str] | None = None) -> int:
                 await emulator.run()
             else:
                 from numalign.agent.lease import NodeLease
-                from numalign.agent.node import RealNode
+                from numalign.agent.node import NodeAgent
 
                 namespace = args.lease_namespace or os.environ.get("POD_NAMESPACE") or "default"
                 identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
                 lease = NodeLease(kube, name, namespace, identity)
-                node = RealNode(kube, name, machine, publish_nrt=args.publish_nrt,
+                node = NodeAgent(kube, name, machine, publish_nrt=args.publish_nrt,
                                 nrt_options=_nrt_options(args),
                                 pod_resources=args.pod_resources,
                                 kubelet_config=args.kubelet_config,

@@ -61,7 +61,7 @@ OverrideFactory = Callable[[Machine, Pod], Sequence[DeviceOverride]]
 
 
 @dataclass
-class Decision:
+class UnitDecision:
     """One Topology Manager decision (a container, or the pod): for `numalign explain`."""
 
     unit: str  # container name, or "pod"
@@ -123,7 +123,7 @@ class AdmitResult:
     hint: TopologyHint
     containers: dict[str, ContainerResult]
     gpus: dict[str, list[str]]
-    decisions: list[Decision]
+    decisions: list[UnitDecision]
     seconds: float = 0.0
     # An UnexpectedAdmissionError: the container whose allocation failed and the manager
     # that failed it ("devices", "cpu" or "memory"), as the kubelet's providers run
@@ -175,10 +175,10 @@ class _Run:
     def gpus(self) -> dict[str, list[str]]:
         return self.devices.gpus
 
-    def decide(self, name: str, unit: Sequence[Container]) -> Decision:
+    def decide(self, name: str, unit: Sequence[Container]) -> UnitDecision:
         t0 = time.perf_counter()
         if not self.aligns:
-            return Decision(name, [], [], None, TopologyHint(None, False), True,
+            return UnitDecision(name, [], [], None, TopologyHint(None, False), True,
                             seconds=time.perf_counter() - t0)
         asks = [p.ask(unit) for p in self.providers]
         demands = [d for a in asks for d in a.demands]
@@ -194,7 +194,7 @@ class _Run:
             providers.append(p.hints(a, lists) or None)
         result = merge(self.policy, providers, machine.numa_ids, machine.distances,
                        self.options)
-        return Decision(name, providers, [p.name for p in self.providers], result,
+        return UnitDecision(name, providers, [p.name for p in self.providers], result,
                         result.hint, result.admit, plan, time.perf_counter() - t0)
 
     def allocate(self, c: Container, hint: TopologyHint) -> ContainerResult:
@@ -238,7 +238,7 @@ def admit_pod(machine: Machine, ledger: Ledger, pod: Pod, policy: str,
     if pod.uid in ledger.pods:
         raise TopologyError(f"pod {pod.name}", f"uid {pod.uid} is already admitted")
     run = _Run(machine, ledger, pod, policy, opts, overrides)
-    decisions: list[Decision] = []
+    decisions: list[UnitDecision] = []
     containers: dict[str, ContainerResult] = {}
 
     def reject(reason: str, message: str, hint: TopologyHint,
@@ -281,7 +281,7 @@ def admit_pod(machine: Machine, ledger: Ledger, pod: Pod, policy: str,
                        decisions, time.perf_counter() - t0)
 
 
-def _pod_hint(decisions: Sequence[Decision]) -> TopologyHint:
+def _pod_hint(decisions: Sequence[UnitDecision]) -> TopologyHint:
     """Container scope: the union of the containers' affinities, preferred iff all are."""
     masks = [d.hint.mask for d in decisions if d.hint.mask is not None]
     union: NumaMask | None = None

@@ -2,7 +2,7 @@
 
 ``explain_pod`` replays the Topology Manager decision(s) of one pod with the engine
 (``admit.admit_pod`` on a trial copy of the ledger, nothing committed) and turns what
-the engine exposes (``admit.Decision``: each provider's hints; ``merge.MergeResult``: the
+the engine exposes (``admit.UnitDecision``: each provider's hints; ``merge.MergeResult``: the
 filtered per-resource hint lists, the best merged candidates, the best non-preferred
 affinity count) into an :class:`Explanation`:
 

@@ -51,7 +51,7 @@ from numalign.agent.nri.placer import EnginePlacer, cpulist
 from numalign.agent.nri.plugin import CpuSet, NriPlugin, Placement, Rejected
 from numalign.agent.nri.pods import PodIndex
 from numalign.agent.podresources import PodResourcesClient, PodResourcesError, Snapshot
-from numalign.agent.state import AdmittedPod, published_pods
+from numalign.agent.state import PlacedPod, published_pods
 from numalign.api.kube import MERGE_PATCH, Kube, pod_path, q
 from numalign.api.nodetopology import (
     NRI_KUBELET_MANAGERS_ON,
@@ -397,18 +397,18 @@ class ManagedNode:
 
     # -- what NodeTopology status shows ------------------------------------------------------
 
-    def admitted(self) -> dict[str, AdmittedPod]:
+    def admitted(self) -> dict[str, PlacedPod]:
         """The pods numalign placed, with what their containers' cgroups got. Until the
         plugin's first synchronize, what the status said when this agent started: the next
         restart must find it there, not an empty list."""
         if not self.placer.synchronized and self.placer.published is not None:
             return published_pods(self.name, self.placer.published)
-        out: dict[str, AdmittedPod] = {}
+        out: dict[str, PlacedPod] = {}
         for uid, held in self.placer.admitted.items():
             view = self.index(uid)
             resolved = view.resolved if view is not None else node_default(
                 self.index.node_spec)
-            out[uid] = AdmittedPod(held.namespace, held.name, uid, resolved, held.allocation,
+            out[uid] = PlacedPod(held.namespace, held.name, uid, resolved, held.allocation,
                                    held.pod)
         return out
 

@@ -43,7 +43,7 @@ from typing import Any
 
 from numalign.agent.nri.devices import Assigned, assigned_overrides
 from numalign.agent.nri.plugin import CpuSet, Placement, Rejected
-from numalign.agent.state import RESERVED, AdmittedPod, NodeState
+from numalign.agent.state import RESERVED, NodeState, PlacedPod
 from numalign.api.wire import REJECT_REASON, Allocation, Resolved
 from numalign.topology import quantity
 from numalign.topology.errors import TopologyError
@@ -130,7 +130,7 @@ class EnginePlacer:
         self.state.reserved = set(cpus)
 
     @property
-    def admitted(self) -> dict[str, AdmittedPod]:
+    def admitted(self) -> dict[str, PlacedPod]:
         return self.state.admitted
 
     @property

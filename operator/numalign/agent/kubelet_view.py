@@ -27,7 +27,7 @@ from numalign.topology.machine import Device, Machine
 from .kubelet_config import KubeletConfig
 from .podresources import MEMORY, Allocatable, DeviceSet, KubeletContainer, KubeletPod, Snapshot
 from .publish import zone_capacity
-from .state import AdmittedPod, NodeState
+from .state import NodeState, PlacedPod
 
 SOURCE = "kubelet"
 HUGEPAGES = "hugepages-"
@@ -134,7 +134,7 @@ def _uid_key(uid: str, pod: KubeletPod) -> str:
 def apply_snapshot(state: NodeState, base: Machine, snap: Snapshot,
                    config: KubeletConfig | None,
                    uids: Mapping[tuple[str, str], str],
-                   placed: Mapping[str, AdmittedPod] | None = None) -> bool:
+                   placed: Mapping[str, PlacedPod] | None = None) -> bool:
     """Make ``state`` show what the kubelet reports; True when anything changed.
 
     ``base`` is the discovered machine, ``uids`` the pods' uids by (namespace, name) as
@@ -149,10 +149,10 @@ def apply_snapshot(state: NodeState, base: Machine, snap: Snapshot,
         state.machine = machine
         changed = True
     resolved = resolved_of(config)
-    admitted: dict[str, AdmittedPod] = dict(placed or {})
+    admitted: dict[str, PlacedPod] = dict(placed or {})
     for pod in snap.pods if placed is None else ():
         uid = uids.get((pod.namespace, pod.name), "")
-        admitted[_uid_key(uid, pod)] = AdmittedPod(pod.namespace, pod.name, uid, resolved,
+        admitted[_uid_key(uid, pod)] = PlacedPod(pod.namespace, pod.name, uid, resolved,
                                                    pod_allocation(machine, pod))
     if admitted != state.admitted:
         state.admitted = admitted
