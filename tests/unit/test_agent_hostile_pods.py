@@ -13,6 +13,7 @@ import pytest
 
 import testdata
 from numalign.agent.emulate import Emulator, NodeSpec
+from numalign.api.kube.listwatch import list_watch
 from numalign.api.wire import WireError, parse_allocation, parse_resolved, resolved_or_none
 from numalign.topology.errors import TopologyError
 from numalign.topology.gpu import parse_gpu_requests
@@ -32,7 +33,7 @@ class FakeKube:
     def lane(self, _n: int) -> FakeKube:
         return self
 
-    async def watch(self, path: str, params: dict[str, str],
+    async def watch(self, path: str, params: dict[str, str], timeout_seconds: int = 300,
                     metadata_only: bool = False) -> AsyncIterator[dict[str, Any]]:
         for typ, obj in self.events:
             yield {"type": typ, "object": obj}
@@ -72,10 +73,9 @@ def test_poisoned_pods_do_not_end_the_pod_watch() -> None:
                 raise RecursionError("maximum recursion depth exceeded")
             real(typ, pod)
 
-        async def relist() -> str:
-            return "1"
-
-        task = asyncio.create_task(em._watch("/api/v1/pods", {}, "1", on_pod, relist))
+        # the agent's pod watch (api/kube/listwatch.py) from a listing made at restore
+        task = asyncio.create_task(list_watch(kube, "/api/v1/pods",  # type: ignore[arg-type]
+                                              lambda items: None, on_pod, since="1"))
         for _ in range(100):
             await asyncio.sleep(0.02)
             if "uid-good" in em.states[node].decided:

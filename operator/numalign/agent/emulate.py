@@ -20,6 +20,7 @@ from typing import Any
 
 from numalign.api.effective import EMULATED, NodePolicy, effective_policy
 from numalign.api.kube import MERGE_PATCH, NT_BASE, ApiError, Kube, nt_path, pod_path, q
+from numalign.api.kube.listwatch import list_watch
 from numalign.api.wire import (
     EVENT_INVALID_POLICY,
     LABEL_MACHINE,
@@ -296,58 +297,25 @@ class Emulator:
                 except Exception as e:  # try again next round
                     log.warning("node status %s: %s", st.name, e)
 
-    async def _watch(self, path: str, params: dict[str, str], rv: str,
-                     handle: Any, relist: Any, metadata_only: bool = False) -> None:
-        while True:
-            try:
-                async for ev in self.kube.watch(path, {**params, "resourceVersion": rv},
-                                                metadata_only=metadata_only):
-                    typ = ev.get("type")
-                    obj = ev.get("object") or {}
-                    if typ == "ERROR":
-                        if obj.get("code") == 410:
-                            raise ApiError(410, obj, "WATCH", path)
-                        log.warning("watch %s: %s", path, obj.get("message"))
-                        continue
-                    new_rv = (obj.get("metadata") or {}).get("resourceVersion")
-                    if new_rv:
-                        rv = str(new_rv)
-                    if typ == "BOOKMARK":
-                        continue
-                    self._handle(handle, path, typ, obj)
-            except ApiError as e:
-                if e.status != 410:
-                    log.warning("watch %s: %s", path, e)
-                    await asyncio.sleep(1)
-                    continue
-                rv = await relist()
-            except (TimeoutError, OSError, ValueError) as e:
-                log.warning("watch %s interrupted: %s", path, e)
-                await asyncio.sleep(1)
-            except Exception as e:
-                if type(e).__module__.startswith("aiohttp"):
-                    log.warning("watch %s interrupted: %s", path, e)
-                    await asyncio.sleep(1)
-                    continue
-                raise
-
     @staticmethod
     def _handle(handle: Any, path: str, typ: Any, obj: Mapping[str, Any]) -> None:
-        """One watch event. Nothing in an object's content may end the watch (and with it
-        every emulated node): a handler's failure is logged and the event skipped."""
+        """One pod at restore. Nothing in an object's content may end the agent (and with
+        it every emulated node): a handler's failure is logged and the pod skipped."""
         try:
             handle(typ, obj)
         except Exception:
             meta = obj.get("metadata") or {}
-            log.exception("watch %s: %s event of %s/%s failed; skipped", path, typ,
+            log.exception("%s: %s event of %s/%s failed; skipped", path, typ,
                           meta.get("namespace"), meta.get("name"))
 
     async def _pod_loop(self, rv: str) -> None:
-        await self._watch("/api/v1/pods", {"fieldSelector": POD_SELECTOR}, rv, self.on_pod,
-                          self._relist_pods)
+        """Pods from ``rv`` (the restore's listing) on; a listing again releases the pods
+        that went while nobody watched. An event's failure is logged and skipped: nothing
+        in an object's content may end the watch (and with it every emulated node)."""
+        await list_watch(self.kube, "/api/v1/pods", self._relisted_pods, self.on_pod,
+                         params={"fieldSelector": POD_SELECTOR}, since=rv)
 
-    async def _relist_pods(self) -> str:
-        pods, rv = await self.kube.list_all("/api/v1/pods", {"fieldSelector": POD_SELECTOR})
+    def _relisted_pods(self, pods: list[JSON]) -> None:
         alive: dict[str, set[str]] = {}
         for p in pods:
             node = str((p.get("spec") or {}).get("nodeName") or "")
@@ -359,14 +327,14 @@ class Emulator:
                 if uid not in alive.get(name, set()) and st.release(uid):
                     self.stats.released += 1
                     self.publisher.mark(name)
-        return rv
 
     async def _nt_loop(self, rv: str) -> None:
-        await self._watch(NT_BASE, {}, rv, self.on_nodetopology_meta, self._relist_nts,
-                          metadata_only=True)
+        """NodeTopologies from ``rv`` on, their metadata only (the spec read when its
+        generation moves); a listing again takes every node's spec."""
+        await list_watch(self.kube, NT_BASE, self._relisted_nts, self.on_nodetopology_meta,
+                         since=rv, metadata_only=True)
 
-    async def _relist_nts(self) -> str:
-        items, rv = await self.kube.list_all(NT_BASE)
+    def _relisted_nts(self, items: list[JSON]) -> None:
         seen = set()
         for o in items:
             seen.add(str(o["metadata"]["name"]))
@@ -374,7 +342,6 @@ class Emulator:
         for name in self.states:
             if name not in seen:
                 self.on_nodetopology("DELETED", {"metadata": {"name": name}})
-        return rv
 
     # -- events ---------------------------------------------------------------------------
 

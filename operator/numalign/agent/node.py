@@ -21,7 +21,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from numalign.api.kube import NT_BASE, ApiError, Kube, q
+from numalign.api.kube import JSON, NT_BASE, ApiError, Kube, q
+from numalign.api.kube.listwatch import list_watch
 from numalign.api.wire import LABEL_MACHINE, REJECT_REASON
 from numalign.topology.errors import TopologyError
 from numalign.topology.machine import Machine
@@ -235,36 +236,26 @@ class NodeAgent:
         self.wake()
 
     async def _watch_pods(self) -> None:
-        path = "/api/v1/pods"
-        selector = {"fieldSelector": f"spec.nodeName={self.state.name}"}
-        backoff = 1.0
-        while True:
-            try:
-                items, rv = await self.kube.list_all(path, selector)
-                self.uids.clear()
-                if self.managed is not None:  # pods deleted while not watching are gone
-                    self.managed.index.pods.clear()
-                for pod in items:
-                    self.on_pod("ADDED", pod)
-                alive = {str((p.get("metadata") or {}).get("uid") or "") for p in items}
-                for gone in [u for u in self.state.pods if u not in alive]:
-                    self.state.untrack(gone)
-                if self.managed is not None:
-                    self.managed.pods_synced()
-                async for ev in self.kube.watch(path, {**selector, "resourceVersion": rv}):
-                    obj = ev.get("object") or {}
-                    if ev.get("type") == "ERROR":
-                        raise RuntimeError(str(obj.get("message")))
-                    if ev.get("type") != "BOOKMARK":
-                        self.on_pod(str(ev.get("type")), obj)
-                backoff = 1.0
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # list again
-                log.warning("watch pods on %s: %s; listing again in %.0fs",
-                            self.state.name, e, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(self.max_backoff, backoff * 2)
+        await list_watch(self.kube, "/api/v1/pods", self._listed_pods, self.on_pod,
+                         params={"fieldSelector": f"spec.nodeName={self.state.name}"},
+                         max_retry=self.max_backoff)
+
+    def _listed_pods(self, items: list[JSON]) -> None:
+        """A full listing of the node's pods: the ones gone meanwhile are gone."""
+        self.uids.clear()
+        if self.managed is not None:  # pods deleted while not watching are gone
+            self.managed.index.pods.clear()
+        for pod in items:
+            self.on_pod("ADDED", pod)
+        alive = {str((p.get("metadata") or {}).get("uid") or "") for p in items}
+        for gone in [u for u in self.state.pods if u not in alive]:
+            self.state.untrack(gone)
+        if self.managed is not None:
+            self.managed.pods_synced()
+
+    def _listed_nodetopology(self, items: list[JSON]) -> None:
+        for o in items:
+            self.on_nodetopology("MODIFIED", o)
 
     def on_nodetopology(self, typ: str, obj: Mapping[str, Any]) -> None:
         if typ == "DELETED":
@@ -334,21 +325,8 @@ class NodeAgent:
         if self.managed is not None:
             tasks.append(asyncio.create_task(self.managed.run(), name="nri"))
         try:
-            while True:
-                try:
-                    async for ev in self.kube.watch(NT_BASE, {**selector, "resourceVersion": rv}):
-                        obj = ev.get("object") or {}
-                        if ev.get("type") == "ERROR":
-                            raise RuntimeError(str(obj.get("message")))
-                        rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
-                        if ev.get("type") != "BOOKMARK":
-                            self.on_nodetopology(str(ev.get("type")), obj)
-                except Exception as e:  # relist and watch again
-                    log.warning("watch NodeTopology %s: %s", name, e)
-                    await asyncio.sleep(1)
-                    items, rv = await self.kube.list_all(NT_BASE, selector)
-                    for o in items:
-                        self.on_nodetopology("MODIFIED", o)
+            await list_watch(self.kube, NT_BASE, self._listed_nodetopology,
+                             self.on_nodetopology, params=selector, since=rv)
         finally:
             for t in tasks:
                 t.cancel()

@@ -53,6 +53,7 @@ from numalign.agent.nri.pods import PodIndex
 from numalign.agent.podresources import PodResourcesClient, PodResourcesError, Snapshot
 from numalign.agent.state import PlacedPod, published_pods
 from numalign.api.kube import MERGE_PATCH, Kube, pod_path, q
+from numalign.api.kube.listwatch import list_watch
 from numalign.api.nodetopology import (
     NRI_KUBELET_MANAGERS_ON,
     NRI_NOT_MANAGED,
@@ -423,30 +424,11 @@ class ManagedNode:
             self.on_change()
 
     async def _watch_node(self) -> None:
-        path = "/api/v1/nodes"
-        selector = {"fieldSelector": f"metadata.name={self.name}"}
-        backoff = 1.0
-        while True:
-            try:
-                items, rv = await self.kube.list_all(path, selector)
-                self.on_node(items[0] if items else None)
-                async for ev in self.kube.watch(path, {**selector, "resourceVersion": rv}):
-                    obj = ev.get("object") or {}
-                    typ = ev.get("type")
-                    if typ == "ERROR":
-                        raise RuntimeError(str(obj.get("message")))
-                    if typ == "DELETED":
-                        self.on_node(None)
-                    elif typ != "BOOKMARK":
-                        self.on_node(obj)
-                backoff = 1.0
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # list again
-                log.warning("watch Node %s: %s; listing again in %.0fs", self.name, exc,
-                            backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(30.0, backoff * 2)
+        await list_watch(self.kube, "/api/v1/nodes",
+                         lambda items: self.on_node(items[0] if items else None),
+                         lambda typ, obj: self.on_node(None if typ == "DELETED" else obj),
+                         params={"fieldSelector": f"metadata.name={self.name}"},
+                         max_retry=30.0)
 
     async def _stop_plugin(self) -> None:
         task, self._task = self._task, None
