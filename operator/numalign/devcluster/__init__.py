@@ -10,6 +10,7 @@ from .addons import ADDONS, Addon, ClusterInfo, MachineSpec, MachineSpecError
 from .build import BuildError, ensure_built, is_built
 from .cluster import DevCluster, DevClusterError, default_state_dir
 from .crds import CrdError
+from .realnode import RealNode  # also registers its teardown with the cluster (on_down)
 
 __all__ = [
     "ADDONS",
@@ -21,6 +22,7 @@ __all__ = [
     "DevClusterError",
     "MachineSpec",
     "MachineSpecError",
+    "RealNode",
     "default_state_dir",
     "ensure_built",
     "is_built",

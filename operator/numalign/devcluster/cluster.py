@@ -77,6 +77,19 @@ def default_state_dir(name: str = "default") -> Path:
     return build.cache_root() / "dev" / name
 
 
+# What builds on the cluster and must stop before it (the real node, devcluster/realnode.py):
+# each registers, when its module is imported (the package imports them all), a function
+# that stops its part from what is on disk alone. The cluster does not import them.
+Teardown = Callable[["DevCluster", Log], None]
+_TEARDOWNS: list[Teardown] = []
+
+
+def on_down(fn: Teardown) -> Teardown:
+    """Register ``fn`` to run first when a cluster stops (``DevCluster.down``)."""
+    _TEARDOWNS.append(fn)
+    return fn
+
+
 def _quiet(_msg: str) -> None:
     pass
 
@@ -531,10 +544,8 @@ class DevCluster:
     def _stop_all(self, say: Log = _quiet) -> None:
         """The real node first, then the addons (all at once, SIGKILL after 5s), then the
         control plane in reverse start order."""
-        if (self.state_dir / "realnode").exists() or (self.state_dir / "realnode").is_symlink():
-            from .realnode import RealNode  # it builds on this module
-
-            RealNode(self).down(say)
+        for teardown in _TEARDOWNS:
+            teardown(self, say)
         addons = [self.process(n) for n in (EXTENDER, *(a.name for a in reversed(self.addons)))]
         plane = [self.process(n) for n in reversed(CONTROL_PLANE)]
         running = {p.name for p in (*addons, *plane) if p.is_running()}

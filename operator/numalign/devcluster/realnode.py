@@ -44,7 +44,7 @@ from numalign.topology.policy import POLICIES, SCOPES
 
 from . import certs
 from .addons import metrics_flags, metrics_url
-from .cluster import DevCluster, DevClusterError, write_kubeconfig
+from .cluster import DevCluster, DevClusterError, Log, on_down, write_kubeconfig
 from .crds import NRT_CRD
 from .hostcgroups import (
     ForeignNameError,
@@ -72,8 +72,6 @@ from .realnode_config import (
 )
 from .realnode_config import TAINT as TAINT  # the node's taint, for callers of this module
 from .sysfsview import SysfsViewError, map_onto, usable_cpus, write_sysfs_view
-
-Log = Callable[[str], None]
 
 NODE_NAME = "localhost"  # resolves to 127.0.0.1: the API server's way to the kubelet
 DEFAULT_POLICY = "single-numa-node"
@@ -607,3 +605,11 @@ class RealNode:
                 with contextlib.suppress(OSError):
                     if link.is_symlink() and os.readlink(link).startswith(logs):
                         link.unlink()
+
+
+@on_down
+def _stop_real_node(cluster: DevCluster, say: Log) -> None:
+    """A cluster stopping stops its real node first (when it has one)."""
+    folder = cluster.state_dir / "realnode"
+    if folder.exists() or folder.is_symlink():
+        RealNode(cluster).down(say)
