@@ -39,6 +39,15 @@ SKIPPED: dict[str, str] = {
     r"make demo\b.*": "runs as its documented equivalent 'numalign dev up --demo' in a "
                       "temporary state dir (test_readme_demo_and_cluster_commands)",
     r"make test\b.*": "the whole test suite, this test included",
+    r"numalign dev image\b.*": "builds the image (tests/runtime/test_numalign_image.py "
+                               "builds it, imports it into a containerd and runs it; "
+                               "--update-lock rewrites requirements.lock, whose pins "
+                               "tests/unit/test_numalign_image.py checks)",
+    r"kubectl (create|label) namespace numalign-system\b.*|helm (install|upgrade|uninstall) "
+    r"numalign\b.*|--set image\.repository=REGISTRY/numalign .*":
+        "Install with Helm: tests/cluster/test_helm.py installs the chart into a labelled "
+        "namespace, upgrades it with a changed value and uninstalls it, against the real "
+        "API server (REGISTRY/TAG name the user's registry)",
 }
 
 CHECKS: tuple[Check, ...] = (
