@@ -4,6 +4,7 @@ machine options, process bookkeeping and the CLI's user errors."""
 from __future__ import annotations
 
 import json
+import socket
 import sys
 from pathlib import Path
 
@@ -107,6 +108,12 @@ def test_process_lifecycle(tmp_path: Path) -> None:
 def test_free_ports() -> None:
     ports = free_ports(3)
     assert len(set(ports)) == 3 and all(p > 0 for p in ports)
+    # below the ephemeral range: no client's outgoing connection takes one meanwhile
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    assert all(p < low for p in ports)
+    for p in ports:  # and free to bind
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))
 
 
 def test_down_leaves_foreign_files(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -14,14 +15,38 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+LOCAL_PORT_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_PORT = 10000
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands to outgoing connections (32768 by default)."""
+    try:
+        return max(LOWEST_PORT + 1000, int(LOCAL_PORT_RANGE.read_text().split()[0]))
+    except (OSError, ValueError, IndexError):
+        return 32768
+
 
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports free on 127.0.0.1 right now."""
+    """``count`` distinct TCP ports free on 127.0.0.1 right now, below the kernel's
+    ephemeral range: a port a component binds seconds later cannot have been taken
+    meanwhile by some client's outgoing connection (the ports bind(0) gives can)."""
+    rng = random.SystemRandom()
+    high = _ephemeral_low()
     socks: list[socket.socket] = []
     try:
-        for _ in range(count):
+        tries = 200 * count
+        while len(socks) < count:
+            if tries == 0:
+                raise OSError(f"no {count} free TCP ports on 127.0.0.1 in "
+                              f"{LOWEST_PORT}-{high}")
+            tries -= 1
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
+            try:
+                s.bind(("127.0.0.1", rng.randrange(LOWEST_PORT, high)))
+            except OSError:
+                s.close()
+                continue
             socks.append(s)
         return [s.getsockname()[1] for s in socks]
     finally:
