@@ -126,13 +126,35 @@ def ns(installed: Installed) -> Iterator[str]:
             installed.core.delete_namespace(name)
 
 
+def _resolved_at_creation(installed: Installed, ns: str) -> dict[str, Any] | None:
+    """What the webhook resolves for a pod created in ``ns`` now (a dry run: nothing is
+    stored); None when the pod came back unresolved (no webhook answered)."""
+    pod = installed.core.create_namespaced_pod(ns, {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"},
+        "spec": {"containers": [{"name": "c", "image": "numalign.local/none"}]}},
+        dry_run="All")
+    text = (pod.metadata.annotations or {}).get(ANN_RESOLVED)
+    return json.loads(text) if text else None
+
+
 @contextlib.contextmanager
-def topology_policy(installed: Installed, name: str, spec: dict[str, Any]) -> Iterator[None]:
+def topology_policy(installed: Installed, ns: str, name: str,
+                    spec: dict[str, Any]) -> Iterator[None]:
+    """The TopologyPolicy, once both replicas' webhooks resolve ``ns``'s pods to it (a
+    standby refreshes its cache every few seconds: controller/cache.py)."""
     api = client.CustomObjectsApi(installed.api)
     api.create_cluster_custom_object("numalign.io", "v1alpha1", "topologypolicies", {
         "apiVersion": "numalign.io/v1alpha1", "kind": "TopologyPolicy",
         "metadata": {"name": name}, "spec": spec})
+    seen = [0]
+
+    def resolves() -> bool:
+        got = _resolved_at_creation(installed, ns)
+        seen[0] = seen[0] + 1 if got and got["source"] == f"TopologyPolicy/{name}" else 0
+        return seen[0] >= 6  # the Service spreads them over both replicas
+
     try:
+        wait_for(resolves, 60, f"the webhooks resolving {ns}'s pods to {name}", interval=0.3)
         yield
     finally:
         api.delete_cluster_custom_object("numalign.io", "v1alpha1", "topologypolicies", name)
@@ -197,7 +219,8 @@ def test_numalign_runs_as_pods_behind_its_services(installed: Installed) -> None
 def test_the_in_cluster_webhook_resolves_and_the_agent_places(installed: Installed,
                                                               ns: str) -> None:
     name = f"tp-{ns}"
-    with topology_policy(installed, name, {"policy": "single-numa-node", "namespaces": [ns]}):
+    with topology_policy(installed, ns, name, {"policy": "single-numa-node",
+                                               "namespaces": [ns]}):
         # The mutating webhook answers the create itself: the resolved policy is in the
         # object the API server returns (the backstop would patch it only later).
         created = installed.core.create_namespaced_pod(ns, workload_pod("placed"))
@@ -235,8 +258,8 @@ def test_rejections_are_redeployed_and_the_standby_takes_over(installed: Install
                                                               ns: str) -> None:
     apps = client.AppsV1Api(installed.api)
     name = f"tp-{ns}"
-    with topology_policy(installed, name, {"policy": "single-numa-node", "namespaces": [ns],
-                                           "redeploy": REDEPLOY}):
+    with topology_policy(installed, ns, name, {"policy": "single-numa-node",
+                                               "namespaces": [ns], "redeploy": REDEPLOY}):
         active = _active_replica(installed)
         assert active == f"{OPERATOR}-1"  # the highest index
         _rejected_deployment(installed, ns, "first")
@@ -258,11 +281,9 @@ def test_rejections_are_redeployed_and_the_standby_takes_over(installed: Install
         # ready standby): a pod created now is resolved at creation.
         assert not [p for p in _pods(installed, "operator")
                     if p.metadata.name == f"{OPERATOR}-1"]
-        probe = installed.core.create_namespaced_pod(ns, {
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"},
-            "spec": {"nodeSelector": {"numalign.io/none": "x"},
-                     "containers": [{"name": "c", "image": "numalign.local/none"}]}})
-        assert ANN_RESOLVED in (probe.metadata.annotations or {})
+        for _ in range(4):
+            got = _resolved_at_creation(installed, ns)
+            assert got and got["source"] == f"TopologyPolicy/{name}", got
         print(f"operator failover: the active replica stopped -> the standby redeployed the "
               f"next rejection in {failover:.1f}s")
         apps.patch_namespaced_stateful_set_scale(OPERATOR, NAMESPACE, {"spec": {"replicas": 2}})

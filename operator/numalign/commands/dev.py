@@ -223,6 +223,7 @@ def _run(args: argparse.Namespace) -> int:
                     log=_log, timeout=max(args.timeout, 300.0))
                 _log(f"dev up --install {args.install}: every numalign pod Ready "
                      f"{time.monotonic() - t0:.1f}s after the start")
+        cluster.close()
         print(cluster.kubeconfig)
         return 0
     if args.action == "down":

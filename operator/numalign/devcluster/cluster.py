@@ -227,6 +227,10 @@ class DevCluster:
                 user_agent="numalign-dev")
         return self._kube
 
+    def close(self) -> None:
+        """Close the API client (the cluster keeps running)."""
+        self._close_kube()
+
     def _close_kube(self) -> None:
         kube, self._kube = self._kube, None
         if kube is not None:

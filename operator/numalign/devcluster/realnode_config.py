@@ -37,7 +37,8 @@ def cni_conflist(bridge: str, ipam_dir: Path, gateway: bool = False) -> dict[str
         "cniVersion": "1.0.0",
         "name": "numalign",
         "plugins": [
-            {"type": "bridge", "bridge": bridge, "isGateway": gateway, "ipMasq": False,
+            {"type": "bridge", "bridge": bridge, "isGateway": gateway,
+             "isDefaultGateway": gateway, "ipMasq": False,
              "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_SUBNET}]],
                       "dataDir": str(ipam_dir)}},
         ],
@@ -173,6 +174,9 @@ def kubelet_configuration(*, ports: dict[str, int], policy: str, scope: str, res
         "registerNode": True,
         "registerWithTaints": [TAINT],
         "staticPodPath": "",
+        # No iptables chains of the kubelet's own (KUBE-FIREWALL, canaries) on this host;
+        # kube-proxy (dev up --install) writes and removes the Service rules.
+        "makeIPTablesUtilChains": False,
         "nodeStatusReportFrequency": "10s",
         "shutdownGracePeriod": "0s",
     }
