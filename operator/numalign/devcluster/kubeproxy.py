@@ -66,8 +66,32 @@ def argv(config: Path) -> list[str]:
     return [str(node_bin_dir() / "kube-proxy"), f"--config={config}", "--v=1"]
 
 
+# What kube-proxy creates on start and ``--cleanup`` leaves (pkg/proxy/iptables: the
+# kubelet's firewall chain, empty, with its jumps; the iptables mode hint): (table, chain,
+# chains jumping to it). The kubelet itself makes none here (makeIPTablesUtilChains off).
+_LEFT_BEHIND = (("filter", "KUBE-FIREWALL", ("INPUT", "OUTPUT")),
+                ("mangle", "KUBE-IPTABLES-HINT", ()))
+
+
+def _iptables(tool: str, *args: str) -> bool:
+    return subprocess.run([tool, "-w", "5", *args], capture_output=True, timeout=30,
+                          check=False).returncode == 0
+
+
 def cleanup() -> str | None:
-    """Remove the rules kube-proxy wrote (its chains and jumps); the error, if any."""
+    """Remove the rules kube-proxy wrote (its chains and jumps, and what ``--cleanup``
+    leaves of its start); the error, if any."""
     proc = subprocess.run([str(node_bin_dir() / "kube-proxy"), "--cleanup"],
                           capture_output=True, text=True, timeout=60, check=False)
+    for tool in ("iptables", "ip6tables"):
+        for table, chain, parents in _LEFT_BEHIND:
+            # Only an empty chain (nobody else's rules in it) goes, with its jumps.
+            listed = subprocess.run([tool, "-w", "5", "-t", table, "-S", chain],
+                                    capture_output=True, text=True, timeout=30, check=False)
+            if listed.returncode != 0 or f"-A {chain} " in listed.stdout:
+                continue
+            for parent in parents:
+                while _iptables(tool, "-t", table, "-D", parent, "-j", chain):
+                    pass
+            _iptables(tool, "-t", table, "-X", chain)
     return None if proc.returncode == 0 else (proc.stderr or proc.stdout).strip()[-400:]
