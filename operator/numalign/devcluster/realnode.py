@@ -402,16 +402,8 @@ class RealNode:
     def _start_kube_proxy(self, ports: dict[str, int], deadline: float) -> None:
         config = kubeproxy.write_files(self.cluster, self.name, self.dir, ports)
         self._start("kube-proxy", kubeproxy.argv(config), program="kube-proxy")
-        url = f"http://127.0.0.1:{ports['kube-proxy-healthz']}/healthz"
-
-        def healthy() -> bool:
-            try:
-                with urllib.request.urlopen(url, timeout=2) as r:
-                    return bool(r.status == 200)
-            except OSError:
-                return False
-
-        self._wait("kube-proxy's /healthz", healthy, deadline, ("kube-proxy",))
+        self._wait("kube-proxy's /healthz", lambda: self._healthy("kube-proxy-healthz"),
+                   deadline, ("kube-proxy",))
 
     def _start_helpers(self, say: Log, deadline: float) -> None:
         """The sample device plugin and the real-node agent."""
@@ -470,13 +462,14 @@ class RealNode:
         self.process(name).start(cmd["argv"], env=cmd["env"], program=cmd["program"])
         if name == "kubelet":
             deadline = time.monotonic() + timeout
-            self._wait("the restarted kubelet's /healthz", self._kubelet_healthy, deadline,
+            self._wait("the restarted kubelet's /healthz", self._healthy, deadline,
                        ("kubelet",))
             self._wait_ready(deadline)
         say(f"{name} restarted ({time.monotonic() - t:.1f}s)")
 
-    def _kubelet_healthy(self) -> bool:
-        port = (self.state().get("ports") or {}).get("healthz")
+    def _healthy(self, port_name: str = "healthz") -> bool:
+        """The component on loopback port ``port_name`` (state.json) answers /healthz."""
+        port = (self.state().get("ports") or {}).get(port_name)
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
                 return bool(r.status == 200)
