@@ -35,6 +35,6 @@ RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     && numalign --help > /dev/null
 USER 65532:65532
 WORKDIR /
-EXPOSE 8080/tcp 9090/tcp 9443/tcp
+EXPOSE 8080/tcp 8081/tcp 9090/tcp 9443/tcp
 ENTRYPOINT ["numalign"]
 CMD ["--help"]

@@ -123,6 +123,6 @@ class FakeKube:
         return obj
 
     async def event(self, obj: Mapping[str, Any], type_: str, *, reason: str, message: str,
-                    component: str = "") -> bool:
+                    component: str = "", instance: str | None = None) -> bool:
         self.events.append((reason, message))
         return True

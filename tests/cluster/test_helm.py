@@ -17,7 +17,9 @@ import pytest
 import yaml
 
 from numalign.api import crdgen
+from numalign.devcluster import DevCluster
 from numalign.devcluster.helmbuild import helm_path, is_helm_built
+from numalign.devcluster.policies import install_policies, load_policies
 
 pytestmark = [
     pytest.mark.cluster,
@@ -81,9 +83,16 @@ def _wait_gone(kubectl: Kubectl, objs: list[Obj], timeout: float = 60) -> list[s
 
 
 @pytest.fixture
-def release_ns(kubectl: Kubectl, kubeconfig: Path) -> Iterator[str]:
+def release_ns(kubectl: Kubectl, kubeconfig: Path, dev_cluster: DevCluster) -> Iterator[str]:
     """A namespace for the release, labelled as README says; the chart's cluster-scoped
-    objects (fixed names: one release per cluster) must not be left by an earlier test."""
+    objects (fixed names: one release per cluster) must not be left by an earlier test.
+    The dev cluster installs config/tenancy's admission policy itself (numalign runs as
+    host processes there): it makes way for the chart's and is put back afterwards."""
+    own = [["validatingadmissionpolicybinding" if d["kind"].endswith("Binding")
+            else "validatingadmissionpolicy", d["metadata"]["name"]]
+           for d in load_policies() if d["kind"].startswith("ValidatingAdmissionPolicy")]
+    for ref in own:
+        kubectl("delete", *ref, "--ignore-not-found")
     ns = f"numalign-helm-{uuid.uuid4().hex[:6]}"
     cluster_scoped = [o for o in Helm(kubeconfig, ns).objects()
                       if "namespace" not in o["metadata"]
@@ -102,6 +111,8 @@ def release_ns(kubectl: Kubectl, kubeconfig: Path) -> Iterator[str]:
         kubectl("delete", "namespace", ns, "--wait=false", "--ignore-not-found", check=False)
         if not nrt_before:
             kubectl("delete", "crd", NRT_CRD, "--ignore-not-found", check=False)
+        _wait_gone(kubectl, cluster_scoped)
+        install_policies(dev_cluster.kube())
 
 
 def test_install_upgrade_uninstall(kubectl: Kubectl, kubeconfig: Path,
@@ -125,15 +136,20 @@ def test_install_upgrade_uninstall(kubectl: Kubectl, kubeconfig: Path,
                    "numalign-agent-node-restriction")
     assert binding["spec"]["paramRef"]["namespace"] == release_ns
 
+    # The dev cluster installs the NodeResourceTopology CRD itself (as node-feature-
+    # discovery would): then the chart must not (nrt.installCRD=false, as README says).
+    nrt_sets = ["nrt.enabled=true"]
+    if kubectl("get", "crd", NRT_CRD, "--ignore-not-found", "-o", "name").stdout.strip():
+        nrt_sets.append("nrt.installCRD=false")
     helm("upgrade", RELEASE, str(CHART), "--reuse-values", "--set", "operator.replicas=3",
-         "--set", "nrt.enabled=true")
+         *[f for s in nrt_sets for f in ("--set", s)])
     sts = _get(kubectl, "statefulset", "numalign-operator", "-n", release_ns)
     assert sts["spec"]["replicas"] == 3
     ds = _get(kubectl, "daemonset", "numalign-agent", "-n", release_ns)
     assert "--publish-nrt" in ds["spec"]["template"]["spec"]["containers"][0]["args"]
     kubectl("get", "crd", NRT_CRD)
 
-    upgraded = helm.objects("image.tag=dev", "operator.replicas=3", "nrt.enabled=true")
+    upgraded = helm.objects("image.tag=dev", "operator.replicas=3", *nrt_sets)
     helm("uninstall", RELEASE)
     crds = [o for o in upgraded if o["kind"] == "CustomResourceDefinition"]
     rest = [o for o in upgraded if o["kind"] != "CustomResourceDefinition"]

@@ -39,15 +39,15 @@ SKIPPED: dict[str, str] = {
     r"make demo\b.*": "runs as its documented equivalent 'numalign dev up --demo' in a "
                       "temporary state dir (test_readme_demo_and_cluster_commands)",
     r"make test\b.*": "the whole test suite, this test included",
-    r"numalign dev image\b.*": "builds the image (tests/runtime/test_numalign_image.py "
-                               "builds it, imports it into a containerd and runs it; "
-                               "--update-lock rewrites requirements.lock, whose pins "
-                               "tests/unit/test_numalign_image.py checks)",
-    r"kubectl (create|label) namespace numalign-system\b.*|helm (install|upgrade|uninstall) "
-    r"numalign\b.*|--set image\.repository=REGISTRY/numalign .*":
-        "Install with Helm: tests/cluster/test_helm.py installs the chart into a labelled "
-        "namespace, upgrades it with a changed value and uninstalls it, against the real "
-        "API server (REGISTRY/TAG name the user's registry)",
+    r"numalign dev image( --update-lock)?": "builds the image (minutes cold) or re-resolves "
+        "the lock against the package index: tests/unit/test_numalign_image.py and "
+        "tests/runtime/test_numalign_image.py build and run it, tests/e2e/"
+        "test_installed_e2e.py installs it",
+    r"kubectl (create|label) namespace numalign-system.*|helm (install|upgrade) numalign "
+    r"charts/numalign .*|helm uninstall numalign .*|--set image\.repository=REGISTRY/.*":
+        "installs numalign into the user's cluster: tests/cluster/test_helm.py runs the "
+        "chart's install, upgrade and uninstall on the real API server, tests/e2e/"
+        "test_installed_e2e.py with its pods running (dev up --install helm)",
 }
 
 CHECKS: tuple[Check, ...] = (

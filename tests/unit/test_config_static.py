@@ -235,15 +235,24 @@ def test_operator_runs_in_peering_with_distinct_priorities(default: list[Obj]) -
     assert "--priority=$(POD_INDEX)" in args
     env = {e["name"]: e for e in c["env"]}
     assert "pod-index" in env["POD_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"]
+    # Kopf's peering identity is the pod's name, not user@host.
+    assert env["POD_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert f"--liveness=http://0.0.0.0:{ports['health']}/healthz" in args
+    # Ready (behind the webhook Service) only once its webhook server answers.
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "ready"}
+    assert f"--readiness=http://0.0.0.0:{ports['ready']}/readyz" in args
     assert f"--metrics-port={ports['metrics']}" in args
     assert f"--webhook-port={ports['webhook']}" in args
-    [webhook] = [s for s in of_kind(default, "Service")
-                 if s["metadata"]["name"] == "numalign-webhook"]
-    assert "--webhook-host=numalign-webhook.$(POD_NAMESPACE).svc" in args
+    services = {s["metadata"]["name"]: s for s in of_kind(default, "Service")}
+    webhook = services["numalign-webhook"]
+    assert "--webhook-service=$(POD_NAMESPACE)/numalign-webhook" in args
     assert webhook["spec"]["ports"][0]["port"] == ports["webhook"]
+    # The governing Service is headless.
+    governing = services[sts["spec"]["serviceName"]]
+    assert governing["spec"]["clusterIP"] == "None"
+    assert governing["spec"]["selector"] == sts["spec"]["selector"]["matchLabels"]
 
 
 def _named(objs: list[Obj], kind: str, name: str) -> Obj:
@@ -471,11 +480,37 @@ def test_webhooks_skip_system_namespaces_and_answer_fast(default: list[Obj]) -> 
              for h in o["webhooks"]]
     assert {h["name"] for h in hooks} == {"resolve.numalign.io", "overrides.numalign.io",
                                           "policy-overlaps.numalign.io"}
+    [service] = [s for s in of_kind(default, "Service")
+                 if s["metadata"]["name"] == "numalign-webhook"]
     for h in hooks:
         [expr] = h["namespaceSelector"]["matchExpressions"]
         assert expr["key"] == "kubernetes.io/metadata.name" and expr["operator"] == "NotIn"
         assert {"kube-system", "numalign-system"} <= set(expr["values"])
         assert h["timeoutSeconds"] <= 5 and h["failurePolicy"] == "Ignore"
+        # Called through the Service (the cluster routes to a ready replica), not a URL.
+        ref = h["clientConfig"]["service"]
+        assert "url" not in h["clientConfig"]
+        assert (ref["namespace"], ref["name"]) == ("numalign-system", "numalign-webhook")
+        assert ref["port"] in {p["port"] for p in service["spec"]["ports"]}
+        assert ref["path"] == "/" + h["name"].removesuffix(".numalign.io")
+
+
+def test_default_follows_its_namespace(tmp_path: Path) -> None:
+    """config/default's `namespace:` is the one place numalign's namespace is named: with
+    another, no object, reference, binding or webhook selector keeps numalign-system."""
+    shutil.copytree(CONFIG, tmp_path / "config")
+    shutil.copytree(REPO / "crds", tmp_path / "crds")  # config/crd's resources
+    kust = tmp_path / "config" / "default" / "kustomization.yaml"
+    text = kust.read_text()
+    assert "\nnamespace: numalign-system\n" in text
+    kust.write_text(text.replace("\nnamespace: numalign-system\n", "\nnamespace: numa-b\n"))
+    objs = kustomize(tmp_path / "config" / "default")
+    assert "numalign-system" not in yaml.safe_dump_all(objs)
+    for o in of_kind(objs, "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        for h in o["webhooks"]:
+            assert h["clientConfig"]["service"]["namespace"] == "numa-b"
+            [expr] = h["namespaceSelector"]["matchExpressions"]
+            assert sorted(expr["values"]) == ["kube-system", "numa-b"]
 
 
 def test_network_policies_guard_the_webhook_and_metrics_ports(default: list[Obj]) -> None:

@@ -69,6 +69,9 @@ def test_installs_the_parameter_in_the_bindings_namespace_and_replaces_on_reuse(
     cm = api.objects["/api/v1/namespaces/numalign-system/configmaps/numalign-pod-annotations"]
     assert cm["metadata"]["namespace"] == "numalign-system"
     assert cm["data"]["trusted-groups"] == "system:masters"
+    binding = api.objects["/apis/admissionregistration.k8s.io/v1/"
+                          "validatingadmissionpolicybindings/numalign-pod-annotations"]
+    assert binding["spec"]["paramRef"]["namespace"] == "numalign-system"
     install_policies(api)  # type: ignore[arg-type]
     assert len(api.objects) == 4
 

@@ -14,11 +14,17 @@ from cryptography.x509.oid import NameOID
 
 from numalign.api.wire import LABEL_MANAGED, MANAGED_NRI
 from numalign.commands import dev
-from numalign.devcluster import certs
-from numalign.devcluster.cluster import DevCluster
+from numalign.devcluster import certs, kubeproxy
+from numalign.devcluster.cluster import CLUSTER_CIDR, DevCluster
 from numalign.devcluster.images import PAUSE_IMAGE
 from numalign.devcluster.realnode import RealNode, RealNodeError
-from numalign.devcluster.realnode_config import MODE_KUBELET, MODE_NRI, TAINT, node_labels
+from numalign.devcluster.realnode_config import (
+    MODE_KUBELET,
+    MODE_NRI,
+    TAINT,
+    kubelet_configuration,
+    node_labels,
+)
 
 
 def _node(tmp_path: Path, mode: str = MODE_KUBELET) -> RealNode:
@@ -209,3 +215,51 @@ def test_dev_status_shows_the_real_nodes_mode(tmp_path: Path, mode: str, says: s
                       "scope": "pod"})
     assert dev.main(["status", "--state-dir", str(node.cluster.state_dir)]) == 1  # no cluster
     assert says in capsys.readouterr().out
+
+
+def test_only_a_cluster_whose_pods_reach_services_makes_the_bridge_their_gateway(
+        tmp_path: Path) -> None:
+    node = _node(tmp_path)
+    for gateway in (False, True):
+        node._write_containerd_config(gateway=gateway)
+        [bridge] = json.loads(
+            (node.containerd_dir / "cni/conf/10-numalign.conflist").read_text())["plugins"]
+        assert bridge["isGateway"] is gateway and bridge["isDefaultGateway"] is gateway
+        assert bridge["ipMasq"] is False  # kube-proxy masquerades Service traffic itself
+    cfg = kubelet_configuration(ports={"kubelet": 1, "healthz": 2}, policy="none",
+                                scope="container", reserved="0", cgroup_root="/x",
+                                ca_cert=tmp_path / "ca", endpoint="unix:///x",
+                                pod_logs=tmp_path)
+    assert cfg["makeIPTablesUtilChains"] is False  # no chains of the kubelet on the host
+
+
+def test_kube_proxy_is_the_node_proxier_on_loopback_and_leaves_sysctls_alone(
+        tmp_path: Path) -> None:
+    node = _node(tmp_path)
+    ports = {"kube-proxy-healthz": 40011, "kube-proxy-metrics": 40012}
+    config = kubeproxy.write_files(node.cluster, node.name, node.dir, ports)
+    cfg = yaml.safe_load(config.read_text())
+    assert cfg["kind"] == "KubeProxyConfiguration" and cfg["mode"] == "iptables"
+    assert cfg["hostnameOverride"] == "localhost" and cfg["clusterCIDR"] == CLUSTER_CIDR
+    assert (cfg["healthzBindAddress"], cfg["metricsBindAddress"]) == (
+        "127.0.0.1:40011", "127.0.0.1:40012")
+    assert cfg["iptables"] == {"masqueradeAll": True, "localhostNodePorts": False}
+    assert cfg["conntrack"]["maxPerCore"] == 0 and cfg["conntrack"]["min"] == 0
+    # Its identity: system:kube-proxy (the API server's bootstrap system:node-proxier).
+    kc = yaml.safe_load(Path(cfg["clientConnection"]["kubeconfig"]).read_text())
+    cert = x509.load_pem_x509_certificate((node.dir / "kube-proxy.crt").read_bytes())
+    assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == \
+        "system:kube-proxy"
+    assert kc["users"][0]["name"] == "system:kube-proxy"
+    assert kubeproxy.argv(config)[1:] == [f"--config={config}", "--v=1"]
+
+
+def test_dev_up_install_needs_the_real_node(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    state = ["--state-dir", str(tmp_path / "s")]
+    assert dev.main(["up", *state, "--install", "helm"]) == 2
+    assert "--install runs numalign's pods on the real node: add --real-node" in \
+        capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        dev.main(["up", *state, "--real-node", "--install", "apply"])
+    assert not (tmp_path / "s").exists()

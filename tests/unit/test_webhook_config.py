@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import kopf
+import pytest
 from cryptography import x509
 
 from numalign.controller import main, webhookconfig, webhooks
@@ -31,6 +32,34 @@ def test_every_webhook_skips_system_namespaces_and_times_out_fast() -> None:
             assert h["sideEffects"] == "None"
             assert base64.b64decode(h["clientConfig"]["caBundle"]) == ca
             assert h["clientConfig"]["url"].startswith("https://h.ns.svc:9443/")
+
+
+def test_webhooks_through_a_service_name_it_and_the_handler_path() -> None:
+    """In a cluster the API server calls the webhooks through the operator's Service
+    (--webhook-service NAMESPACE/NAME): a service reference, no URL."""
+    target = webhookconfig.parse_service("numalign-system/numalign-webhook", 9443)
+    assert target.host == "numalign-webhook.numalign-system.svc"
+    for mutating in (True, False):
+        for h in webhookconfig.webhooks(mutating, target, b"ca", ["kube-system"]):
+            cc = h["clientConfig"]
+            assert "url" not in cc and base64.b64decode(cc["caBundle"]) == b"ca"
+            assert cc["service"] == {"namespace": "numalign-system", "name": "numalign-webhook",
+                                     "path": "/" + h["name"].removesuffix(".numalign.io"),
+                                     "port": 9443}
+
+
+@pytest.mark.parametrize(("text", "port", "complaint"), [
+    ("numalign-webhook", 9443, "NAMESPACE/NAME"),
+    ("ns/", 9443, "the name"),
+    ("/svc", 9443, "the namespace"),
+    ("NS/svc", 9443, "the namespace"),
+    ("ns/svc.x", 9443, "the name"),
+    ("ns/svc", 0, "--webhook-port 0"),
+])
+def test_a_bad_webhook_service_is_refused_naming_it(text: str, port: int,
+                                                    complaint: str) -> None:
+    with pytest.raises(ValueError, match=complaint):
+        webhookconfig.parse_service(text, port)
 
 
 def test_the_configurations_cover_every_admission_handler() -> None:
@@ -74,8 +103,8 @@ def test_the_operator_schedules_the_renewal(monkeypatch: Any, tmp_path: Path) ->
         calls.append("renew")
         return len(calls) == 1
 
-    async def apply(url: str, ca: bytes, exclude: list[str]) -> None:
-        calls.append(url)
+    async def apply(target: webhookconfig.Target, ca: bytes, exclude: list[str]) -> None:
+        calls.append(str(target))
 
     monkeypatch.setattr(webhooks, "renew", renew)
     monkeypatch.setattr(webhookconfig, "apply", apply)

@@ -6,6 +6,7 @@
     numalign dev up --demo [--state-dir DIR]  # + emulated nodes and the sample workloads
     numalign dev up --real-node [FILE]       # + a real kubelet and containerd (root)
     numalign dev up --real-node --nri        # ... numalign-managed: it places containers (NRI)
+    numalign dev up --real-node [--nri] --install kustomize|helm   # numalign as pods
     numalign dev kubeconfig                  # print the kubeconfig path
     numalign dev status
     numalign dev down
@@ -40,6 +41,7 @@ from ..devcluster.images.numalign_image import (
     update_lock,
 )
 from ..devcluster.images.oci import ImageError
+from ..devcluster.install import METHODS, Installer
 from ..devcluster.nodebuild import ensure_node_built
 from ..devcluster.oracle_build import ensure_oracle_built
 from ..devcluster.realnode import PROCESSES, RealNode, cannot_run_containers
@@ -99,6 +101,12 @@ def _parser() -> argparse.ArgumentParser:
                          "Topology managers at none, the Node labelled numalign.io/managed=nri "
                          "and numalign's agent placing each container under its pod's "
                          "resolved policy through containerd's NRI socket")
+    up.add_argument("--install", choices=METHODS, default=None,
+                    help="with --real-node: install numalign into the cluster as a user "
+                         "does, from config/default (kustomize) or charts/numalign (helm), "
+                         f"with the image {IMAGE} imported into the real node: the operator "
+                         "and the real node's agent run as pods (the API server listens on "
+                         "an address pods reach; kube-proxy serves the Services)")
     up.add_argument("--no-operator", action="store_true",
                     help="do not start the numalign operator even when it is available")
     up.add_argument("--no-extender", action="store_true",
@@ -212,12 +220,22 @@ def _act(args: argparse.Namespace, cluster: DevCluster) -> int:
     if args.action == "up" and args.demo:
         return _demo(args, cluster)
     if args.action == "up":
+        if args.install is not None and args.real_node is None:
+            _log("error: --install runs numalign's pods on the real node: add --real-node")
+            return 2
         machines = [MachineSpec.parse(m) for m in args.machine]
-        cluster.up(machines=machines, operator=not args.no_operator, log=_log,
-                   timeout=args.timeout, scheduler_extender=not args.no_extender,
-                   extender=not args.no_extender)
+        t0 = time.monotonic()
+        cluster.up(machines=machines, operator=not args.no_operator and args.install is None,
+                   in_cluster=args.install is not None, log=_log, timeout=args.timeout,
+                   scheduler_extender=not args.no_extender, extender=not args.no_extender)
         if args.real_node is not None:
-            _up_real_node(args, cluster, args.real_node)
+            real = _up_real_node(args, cluster, args.real_node)
+            if args.install is not None:
+                Installer(cluster, real, args.install).install(
+                    log=_log, timeout=max(args.timeout, 300.0))
+                _log(f"dev up --install {args.install}: every numalign pod Ready "
+                     f"{time.monotonic() - t0:.1f}s after the start")
+        cluster.close()
         print(cluster.kubeconfig)
         return 0
     if args.action == "down":
@@ -325,10 +343,12 @@ def _demo(args: argparse.Namespace, cluster: DevCluster) -> int:
     return 0 if result.settled else 1
 
 
-def _up_real_node(args: argparse.Namespace, cluster: DevCluster, machine: Path) -> None:
-    """The real node of ``dev up --real-node`` (and the demo's), in the mode asked for."""
-    RealNode(cluster, machine, policy=args.topology_policy,
-             mode=MODE_NRI if args.nri else MODE_KUBELET).up(
+def _up_real_node(args: argparse.Namespace, cluster: DevCluster, machine: Path) -> RealNode:
+    """The real node of ``dev up --real-node`` (and the demo's), in the mode asked for;
+    with ``--install`` its agent is the installed DaemonSet's pod, not a host process."""
+    return RealNode(cluster, machine, policy=args.topology_policy,
+                    mode=MODE_NRI if args.nri else MODE_KUBELET,
+                    host_agent=getattr(args, "install", None) is None).up(
         log=_log, timeout=max(args.timeout, 240.0))
 
 

@@ -26,6 +26,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--webhook-addr", default="127.0.0.1", help="address to listen on")
     p.add_argument("--webhook-host", help="host name or IP the API server uses to reach the "
                    "webhooks (default: the listen address)")
+    p.add_argument("--webhook-service", metavar="NAMESPACE/NAME",
+                   help="the API server calls the webhooks through this Service (its port "
+                   "--webhook-port; the certificate names NAME.NAMESPACE.svc) instead of "
+                   "https://HOST:PORT")
     p.add_argument("--cert-dir", help="where the webhook certificates are kept")
     p.add_argument("--cert-secret", metavar="NAMESPACE/NAME",
                    help="keep the webhook CA and certificate in this Secret (for replicas)")
@@ -41,6 +45,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-addr", default="0.0.0.0")
     p.add_argument("--liveness", metavar="URL", nargs="?", const="http://0.0.0.0:8080/healthz",
                    help="serve a liveness probe (default URL http://0.0.0.0:8080/healthz)")
+    p.add_argument("--readiness", metavar="URL", nargs="?", const="http://0.0.0.0:8081/readyz",
+                   help="serve a readiness probe, ready when the webhook server answers a "
+                   "verified TLS handshake (default URL http://0.0.0.0:8081/readyz)")
     p.add_argument("--verbose", "-v", action="store_true")
     return p
 
@@ -54,7 +61,17 @@ def main(argv: list[str]) -> int:
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
+    from numalign.controller import readiness, webhookconfig
     from numalign.controller.main import Options, run
+
+    try:
+        if args.webhook_service:
+            webhookconfig.parse_service(args.webhook_service, args.webhook_port)
+        if args.readiness:
+            readiness.parse_url(args.readiness)
+    except ValueError as e:
+        print(f"numalign operator: {e}", file=sys.stderr)
+        return 2
 
     opts = Options(
         kubeconfig=args.kubeconfig,
@@ -62,11 +79,12 @@ def main(argv: list[str]) -> int:
         peering=args.peering, priority=args.priority,
         webhooks=not args.no_webhooks, webhook_addr=args.webhook_addr,
         webhook_host=args.webhook_host, webhook_port=args.webhook_port,
+        webhook_service=args.webhook_service,
         cert_dir=args.cert_dir, cert_secret=args.cert_secret,
         webhook_exclude=["kube-system", *args.webhook_exclude_namespace],
         recreate_bare_pods=args.recreate_bare_pods,
         metrics_port=args.metrics_port, metrics_addr=args.metrics_addr,
-        liveness=args.liveness)
+        liveness=args.liveness, readiness=args.readiness)
 
     async def _main() -> None:
         stop = asyncio.Event()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -117,5 +118,7 @@ async def list_items(path: str, params: Mapping[str, str] | None = None
 
 
 async def event(obj: Mapping[str, Any], type_: str, *, reason: str, message: str) -> None:
-    """Post a core/v1 Event about ``obj`` (never raises: events are best effort)."""
-    await client().event(obj, type_, reason=reason, message=message, component=COMPONENT)
+    """Post a core/v1 Event about ``obj`` (never raises: events are best effort), reported
+    by this replica (``POD_ID``, its peering identity, where set)."""
+    await client().event(obj, type_, reason=reason, message=message, component=COMPONENT,
+                         instance=os.environ.get("POD_ID") or None)

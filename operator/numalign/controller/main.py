@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import kopf
+from aiohttp import web
 
 from . import (
     cache,
@@ -23,6 +24,7 @@ from . import (
     nodedefaults,
     pods,
     policies,
+    readiness,
     redeploy,
     webhookconfig,
     webhooks,
@@ -43,6 +45,9 @@ class Options:
     webhook_addr: str = "127.0.0.1"
     webhook_host: str | None = None
     webhook_port: int = 9443
+    # The Service the API server calls the webhooks through (NAMESPACE/NAME, port
+    # webhook_port); None: at https://webhook_host:webhook_port.
+    webhook_service: str | None = None
     cert_dir: str | None = None
     cert_secret: str | None = None
     # Namespaces the webhooks never see (kube-system and numalign's own).
@@ -51,6 +56,7 @@ class Options:
     metrics_port: int = 9090
     metrics_addr: str = "0.0.0.0"
     liveness: str | None = None
+    readiness: str | None = None  # http://ADDR:PORT/PATH
     resync_interval: float = 5.0
 
 
@@ -87,9 +93,9 @@ async def _periodic(interval: float) -> None:
         await asyncio.sleep(interval)
 
 
-async def _renew_certificates(cert_dir: Path, hosts: list[str], secret: str | None, url: str,
-                              exclude: list[str], interval: float = webhooks.RENEW_CHECK_S
-                              ) -> None:
+async def _renew_certificates(cert_dir: Path, hosts: list[str], secret: str | None,
+                              target: webhookconfig.Target, exclude: list[str],
+                              interval: float = webhooks.RENEW_CHECK_S) -> None:
     """Renew the serving certificate before it expires, for as long as the operator runs
     (Kopf's server reloads the changed files); rewrite the webhook configurations after."""
     while True:
@@ -98,7 +104,7 @@ async def _renew_certificates(cert_dir: Path, hosts: list[str], secret: str | No
             if await webhooks.renew(cert_dir, hosts, secret):
                 log.info("webhook certificate renewed")
                 ca = (cert_dir / webhooks.CA_FILE).read_bytes()
-                await webhookconfig.apply(url, ca, exclude)
+                await webhookconfig.apply(target, ca, exclude)
         except Exception as e:  # retried at the next check
             log.warning(f"webhook certificate renewal failed: {e}")
 
@@ -113,6 +119,7 @@ class _NoWebhookServer:
 
 
 _tasks: list[asyncio.Task[None]] = []
+_runners: list[web.AppRunner] = []
 
 
 @kopf.on.startup()
@@ -126,27 +133,36 @@ async def startup(settings: kopf.OperatorSettings, logger: kopf.Logger, **_: Any
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="numalign.io", key="last-handled-configuration")
     settings.peering.name = opts.peering or "numalign"
+    check: readiness.WebhookCheck | None = None
     if opts.webhooks:
-        host = opts.webhook_host or opts.webhook_addr
+        service = (webhookconfig.parse_service(opts.webhook_service, opts.webhook_port)
+                   if opts.webhook_service else None)
+        host = opts.webhook_host or (service.host if service else opts.webhook_addr)
         cert_dir = Path(opts.cert_dir or tempfile.mkdtemp(prefix="numalign-webhook-"))
-        hosts = [host, opts.webhook_addr, "127.0.0.1", "localhost"]
-        hosts = [h for h in hosts if h and h != "0.0.0.0"]
+        hosts = [host, service.host if service else "", opts.webhook_addr, "127.0.0.1",
+                 "localhost"]
+        hosts = [h for h in dict.fromkeys(hosts) if h and h not in ("0.0.0.0", "::")]
         await webhooks.certificates(cert_dir, hosts, opts.cert_secret)
         settings.admission.server = webhooks.server(opts.webhook_addr, opts.webhook_port, host,
                                                     cert_dir)
         # Kopf serves the handlers; the configurations are ours (webhookconfig: namespace
         # exclusions, short timeout, nothing removed when a replica stops).
         settings.admission.managed = None
-        url = f"https://{host}:{opts.webhook_port}"
+        target: webhookconfig.Target = service or f"https://{host}:{opts.webhook_port}"
         ca = (cert_dir / webhooks.CA_FILE).read_bytes()
-        await webhookconfig.apply(url, ca, opts.webhook_exclude)
+        await webhookconfig.apply(target, ca, opts.webhook_exclude)
         _tasks.append(asyncio.create_task(_renew_certificates(
-            cert_dir, hosts, opts.cert_secret, url, opts.webhook_exclude)))
-        logger.info(f"webhooks on https://{host}:{opts.webhook_port} (certificates in {cert_dir})")
+            cert_dir, hosts, opts.cert_secret, target, opts.webhook_exclude)))
+        check = readiness.WebhookCheck(opts.webhook_addr, opts.webhook_port, host,
+                                       cert_dir / webhooks.CA_FILE)
+        logger.info(f"webhooks on https://{host}:{opts.webhook_port} (certificates in "
+                    f"{cert_dir}), called at {target}")
     else:
         # Kopf refuses to start with admission handlers and no server: serve nothing.
         settings.admission.server = _NoWebhookServer()
         settings.admission.managed = None
+    if opts.readiness:
+        _runners.append(await readiness.start(opts.readiness, check))
     _tasks.append(asyncio.create_task(_periodic(opts.resync_interval)))
 
 
@@ -157,6 +173,9 @@ async def cleanup(**_: Any) -> None:
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await t
     _tasks.clear()
+    for r in _runners:
+        await r.cleanup()
+    _runners.clear()
     await redeploy.stop_workers()
     await kube.close()
 

@@ -185,8 +185,9 @@ def _save(pair: KeyPair, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey
     _write(pair.key, _key_pem(key), private=True)
 
 
-def generate(directory: Path) -> Pki:
-    """Write a fresh PKI into ``directory`` and return where each file is."""
+def generate(directory: Path, addresses: tuple[str, ...] = ()) -> Pki:
+    """Write a fresh PKI into ``directory`` and return where each file is; the API
+    server's certificate also names ``addresses`` (where it listens besides loopback)."""
     pki = Pki.at(directory)
     directory.mkdir(parents=True, exist_ok=True)
     os.chmod(directory, 0o700)
@@ -198,7 +199,7 @@ def generate(directory: Path) -> Pki:
         "kube-apiserver", now, server=True,
         dns=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
              "kubernetes.default.svc.cluster.local"),
-        ips=("127.0.0.1", "::1", SERVICE_IP),
+        ips=("127.0.0.1", "::1", SERVICE_IP, *addresses),
     ))
     _save(pki.admin, *ca.issue("numalign-admin", now, org="system:masters"))
     _save(pki.controller_manager, *ca.issue("system:kube-controller-manager", now))

@@ -33,6 +33,7 @@ from ..api.kube import NT_BASE, KubeConfig, SyncKube
 from . import build, certs
 from .addons import ADDONS, ClusterInfo, MachineSpec, metrics_url
 from .crds import install_crds
+from .hostcgroups import add_host_address, remove_host_address
 from .policies import PolicyError, install_policies
 from .processes import Process, free_ports
 from .scheduler import CONFIG_FILE, write_scheduler_config
@@ -41,6 +42,11 @@ Log = Callable[[str], None]
 
 SERVICE_CIDR = "10.96.0.0/16"
 CLUSTER_CIDR = "10.244.0.0/16"
+# Where the API server listens when pods must reach it (``up(in_cluster=True)``): a private
+# address of this host, on its loopback device, in the cluster's pod range but outside any
+# node's pod subnet. Pods reach it through the ``kubernetes`` Service (kube-proxy on the
+# real node), whose endpoint it is; it is never an address of an external interface.
+HOST_ADDRESS = "10.244.255.1"
 # API client rate limits of kube-controller-manager and kube-scheduler. Raised above the
 # Kubernetes defaults (20 and 50 QPS) so that a dev cluster on loopback creates and binds
 # Deployments' pods in bursts; NUMALIGN_DEV_CLIENT_QPS=default keeps the Kubernetes
@@ -154,13 +160,18 @@ class DevCluster:
         machines: Iterable[MachineSpec] = (),
         operator: bool = False,
         install: bool = True,
+        in_cluster: bool = False,
         log: Log | None = None,
         timeout: float = 180.0,
         scheduler_extender: bool = True,
         extender: bool = False,
     ) -> DevCluster:
         """Start the control plane (or reuse the running one), install the CRDs and start
-        the addons that apply. Raises DevClusterError (or build.BuildError).
+        the addons that apply. ``in_cluster``: numalign will be installed into the
+        cluster as pods (``dev up --install``): the API server listens on
+        :data:`HOST_ADDRESS`, which pods reach, and the dev cluster installs no admission
+        policies of its own (the installation brings them). Raises DevClusterError (or
+        build.BuildError).
 
         ``scheduler_extender``: kube-scheduler is configured with numalign's scheduler
         extender (ignorable: while it does not run, pods schedule without it);
@@ -173,8 +184,14 @@ class DevCluster:
         say(f"binaries ready in {bins} ({time.monotonic() - t0:.1f}s)")
         if self.is_running():
             say(f"control plane already running at {self.server} (state {self.state_dir})")
+            if in_cluster != bool(self.state().get("hostAddress")):
+                raise DevClusterError(
+                    "the running control plane listens on "
+                    f"{'a pod-reachable address' if not in_cluster else 'loopback only'}; "
+                    "'numalign dev down' first to start it "
+                    f"{'for' if in_cluster else 'without'} an installed numalign")
             if install:
-                self._install(say)
+                self._install(say, policies=not in_cluster)
             self._start_addons(machines, operator, say, reuse=True)
             if extender and self.extender_url is None:
                 say("the running kube-scheduler has no extender (started with "
@@ -187,9 +204,9 @@ class DevCluster:
         self._stop_all()
         self._clean()
         try:
-            self._start(bins, say, timeout)
+            self._start(bins, say, timeout, HOST_ADDRESS if in_cluster else None)
             if install:
-                self._install(say)
+                self._install(say, policies=not in_cluster)
             self._start_addons(machines, operator, say)
             if extender:
                 self.start_extender(say)
@@ -255,8 +272,8 @@ class DevCluster:
         return self._kube
 
     def close(self) -> None:
-        """Close the API client (its connection pool and loop thread); a later call
-        opens a new one."""
+        """Close the API client (its connection pool and loop thread; the cluster keeps
+        running); a later call opens a new one."""
         self._close_kube()
 
     def _close_kube(self) -> None:
@@ -266,18 +283,25 @@ class DevCluster:
 
     # -------------------------------------------------------------------- starting
 
-    def _start(self, bins: Path, say: Log, timeout: float) -> None:
+    def _start(self, bins: Path, say: Log, timeout: float, address: str | None) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         t = time.monotonic()
-        certs.generate(self.pki.dir)
+        if address is not None:
+            try:
+                add_host_address(address)
+            except OSError as e:
+                raise DevClusterError(f"the API server's pod-reachable address: {e} "
+                                      "(needs root)") from None
+        certs.generate(self.pki.dir, (address,) if address else ())
         etcd_port, peer_port, api_port, kcm_port, sched_port, ext_port = free_ports(6)
-        server = f"https://127.0.0.1:{api_port}"
+        server = f"https://{address or '127.0.0.1'}:{api_port}"
         self._write_kubeconfigs(server)
         self._save_state({
             **({"extender": {"port": ext_port, "url": f"http://127.0.0.1:{ext_port}"}}
                if self._want_extender else {}),
             "name": self.name,
             "server": server,
+            **({"hostAddress": address} if address else {}),
             "ports": {"etcd": etcd_port, "etcdPeer": peer_port, "apiserver": api_port,
                       "controllerManager": kcm_port, "scheduler": sched_port},
             "kubernetesVersion": build.KUBERNETES_VERSION,
@@ -303,7 +327,8 @@ class DevCluster:
             "--log-level=warn",
         ])
         # The API server waits for etcd by itself: start both, then wait for both.
-        self.process("kube-apiserver").start(self._apiserver_args(bins, api_port, etcd_url))
+        self.process("kube-apiserver").start(self._apiserver_args(bins, api_port, etcd_url,
+                                                                  address))
         with _probe(etcd_url) as etcd:
             self._wait("etcd", lambda: etcd.ok("/health"), deadline, ("etcd",))
         say(f"etcd ready ({time.monotonic() - t:.1f}s)")
@@ -326,13 +351,14 @@ class DevCluster:
                    deadline, CONTROL_PLANE)
         say(f"kube-controller-manager and kube-scheduler ready ({time.monotonic() - t:.1f}s)")
 
-    def _apiserver_args(self, bins: Path, port: int, etcd_url: str) -> list[str]:
+    def _apiserver_args(self, bins: Path, port: int, etcd_url: str,
+                        address: str | None = None) -> list[str]:
         p = self.pki
         return [
             str(bins / "kube-apiserver"),
             f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            f"--bind-address={address or '127.0.0.1'}",
+            f"--advertise-address={address or '127.0.0.1'}",
             f"--secure-port={port}",
             f"--cert-dir={p.dir}",
             f"--tls-cert-file={p.apiserver.cert}",
@@ -355,7 +381,9 @@ class DevCluster:
             f"--kubelet-client-key={p.apiserver_kubelet_client.key}",
             "--kubelet-preferred-address-types=Hostname,InternalIP",
             "--allow-privileged=true",
-            "--endpoint-reconciler-type=none",  # loopback is no valid endpoint address
+            # The kubernetes Service's endpoint: the pod-reachable address (the default
+            # reconciler), none on loopback (no valid endpoint address).
+            *(() if address else ("--endpoint-reconciler-type=none",)),
             "--profiling=false",
             "--v=1",
         ]
@@ -461,15 +489,17 @@ class DevCluster:
                 )
             time.sleep(0.2)
 
-    def _install(self, say: Log) -> None:
+    def _install(self, say: Log, policies: bool = True) -> None:
         t = time.monotonic()
         names = self.install_crds()
         say(f"CRDs established: {', '.join(names)} ({time.monotonic() - t:.1f}s)")
+        if not policies:
+            return
         try:
-            policies = install_policies(self.kube())
+            names = install_policies(self.kube())
         except PolicyError as e:
             raise DevClusterError(str(e)) from e
-        say(f"admission policies installed: {', '.join(policies)}")
+        say(f"admission policies installed: {', '.join(names)}")
 
     # -------------------------------------------------------------------- addons
 
@@ -556,6 +586,8 @@ class DevCluster:
                 proc.stop(timeout)
                 if proc.name in running:
                     say(f"stopped {proc.name}")
+        if self.state().get("hostAddress"):
+            remove_host_address(HOST_ADDRESS)  # never an address state.json names
 
     def _clean(self) -> None:
         """Remove what up() wrote (and nothing else) from the state dir."""

@@ -133,3 +133,21 @@ def delete_bridge(bridge: str) -> bool:
         return False
     subprocess.run(["ip", "link", "delete", name], capture_output=True, check=False)
     return True
+
+
+def add_host_address(address: str) -> None:
+    """Give this host ``address`` (a /32 on the loopback device), unless it has it."""
+    proc = subprocess.run(["ip", "-4", "addr", "show", "dev", "lo"], capture_output=True,
+                          text=True, check=False)
+    if f" {address}/" in proc.stdout:
+        return
+    proc = subprocess.run(["ip", "addr", "add", f"{address}/32", "dev", "lo"],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise OSError(f"ip addr add {address}/32 dev lo: {proc.stderr.strip()}")
+
+
+def remove_host_address(address: str) -> None:
+    """Take ``address`` off the loopback device (nothing when it is not there)."""
+    subprocess.run(["ip", "addr", "del", f"{address}/32", "dev", "lo"], capture_output=True,
+                   check=False)

@@ -1,6 +1,6 @@
-"""Build the real node's binaries from their Go modules: the kubelet (same Kubernetes
-version and module set as the control plane), containerd v2 and ``ctr``, runc and the
-CNI plugins bridge, host-local, loopback and portmap.
+"""Build the real node's binaries from their Go modules: the kubelet and kube-proxy (same
+Kubernetes version and module set as the control plane), containerd v2 and ``ctr``, runc
+and the CNI plugins bridge, host-local, loopback and portmap.
 
 They are cached under ``~/.cache/numalign/realnode-<versions>/bin`` with a stamp file
 of their own, so the control plane's cache (:mod:`numalign.devcluster.build`) stays
@@ -11,6 +11,8 @@ build needs a C compiler, pkg-config and the libseccomp headers. Where the heade
 missing and this runs as root on a machine with apt-get, the build installs
 ``libseccomp-dev`` itself (the OS's runc package would be an older runc than the one
 containerd v2 is tested with); elsewhere it stops with an error that says what to install.
+kube-proxy programs netfilter with the ``iptables`` and ``nft`` commands: the build installs
+``iptables`` and ``nftables`` the same way where they are missing.
 """
 
 from __future__ import annotations
@@ -41,8 +43,10 @@ CNI_PLUGINS = {
     "loopback": "plugins/main/loopback",
     "portmap": "plugins/meta/portmap",
 }
-NODE_BINARIES = ("kubelet", "containerd", "containerd-shim-runc-v2", "ctr", "runc")
+NODE_BINARIES = ("kubelet", "kube-proxy", "containerd", "containerd-shim-runc-v2", "ctr",
+                 "runc")
 SECCOMP_PACKAGE = "libseccomp-dev"
+NETFILTER_PACKAGES = {"iptables": "iptables", "nft": "nftables"}  # command: package
 
 Log = Callable[[str], None]
 
@@ -104,6 +108,22 @@ def _build_containerd(tc: Toolchain, out: Path, log: Log) -> None:
           "-o", str(out) + "/", *pkgs], work, log)
 
 
+def _apt_install(packages: list[str], hint: str, say: Log) -> None:
+    """``apt-get install`` ``packages`` where this runs as root with apt-get; BuildError
+    with ``hint`` otherwise or when it fails."""
+    apt = shutil.which("apt-get")
+    if apt is None or os.geteuid() != 0:
+        raise BuildError(hint)
+    say(f"installing {', '.join(packages)} with apt-get")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for cmd in ([apt, "update", "-qq"],
+                [apt, "install", "-y", "-qq", "--no-install-recommends", *packages]):
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+        if proc.returncode != 0 and cmd[1] == "install":
+            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-10:])
+            raise BuildError(f"{hint}\n'apt-get install' failed:\n{tail}")
+
+
 def _seccomp_headers(say: Log) -> None:
     """Make sure libseccomp's headers are there (installing them when we can)."""
     def have() -> bool:
@@ -115,19 +135,26 @@ def _seccomp_headers(say: Log) -> None:
     hint = (f"runc's seccomp support needs a C compiler, pkg-config and the libseccomp headers: "
             f"install them (Debian/Ubuntu: 'apt-get install gcc pkg-config {SECCOMP_PACKAGE}') "
             "and run 'numalign dev build --real-node' again")
-    apt = shutil.which("apt-get")
-    if apt is None or os.geteuid() != 0:
-        raise BuildError(hint)
-    say(f"installing {SECCOMP_PACKAGE} and pkg-config with apt-get (runc's seccomp support)")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for cmd in ([apt, "update", "-qq"],
-                [apt, "install", "-y", "-qq", "--no-install-recommends", SECCOMP_PACKAGE,
-                 "pkg-config"]):
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-        if proc.returncode != 0 and cmd[1] == "install":
-            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-10:])
-            raise BuildError(f"{hint}\n'apt-get install' failed:\n{tail}")
+    _apt_install([SECCOMP_PACKAGE, "pkg-config"], hint, say)
     if not (shutil.which("pkg-config") and have()):
+        raise BuildError(hint)
+
+
+def missing_netfilter_tools() -> list[str]:
+    """The packages of the netfilter commands kube-proxy runs that are not installed."""
+    return [pkg for cmd, pkg in NETFILTER_PACKAGES.items() if shutil.which(cmd) is None]
+
+
+def ensure_netfilter_tools(say: Log) -> None:
+    """kube-proxy's ``iptables`` and ``nft`` (installing them when we can)."""
+    missing = missing_netfilter_tools()
+    if not missing:
+        return
+    hint = (f"kube-proxy needs the iptables and nft commands: install them (Debian/Ubuntu: "
+            f"'apt-get install {' '.join(missing)}') and run 'numalign dev build --real-node' "
+            "again")
+    _apt_install(missing, hint, say)
+    if missing_netfilter_tools():
         raise BuildError(hint)
 
 
@@ -162,12 +189,12 @@ def ensure_node_built(version: str = KUBERNETES_VERSION, log: Log | None = None)
     """Build (or reuse) the real node's binaries; return the build root (``bin/``, ``cni/``)."""
     say = log or (lambda _m: None)
     root = node_dir(version)
-    if is_node_built(version):
+    if is_node_built(version) and not missing_netfilter_tools():
         return root
     tc = find_go()
-    say(f"building the real node (kubelet {version}, containerd {CONTAINERD_VERSION}, "
-        f"runc {RUNC_VERSION}, CNI plugins {CNI_PLUGINS_VERSION}) with {tc.version}; "
-        "cached afterwards")
+    say(f"building the real node (kubelet and kube-proxy {version}, containerd "
+        f"{CONTAINERD_VERSION}, runc {RUNC_VERSION}, CNI plugins {CNI_PLUGINS_VERSION}) "
+        f"with {tc.version}; cached afterwards")
     bins, cni = node_bin_dir(version), cni_bin_dir(version)
     bins.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -180,6 +207,10 @@ def ensure_node_built(version: str = KUBERNETES_VERSION, log: Log | None = None)
          lambda: _build_containerd(tc, bins, say)),
         ("kubelet", (bins / "kubelet").is_file(),
          lambda: _build_kubernetes(tc, version, bins, say, ("kubelet",), "kubelet")),
+        ("kube-proxy", (bins / "kube-proxy").is_file(),
+         lambda: _build_kubernetes(tc, version, bins, say, ("kube-proxy",), "kube-proxy")),
+        ("iptables and nftables", not missing_netfilter_tools(),
+         lambda: ensure_netfilter_tools(say)),
     ]
     times: list[str] = []
     for name, done, step in steps:

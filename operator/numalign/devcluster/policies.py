@@ -16,6 +16,8 @@ from .crds import create_or_replace
 
 CONFIG = Path(__file__).resolve().parents[3] / "config"
 POLICY_FILES = (CONFIG / "tenancy" / "pod_annotations.yaml",)
+# config/default's namespace (its kustomization fills the files' namespace references).
+NAMESPACE = "numalign-system"
 ADMISSION = "/apis/admissionregistration.k8s.io/v1"
 _COLLECTIONS = {
     "ValidatingAdmissionPolicy": f"{ADMISSION}/validatingadmissionpolicies",
@@ -39,20 +41,24 @@ def load_policies(files: tuple[Path, ...] = POLICY_FILES) -> list[dict[str, Any]
     return docs
 
 
-def _param_namespaces(docs: list[dict[str, Any]]) -> set[str]:
-    return {str(d["spec"]["paramRef"]["namespace"]) for d in docs
-            if d.get("kind") == "ValidatingAdmissionPolicyBinding"
-            and (d.get("spec") or {}).get("paramRef", {}).get("namespace")}
+def _in_namespace(doc: dict[str, Any], namespace: str) -> dict[str, Any]:
+    """The object as kustomize's namespace transformer leaves it: a ConfigMap in the
+    namespace, a binding's parameter looked up there."""
+    kind = doc.get("kind")
+    if kind == "ConfigMap":
+        return {**doc, "metadata": {**doc["metadata"], "namespace": namespace}}
+    spec = doc.get("spec") or {}
+    if kind == "ValidatingAdmissionPolicyBinding" and isinstance(spec.get("paramRef"), dict):
+        return {**doc, "spec": {**spec, "paramRef": {**spec["paramRef"],
+                                                     "namespace": namespace}}}
+    return doc
 
 
-def install_policies(kube: SyncKube, files: tuple[Path, ...] = POLICY_FILES) -> list[str]:
-    """Create or update each object (parameters in their binding's namespace, created
-    when missing); returns the policy names."""
-    docs = load_policies(files)
-    namespaces = _param_namespaces(docs)
-    if len(namespaces) > 1:
-        raise PolicyError(f"policy parameters in several namespaces: {sorted(namespaces)}")
-    namespace = next(iter(namespaces), "default")
+def install_policies(kube: SyncKube, files: tuple[Path, ...] = POLICY_FILES,
+                     namespace: str = NAMESPACE) -> list[str]:
+    """Create or update each object (parameters in ``namespace``, created when
+    missing); returns the policy names."""
+    docs = [_in_namespace(d, namespace) for d in load_policies(files)]
     try:
         if kube.get_quiet(f"/api/v1/namespaces/{quote(namespace)}") is None:
             kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
@@ -61,7 +67,6 @@ def install_policies(kube: SyncKube, files: tuple[Path, ...] = POLICY_FILES) -> 
             kind = str(doc.get("kind"))
             collection = _COLLECTIONS.get(kind)
             if collection is None and kind == "ConfigMap":
-                doc = {**doc, "metadata": {**doc["metadata"], "namespace": namespace}}
                 collection = f"/api/v1/namespaces/{quote(namespace)}/configmaps"
             if collection is None:
                 raise PolicyError(f"{kind} {doc.get('metadata', {}).get('name')}: not a kind "

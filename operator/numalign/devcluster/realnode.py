@@ -42,7 +42,7 @@ from numalign.api.wire import NRI_PLUGIN_NAME, SOURCE_KUBELET
 from numalign.topology.machine import Machine, load_machine
 from numalign.topology.policy import POLICIES, SCOPES
 
-from . import certs
+from . import certs, kubeproxy
 from .addons import metrics_flags, metrics_url
 from .cluster import DevCluster, DevClusterError, Log, on_down, write_kubeconfig
 from .crds import NRT_CRD
@@ -77,7 +77,7 @@ NODE_NAME = "localhost"  # resolves to 127.0.0.1: the API server's way to the ku
 DEFAULT_POLICY = "single-numa-node"
 DEFAULT_SCOPE = "container"
 K8S_NAMESPACE = "k8s.io"  # containerd's namespace for the CRI
-PROCESSES = ("containerd", "kubelet", "device-plugin", "agent")
+PROCESSES = ("containerd", "kubelet", "kube-proxy", "device-plugin", "agent")
 CONTAINER_LOGS = Path("/var/log/containers")  # where the kubelet links container logs
 # The kubelet's device plugin registry is there whatever its --root-dir: its mount
 # namespace gets <root dir>/device-plugins there instead.
@@ -111,7 +111,9 @@ def cannot_run_containers() -> str | None:
 class RealNode:
     def __init__(self, cluster: DevCluster, machine_file: Path | None = None, *,
                  policy: str | None = None, scope: str | None = None,
-                 mode: str = MODE_KUBELET) -> None:
+                 mode: str = MODE_KUBELET, host_agent: bool = True) -> None:
+        """``host_agent``: run numalign's agent for this node as a host process (False:
+        numalign is installed into the cluster, its DaemonSet's pod is the agent)."""
         if mode not in MODES:
             raise RealNodeError(f"real node mode {mode!r}: expected one of {', '.join(MODES)}")
         if mode == MODE_NRI and (policy is not None or scope is not None):
@@ -123,6 +125,7 @@ class RealNode:
         self.policy = policy
         self.scope = scope
         self.mode = mode
+        self.host_agent = host_agent
         self.dir = cluster.state_dir / "realnode"
         self.name = NODE_NAME
         digest = node_digest(cluster.state_dir)
@@ -226,14 +229,18 @@ class RealNode:
         cpus = sorted(mapped.cpus)
         policy, scope = self._policy(say) if self.mode == MODE_KUBELET else ("none",
                                                                             "container")
-        ports = dict(zip(("kubelet", "healthz"), free_ports(2), strict=True))
-        self._save_state({"name": self.name, "mode": self.mode,
+        # Pods reach Services (kube-proxy; the bridge their gateway) where the API server
+        # listens on an address they can reach.
+        services = bool(self.cluster.state().get("hostAddress"))
+        names = ("kubelet", "healthz", "kube-proxy-healthz", "kube-proxy-metrics")
+        ports = dict(zip(names, free_ports(len(names)), strict=True))
+        self._save_state({"name": self.name, "mode": self.mode, "services": services,
                           "machine": str(self.machine_file),
                           "bridge": self.bridge, "cgroupRoot": self.cgroup_root,
                           "ports": ports, "policy": policy, "scope": scope,
                           "reservedCPUs": str(cpus[0])})
         self._make_cgroups()
-        self._write_containerd_config()
+        self._write_containerd_config(gateway=services)
         self._write_kubelet_files(ports, policy, scope, str(cpus[0]))
         say(f"real node configured: {machine.name} on CPUs {cpus}, {self.mode} mode, "
             f"Topology Manager policy {policy}, scope {scope} ({time.monotonic() - t:.1f}s)")
@@ -249,6 +256,10 @@ class RealNode:
             self._start_kubelet(deadline)
             self._label()
             say(f"kubelet registered node {self.name}, Ready ({time.monotonic() - t:.1f}s)")
+            if services:
+                t = time.monotonic()
+                self._start_kube_proxy(ports, deadline)
+                say(f"kube-proxy serves the Services ({time.monotonic() - t:.1f}s)")
             self._start_helpers(say, deadline)
         except BaseException:
             self.down(keep_logs=True)
@@ -288,11 +299,11 @@ class RealNode:
                 if (h / f).is_file() and (d / f).is_file() and not (d / f).read_text().strip():
                     (d / f).write_text((h / f).read_text())
 
-    def _write_containerd_config(self) -> None:
+    def _write_containerd_config(self, gateway: bool = False) -> None:
         d = self.containerd_dir
         for sub in CONTAINERD_DIRS:
             (d / sub).mkdir(parents=True, exist_ok=True)
-        conflist = cni_conflist(self.bridge, d / "cni" / "ipam")
+        conflist = cni_conflist(self.bridge, d / "cni" / "ipam", gateway)
         (d / "cni/conf/10-numalign.conflist").write_text(json.dumps(conflist, indent=2) + "\n")
         required = NRI_PLUGIN_NAME if self.mode == MODE_NRI else None
         (d / "config.toml").write_text(containerd_config(d, self.containerd_socket,
@@ -397,6 +408,12 @@ class RealNode:
         alloc = ((body or {}).get("status") or {}).get("allocatable") or {}
         return all(alloc.get(r) not in (None, "0") for r in resources)
 
+    def _start_kube_proxy(self, ports: dict[str, int], deadline: float) -> None:
+        config = kubeproxy.write_files(self.cluster, self.name, self.dir, ports)
+        self._start("kube-proxy", kubeproxy.argv(config), program="kube-proxy")
+        self._wait("kube-proxy's /healthz", lambda: self._healthy("kube-proxy-healthz"),
+                   deadline, ("kube-proxy",))
+
     def _start_helpers(self, say: Log, deadline: float) -> None:
         """The sample device plugin and the real-node agent."""
         env = dict(os.environ, KUBECONFIG=str(self.cluster.kubeconfig))
@@ -409,6 +426,8 @@ class RealNode:
         self._wait(f"the device plugin to advertise {', '.join(resources)}",
                    lambda: self._advertised(resources), deadline, ("kubelet", "device-plugin"))
         say(f"the sample device plugin advertises {', '.join(resources)}")
+        if not self.host_agent:
+            return
         # one identity across restarts: a restarted agent takes its node's Lease at once
         self._start("agent", self._agent_argv(say),
                     env=dict(env, POD_NAME=f"numalign-agent-{self.name}"), program="numalign")
@@ -470,13 +489,14 @@ class RealNode:
         self.process(name).start(cmd["argv"], env=cmd["env"], program=cmd["program"])
         if name == "kubelet":
             deadline = time.monotonic() + timeout
-            self._wait("the restarted kubelet's /healthz", self._kubelet_healthy, deadline,
+            self._wait("the restarted kubelet's /healthz", self._healthy, deadline,
                        ("kubelet",))
             self._wait_ready(deadline)
         say(f"{name} restarted ({time.monotonic() - t:.1f}s)")
 
-    def _kubelet_healthy(self) -> bool:
-        port = (self.state().get("ports") or {}).get("healthz")
+    def _healthy(self, port_name: str = "healthz") -> bool:
+        """The component on loopback port ``port_name`` (state.json) answers /healthz."""
+        port = (self.state().get("ports") or {}).get(port_name)
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
                 return bool(r.status == 200)
@@ -534,8 +554,12 @@ class RealNode:
         bridge = self._own_name(st.get("bridge"), own_bridge, self.bridge, say)
         cgroup_root = self._own_name(st.get("cgroupRoot"), own_cgroup_root, self.cgroup_root,
                                      say)
-        for name in ("agent", "device-plugin", "kubelet"):
+        for name in ("agent", "device-plugin", "kube-proxy", "kubelet"):
             self.process(name).stop(timeout=10)
+        if st.get("services"):
+            error = kubeproxy.cleanup()
+            if error:
+                say(f"kube-proxy --cleanup: {error}")
         if self.process("containerd").is_running():
             self._remove_containers()
         self.process("containerd").stop(timeout=10)

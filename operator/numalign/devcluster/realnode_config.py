@@ -29,13 +29,16 @@ CONTAINERD_DIRS = ("root", "state", "cni/conf", "cni/ipam", "runc", "cdi", "nri/
                    "nri/conf", "opt")
 
 
-def cni_conflist(bridge: str, ipam_dir: Path) -> dict[str, Any]:
-    """One bridge network, no gateway and no masquerading (no iptables needed)."""
+def cni_conflist(bridge: str, ipam_dir: Path, gateway: bool = False) -> dict[str, Any]:
+    """One bridge network, no masquerading (no iptables needed); with ``gateway`` the
+    bridge holds the subnet's first address and is the pods' default route (to this host:
+    the API server, and Services through kube-proxy), else pods reach only each other."""
     return {
         "cniVersion": "1.0.0",
         "name": "numalign",
         "plugins": [
-            {"type": "bridge", "bridge": bridge, "isGateway": False, "ipMasq": False,
+            {"type": "bridge", "bridge": bridge, "isGateway": gateway,
+             "isDefaultGateway": gateway, "ipMasq": False,
              "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_SUBNET}]],
                       "dataDir": str(ipam_dir)}},
         ],
@@ -171,6 +174,9 @@ def kubelet_configuration(*, ports: dict[str, int], policy: str, scope: str, res
         "registerNode": True,
         "registerWithTaints": [TAINT],
         "staticPodPath": "",
+        # No iptables chains of the kubelet's own (KUBE-FIREWALL, canaries) on this host;
+        # kube-proxy (dev up --install) writes and removes the Service rules.
+        "makeIPTablesUtilChains": False,
         "nodeStatusReportFrequency": "10s",
         "shutdownGracePeriod": "0s",
     }

@@ -233,9 +233,10 @@ class Kube:
         return await self.call("DELETE", path, body=body)
 
     async def event(self, obj: Mapping[str, Any], type_: str, *, reason: str, message: str,
-                    component: str = "numalign") -> bool:
-        """Post a core/v1 Event about ``obj``. Best effort: False (logged) when it could
-        not be posted, never raises for an API or connection error."""
+                    component: str = "numalign", instance: str | None = None) -> bool:
+        """Post a core/v1 Event about ``obj`` (``instance``: the reporting replica, e.g.
+        its pod's name). Best effort: False (logged) when it could not be posted, never
+        raises for an API or connection error."""
         meta = obj.get("metadata") or {}
         ns = str(meta.get("namespace") or "default")
         now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -251,6 +252,8 @@ class Kube:
             "reportingComponent": f"numalign.io/{component.removeprefix('numalign-')}",
             "firstTimestamp": now, "lastTimestamp": now, "count": 1,
         }
+        if instance:
+            body["reportingInstance"] = instance
         try:
             await self.create(f"/api/v1/namespaces/{q(ns)}/events", body)
         except REQUEST_ERRORS as e:

@@ -63,7 +63,7 @@ ENV = (
     "PYTHONUNBUFFERED=1",
     "HOME=/tmp",
 )
-EXPOSED_PORTS = ("8080/tcp", "9090/tcp", "9443/tcp")
+EXPOSED_PORTS = ("8080/tcp", "8081/tcp", "9090/tcp", "9443/tcp")
 LABELS = {
     "org.opencontainers.image.title": "numalign",
     "org.opencontainers.image.description":
