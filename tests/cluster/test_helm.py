@@ -1,8 +1,9 @@
 """The chart's lifecycle on the real API server: ``helm install`` creates every object
 the chart renders (and the CRDs of its crds/), ``helm upgrade`` with changed values
-changes them, ``helm uninstall`` removes everything but what README "Install with Helm"
-says stays: the CRDs. No kubelet runs, so the pods stay Pending: the objects are what is
-checked here (the pods' behaviour is the in-cluster e2e's)."""
+changes them (and adds the extender and the Grafana dashboard), ``helm uninstall``
+removes everything but what README "Install with Helm" says stays: the CRDs. No kubelet
+runs, so the pods stay Pending: the objects are what is checked here (the pods'
+behaviour is the in-cluster e2e's)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ RELEASE = "numalign"
 NRT_CRD = "noderesourcetopologies.topology.node.k8s.io"
 Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 Obj = dict[str, Any]
+# What the upgrade turns on besides nrt: components whose objects need no CRDs of others.
+UPGRADED = ("operator.replicas=3", "extender.enabled=true", "grafana.dashboard.enabled=true")
 
 
 def _ref(obj: Obj) -> list[str]:
@@ -94,7 +97,7 @@ def release_ns(kubectl: Kubectl, kubeconfig: Path, dev_cluster: DevCluster) -> I
     for ref in own:
         kubectl("delete", *ref, "--ignore-not-found")
     ns = f"numalign-helm-{uuid.uuid4().hex[:6]}"
-    cluster_scoped = [o for o in Helm(kubeconfig, ns).objects()
+    cluster_scoped = [o for o in Helm(kubeconfig, ns).objects(*UPGRADED)
                       if "namespace" not in o["metadata"]
                       and o["kind"] != "CustomResourceDefinition"]
     left = _wait_gone(kubectl, cluster_scoped)
@@ -141,15 +144,25 @@ def test_install_upgrade_uninstall(kubectl: Kubectl, kubeconfig: Path,
     nrt_sets = ["nrt.enabled=true"]
     if kubectl("get", "crd", NRT_CRD, "--ignore-not-found", "-o", "name").stdout.strip():
         nrt_sets.append("nrt.installCRD=false")
-    helm("upgrade", RELEASE, str(CHART), "--reuse-values", "--set", "operator.replicas=3",
-         *[f for s in nrt_sets for f in ("--set", s)])
+    helm("upgrade", RELEASE, str(CHART), "--reuse-values",
+         *[f for s in (*UPGRADED, *nrt_sets) for f in ("--set", s)])
     sts = _get(kubectl, "statefulset", "numalign-operator", "-n", release_ns)
     assert sts["spec"]["replicas"] == 3
     ds = _get(kubectl, "daemonset", "numalign-agent", "-n", release_ns)
     assert "--publish-nrt" in ds["spec"]["template"]["spec"]["containers"][0]["args"]
     kubectl("get", "crd", NRT_CRD)
+    upgraded = helm.objects("image.tag=dev", *UPGRADED, *nrt_sets)
+    missing = [f"{o['kind']}/{o['metadata']['name']}" for o in upgraded
+               if not _exists(kubectl, o)]
+    assert not missing, f"helm upgrade did not create {missing}"
+    ext = _get(kubectl, "deployment", "numalign-extender", "-n", release_ns)
+    [container] = ext["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "ghcr.io/numalign/numalign:dev"
+    assert _get(kubectl, "clusterrolebinding", "numalign-extender")["subjects"][0][
+        "namespace"] == release_ns
+    dashboard = _get(kubectl, "configmap", "numalign-dashboard", "-n", release_ns)
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
 
-    upgraded = helm.objects("image.tag=dev", "operator.replicas=3", *nrt_sets)
     helm("uninstall", RELEASE)
     crds = [o for o in upgraded if o["kind"] == "CustomResourceDefinition"]
     rest = [o for o in upgraded if o["kind"] != "CustomResourceDefinition"]

@@ -5,14 +5,18 @@ policies: the whole object but the labels Helm adds); each optional component's 
 block renders what config/default with that kustomize component renders. Any object added
 to config/ fails this test until the chart has it too. ``helm lint --strict`` passes, the
 values schema refuses unknown and ill-typed values, and the chart follows its release
-namespace where config/ hard-codes numalign-system.
+namespace where config/ hard-codes numalign-system. Beyond config/: the Grafana dashboard's
+ConfigMap carries config/grafana's dashboard, and the install notes config/extender's
+KubeSchedulerConfiguration entry.
 
 helm is built by ``numalign dev build`` (numalign.devcluster.helmbuild)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -29,18 +33,20 @@ Obj = dict[str, Any]
 # Objects that exist in a namespace; every other kind config/ renders is cluster-scoped
 # (kustomize still gives some of them a namespace: config/README.md, Notes).
 NAMESPACED = {"ServiceAccount", "Role", "RoleBinding", "Service", "StatefulSet", "DaemonSet",
-              "PodDisruptionBudget", "NetworkPolicy", "ServiceMonitor", "ConfigMap", "Secret",
-              "Deployment"}
+              "PodDisruptionBudget", "NetworkPolicy", "ServiceMonitor", "PodMonitor",
+              "PrometheusRule", "ConfigMap", "Secret", "Deployment"}
 # config/default creates its namespace; a Helm release lives in one that exists already
 # (helm install --create-namespace): README "Install with Helm" says how to label it.
 NOT_IN_CHART = {("Namespace", NAMESPACE)}
 # The kustomize components of config/ and the chart's values that enable the same thing,
 # in the order the chart appends their arguments and volumes.
 COMPONENTS = {
+    "extender": ["extender.enabled=true"],
     "kubelet-resources": ["kubeletResources.enabled=true"],
     "nri": ["nri.enabled=true"],
     "nrt": ["nrt.enabled=true"],
-    "prometheus": ["prometheus.serviceMonitor.enabled=true"],
+    "prometheus": ["prometheus.serviceMonitor.enabled=true",
+                   "prometheus.podMonitor.enabled=true", "prometheus.rules.enabled=true"],
     "recreate-bare-pods": ["recreateBarePods.enabled=true"],
 }
 
@@ -112,9 +118,12 @@ def assert_chart_renders(expected: list[Obj], chart: list[Obj]) -> None:
 
 
 def overlay(tmp_path: Path, components: list[str]) -> list[Obj]:
+    """config/default with the components, their own objects in its namespace and with
+    its image (config/default's transformers do not reach a component's objects)."""
+    default = yaml.safe_load((CONFIG / "default" / "kustomization.yaml").read_text())
     (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        "namespace": NAMESPACE,  # the components' own objects need it too
+        "namespace": NAMESPACE, "images": default["images"],
         "resources": [os.path.relpath(CONFIG / "default", tmp_path)],
         "components": [os.path.relpath(CONFIG / c, tmp_path) for c in components]}))
     return kustomize(tmp_path)
@@ -122,7 +131,8 @@ def overlay(tmp_path: Path, components: list[str]) -> list[Obj]:
 
 def test_helm_lint_strict() -> None:
     helm("lint", "--strict", "--kube-version", KUBE_VERSION, str(CHART))
-    every = [f for sets in COMPONENTS.values() for s in sets for f in ("--set", s)]
+    every = [f for sets in [*COMPONENTS.values(), ["grafana.dashboard.enabled=true"]]
+             for s in sets for f in ("--set", s)]
     helm("lint", "--strict", "--kube-version", KUBE_VERSION, str(CHART), *every)
 
 
@@ -131,15 +141,16 @@ def test_defaults_render_config_default() -> None:
 
 
 @pytest.mark.parametrize("components", [
-    ["kubelet-resources"], ["kubelet-resources", "nri"], ["nri"], ["nrt"], ["prometheus"],
-    ["recreate-bare-pods"], list(COMPONENTS)], ids="+".join)
+    ["extender"], ["kubelet-resources"], ["kubelet-resources", "nri"], ["nri"], ["nrt"],
+    ["prometheus"], ["recreate-bare-pods"], list(COMPONENTS)], ids="+".join)
 def test_values_render_each_component(components: list[str], tmp_path: Path) -> None:
     sets = [s for c in components for s in COMPONENTS[c]]
     assert_chart_renders(overlay(tmp_path, components), template(*sets))
 
 
 def test_chart_follows_its_release_namespace() -> None:
-    objs = {_key(o): o for o in template(namespace="numalign")}
+    every = [s for sets in COMPONENTS.values() for s in sets]
+    objs = {_key(o): o for o in template(*every, namespace="numalign")}
     for (kind, name), obj in objs.items():
         if kind in NAMESPACED:
             assert obj["metadata"]["namespace"] == "numalign", f"{kind}/{name}"
@@ -176,9 +187,47 @@ def test_values_reach_the_workloads() -> None:
     ("webhooks.failurePolicy=Sometimes", "failurePolicy"),
     ("nri.socketDir=var/run/nri", "socketDir"),      # not an absolute path
     ("kubeletResources.enabled=yes", "enabled"),
+    ("agent.ports.metrics=70000", "metrics"),
+    ("extender.replicas=2", "replicas"),            # one replica only: not a value
+    ("grafana.dashboard.namespace=Monitoring", "namespace"),
 ])
 def test_schema_refuses_bad_values(value: str, complaint: str) -> None:
     proc = helm("template", "numalign", str(CHART), "--kube-version", KUBE_VERSION,
                 "--set", value, check=False)
     assert proc.returncode != 0, f"{value} was accepted"
     assert complaint in proc.stderr, proc.stderr
+
+
+def test_grafana_dashboard_configmap() -> None:
+    """Off by default; enabled, config/grafana's dashboard as it is, in a ConfigMap with
+    the label Grafana's sidecar watches for, in the namespace given."""
+    assert not [o for o in template() if o["kind"] == "ConfigMap"
+                and o["metadata"]["name"] == "numalign-dashboard"]
+    objs = {_key(o): o for o in template("grafana.dashboard.enabled=true",
+                                         "grafana.dashboard.namespace=monitoring",
+                                         "grafana.dashboard.annotations.grafana_folder=numa")}
+    cm = objs["ConfigMap", "numalign-dashboard"]
+    assert cm["metadata"]["namespace"] == "monitoring"
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert cm["metadata"]["annotations"] == {"grafana_folder": "numa"}
+    [(name, text)] = cm["data"].items()
+    assert name.endswith(".json")
+    dashboard = (CONFIG / "grafana" / "numalign-dashboard.json").read_text()
+    assert json.loads(text) == json.loads(dashboard)
+
+
+def test_notes_give_the_extenders_entry() -> None:
+    """With the extender, the install notes print config/extender/scheduler-config.yaml's
+    entry for kube-scheduler's configuration, on the extender's port."""
+    def entry(*sets: str) -> Obj:
+        flags = [f for s in ("extender.enabled=true", *sets) for f in ("--set", s)]
+        out = helm("install", "numalign", str(CHART), "--dry-run=client", "--namespace",
+                   NAMESPACE, *flags).stdout
+        notes = out.split("\nNOTES:\n", 1)[1]
+        block = notes[notes.index("  extenders:"):].split("\n\n", 1)[0]
+        [one] = yaml.safe_load(textwrap.dedent(block))["extenders"]
+        return dict(one)
+
+    fragment = yaml.safe_load((CONFIG / "extender" / "scheduler-config.yaml").read_text())
+    assert entry() == fragment["extenders"][0]
+    assert entry("extender.port=9999")["urlPrefix"].endswith(":9999")
