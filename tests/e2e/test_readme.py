@@ -41,7 +41,7 @@ SKIPPED: dict[str, str] = {
     r"make test\b.*": "the whole test suite, this test included",
     r"numalign dev image( --update-lock)?": "builds the image (minutes cold) or re-resolves "
         "the lock against the package index: tests/unit/test_numalign_image.py and "
-        "tests/runtime/test_numalign_image.py build and run it, tests/e2e/"
+        "tests/runtime/test_image_in_containerd.py build and run it, tests/e2e/"
         "test_installed_e2e.py installs it",
     r"kubectl (create|label) namespace numalign-system.*|helm (install|upgrade) numalign "
     r"charts/numalign .*|helm uninstall numalign .*|--set image\.repository=REGISTRY/.*":
