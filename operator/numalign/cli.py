@@ -12,6 +12,7 @@ SUBCOMMANDS: dict[str, str] = {
     "explain": "show why a pod got its NUMA affinity",
     "agent": "run the node agent (real node or emulated nodes)",
     "operator": "run the operator (Kopf)",
+    "extender": "run the kube-scheduler extender (places pods by their own policy)",
     "dev": "local control plane for the demo and the tests (up, down, kubeconfig)",
 }
 

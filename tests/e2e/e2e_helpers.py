@@ -186,3 +186,8 @@ def cpus_free(api: client.ApiClient, node: str) -> str | None:
     summary = ((nt or {}).get("status") or {}).get("summary") or {}
     value = summary.get("cpus")
     return str(value) if value is not None else None
+
+
+def redeploy_selector(agent: AgentProcess) -> dict[str, str]:
+    """The node selector of the agent's fragmented-8numa and dual-16core nodes."""
+    return {POOL_LABEL: agent.pool, ROLE_LABEL: "redeploy"}

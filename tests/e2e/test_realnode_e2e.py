@@ -398,3 +398,31 @@ def test_a_pile_the_kubelet_rejected_while_the_operator_was_away_spends_one_atte
                 assert "Traceback" not in op.text()
         finally:
             delete_policy(k8s_client, name)
+
+
+def test_the_kubelets_misfit_runs_on_the_emulated_node_with_the_extender(
+        real_node: Any, dev_cluster: Any, core: client.CoreV1Api, namespace: str,
+        k8s_client: Any, kubeconfig: Path, tmp_path: Path) -> None:
+    """The pod the kubelet rejects above (its two devices on different NUMA nodes under
+    the kubelet's single-numa-node), preferring the real node: with the scheduler
+    extender running, the real node is refused before binding (decided by its kubelet's
+    policy, from its NodeTopology) and the pod runs on the emulated node the first time."""
+    with beside_an_emulated_node(k8s_client, kubeconfig, namespace, tmp_path) as (
+            emulated, label):
+        dev_cluster.start_extender()
+        try:
+            prefers_the_real_node(k8s_client, namespace, label)
+            seen: dict[str, Any] = {}
+
+            def placed() -> Any:
+                now = core.list_namespaced_pod(namespace).items
+                seen.update((p.metadata.uid, p) for p in now)
+                running = [p for p in now if p.status.phase == "Running"]
+                return running[0] if running else None
+
+            pod = wait_for(placed, 120, "the pod Running", interval=0.2)
+            assert pod.spec.node_name == emulated, story(core, namespace)
+            assert len(seen) == 1, story(core, namespace)  # nothing rejected, replaced
+            assert all(p.status.phase != "Failed" for p in seen.values())
+        finally:
+            dev_cluster.stop_extender()

@@ -15,6 +15,7 @@ from numalign.topology.hints import NumaMask, mask_of
 from numalign.topology.ledger import MEMORY, ContainerAllocation, Ledger, LedgerError
 from numalign.topology.machine import Machine, machine_from_dict
 from numalign.topology.pod import HUGEPAGES_PREFIX
+from numalign.topology.quantity import parse_cpulist
 
 from . import wire
 
@@ -168,6 +169,46 @@ def ledger_from_held(machine: Machine, pods: Iterable[HeldPod],
         except TopologyError as e:
             notes.append(f"allocation of {p.namespace}/{p.name} ignored: {e}")
     return ledger, notes
+
+
+def kubelet_settings(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """``status.kubelet`` when the node is a real node whose agent reads its kubelet."""
+    k = status.get("kubelet")
+    return k if isinstance(k, Mapping) and k.get("topologyManagerPolicy") else None
+
+
+def reserved_cpus(settings: Mapping[str, Any]) -> HeldPod | None:
+    """The kubelet's reserved CPUs as a holder the engine cannot take them from."""
+    try:
+        cpus = parse_cpulist(str(settings.get("reservedSystemCPUs") or ""))
+    except ValueError:
+        return None
+    if not cpus:
+        return None
+    return HeldPod("kubelet/reservedSystemCPUs", "reservedSystemCPUs", "kubelet",
+                   (("", ContainerAllocation(cpus=tuple(cpus))),))
+
+
+def held_from_status(status: Mapping[str, Any], node: str) -> tuple[list[HeldPod], list[str]]:
+    """What a NodeTopology status says the node holds: the kubelet's reserved CPUs (a
+    real node) first, then every ``status.admitted`` pod; also one note per entry that
+    cannot be read (it is left out)."""
+    held: list[HeldPod] = []
+    notes: list[str] = []
+    settings = kubelet_settings(status)
+    if settings is not None:
+        reserved = reserved_cpus(settings)
+        if reserved is not None:
+            held.append(reserved)
+    admitted = status.get("admitted")
+    for i, entry in enumerate(admitted if isinstance(admitted, list) else ()):
+        if not isinstance(entry, Mapping):
+            continue
+        try:
+            held.append(held_from_admitted(entry, f"NodeTopology {node} status.admitted[{i}]"))
+        except TopologyError as e:
+            notes.append(f"ignored: {e}")
+    return held, notes
 
 
 def held_from_document(doc: Any, source: str = "allocations") -> list[HeldPod]:

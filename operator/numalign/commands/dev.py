@@ -90,6 +90,10 @@ def _parser() -> argparse.ArgumentParser:
                          "resolved policy through containerd's NRI socket")
     up.add_argument("--no-operator", action="store_true",
                     help="do not start the numalign operator even when it is available")
+    up.add_argument("--no-extender", action="store_true",
+                    help="kube-scheduler without numalign's scheduler extender: pods are "
+                         "placed by the default scheduler alone and nodes reject what does "
+                         "not align (the operator redeploys them)")
     up.add_argument("--timeout", type=float, default=180.0, metavar="SECONDS",
                     help="how long to wait for the components (default 180)")
     up.add_argument("--demo", action="store_true",
@@ -176,7 +180,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.action == "up":
         machines = [MachineSpec.parse(m) for m in args.machine]
         cluster.up(machines=machines, operator=not args.no_operator, log=_log,
-                   timeout=args.timeout)
+                   timeout=args.timeout, scheduler_extender=not args.no_extender,
+                   extender=not args.no_extender)
         if args.real_node is not None:
             _up_real_node(args, cluster, args.real_node)
         print(cluster.kubeconfig)
@@ -250,8 +255,8 @@ def _demo(args: argparse.Namespace, cluster: DevCluster) -> int:
         return 2
     t0 = time.monotonic()
     extra = [MachineSpec.parse(m) for m in args.machine]
-    result = Demo(cluster, samples=args.samples.resolve(), log=_log).run(
-        timeout=args.timeout, extra=extra)
+    result = Demo(cluster, samples=args.samples.resolve(), log=_log,
+                  extender=not args.no_extender).run(timeout=args.timeout, extra=extra)
     if result.settled and not args.no_real_node:
         _demo_real_node(args, cluster)
     _print_summary(args, cluster, result)
@@ -290,6 +295,13 @@ def _print_summary(args: argparse.Namespace, cluster: DevCluster, result: DemoRe
             kubectl("get", "pods", "-A", "-l", "app in (trainer,etl,packet-processor)",
                     "-o", "custom-columns=NAMESPACE:.metadata.namespace,NAME:.metadata.name,"
                     "STATUS:.status.phase,NODE:.spec.nodeName").rstrip()]
+    if cluster.extender_url is not None and not args.no_extender:
+        out += ["", f"Scheduler extender: on ({cluster.extender_url}): pods are placed where "
+                    "their own policy fits; namespace rt ran with it stopped, to show what "
+                    "the operator does when a node rejects a pod ('--no-extender': none)"]
+    else:
+        out += ["", "Scheduler extender: off: nodes reject what does not align and the "
+                    "operator redeploys it"]
     events = story(kube, result.namespaces)
     if events:
         out += ["", "Rejections and redeploys:"] + [f"  {e}" for e in events]

@@ -18,7 +18,9 @@ Live, on a cluster::
 reads the pod (its node, ``numalign.io/resolved`` and ``numalign.io/allocation``), the
 node's NodeTopology (machine facts from status zones, devices and distances; the other
 pods' allocations from ``status.admitted``) and replays the decision. ``--policy``,
-``--scope`` and ``--option`` replace the resolved policy ("what if").
+``--scope`` and ``--option`` replace the resolved policy ("what if"). A pod not bound
+yet (Pending): the scheduler extender's verdict on every node with a NodeTopology (which
+refuse it and why) and the scheduler's last FailedScheduling message.
 
 Errors are one line on stderr saying what to do next, exit status 1.
 """
@@ -28,7 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -41,8 +43,9 @@ from numalign.api.effective import (
     effective_policy,
 )
 from numalign.api.nodestatus import (
-    held_from_admitted,
     held_from_document,
+    held_from_status,
+    kubelet_settings,
     ledger_from_held,
     machine_from_status,
 )
@@ -54,6 +57,7 @@ from numalign.api.wire import (
     WireError,
     parse_admitted,
 )
+from numalign.commands import explain_pending as pending
 from numalign.commands import explain_realnode as realnode
 from numalign.commands.explain_text import render_text
 from numalign.topology.errors import TopologyError
@@ -206,9 +210,16 @@ def _offline(args: argparse.Namespace) -> Explanation:
 # ---------------------------------------------------------------- live
 
 
+class _Unbound(Exception):
+    def __init__(self, pod: dict[str, Any]) -> None:
+        super().__init__("not bound")
+        self.pod = pod
+
+
 def _read(client: _Client, args: argparse.Namespace
           ) -> tuple[dict[str, Any], str, dict[str, Any]]:
-    """The pod, its node and the node's NodeTopology (errors name what is missing)."""
+    """The pod, its node and the node's NodeTopology (errors name what is missing;
+    _Unbound for a pod not bound yet)."""
     ns = args.namespace or client.namespace
     name = str(args.name)
     pod = client.get_pod(ns, name)
@@ -217,8 +228,7 @@ def _read(client: _Client, args: argparse.Namespace
                            "(-n NAMESPACE)")
     node = (pod.get("spec") or {}).get("nodeName")
     if not node:
-        raise ExplainError(f"pod {ns}/{name} is not bound to a node yet: explain it once it "
-                           "is scheduled, or offline with --machine and --pod")
+        raise _Unbound(pod)
     nt = client.get_nodetopology(str(node))
     if nt is None:
         raise ExplainError(f"node {node} has no NodeTopology: is the numalign agent running "
@@ -226,13 +236,31 @@ def _read(client: _Client, args: argparse.Namespace
     return pod, str(node), nt
 
 
-def _live(args: argparse.Namespace) -> Explanation:
+def _pending(client: _Client, pod: dict[str, Any]) -> dict[str, Any]:
+    """A pod not bound yet: the extender's verdict on every node, the scheduler's word."""
+    if not isinstance(pod.get("spec"), Mapping):
+        raise ExplainError("the pod has no spec")
+    meta = pod.get("metadata") or {}
+    ns, name = str(meta.get("namespace") or "default"), str(meta.get("name"))
+    from numalign.api.kube import NT_BASE
+
+    nts = client.list(NT_BASE, {}, "NodeTopologies")
+    bound = client.list("/api/v1/pods", {"fieldSelector": "spec.nodeName!="}, "pods")
+    events = client.list(f"/api/v1/namespaces/{ns}/events",
+                         {"fieldSelector": f"involvedObject.name={name}"}, "events")
+    return pending.pending_json(name, ns, pending.pending_verdicts(pod, nts, bound),
+                                pending.last_failed_scheduling(events))
+
+
+def _live(args: argparse.Namespace) -> Explanation | dict[str, Any]:
     if args.machine or args.pod or args.allocated:
         raise ExplainError("give either a pod name (live mode) or --machine and --pod "
                            "(offline mode), not both")
     client = _Client(args.kubeconfig, args.context)
     try:
         pod, node, nt = _read(client, args)
+    except _Unbound as u:
+        return _pending(client, u.pod)
     finally:
         client.close()
     ns = args.namespace or client.namespace
@@ -250,20 +278,12 @@ def _live(args: argparse.Namespace) -> Explanation:
              "NodeTopology status.admitted), which may differ from those at admission"]
     entries = [x for x in status.get("admitted") or [] if isinstance(x, Mapping)]
     mine = next((x for x in entries if uid and x.get("uid") == uid), None)
-    settings = realnode.kubelet_settings(status)
+    settings = kubelet_settings(status)
     if settings is not None and mine is None:  # the kubelet's pods, named as it lists them
         mine = next((x for x in entries if not x.get("uid") and x.get("pod") == name
                      and x.get("namespace") == ns), None)
-    held = []
-    for i, entry in enumerate(entries):
-        try:
-            held.append(held_from_admitted(entry, f"NodeTopology {node} status.admitted[{i}]"))
-        except TopologyError as e:
-            notes.append(f"ignored: {e}")
-    if settings is not None:
-        reserved = realnode.reserved_cpus(settings)
-        if reserved is not None:
-            held.insert(0, reserved)
+    held, more = held_from_status(status, str(node))
+    notes += more
     ledger, more = ledger_from_held(machine, held, (uid, ns, name))
     notes += more
 
@@ -355,10 +375,17 @@ class _Client:
         self.kube = SyncKube(config, max_connections=2, user_agent="numalign-explain")
 
     def _get(self, path: str, what: str) -> dict[str, Any] | None:
+        return self._call(lambda: self.kube.request("GET", path, timeout=30), what)
+
+    def list(self, path: str, params: dict[str, str], what: str) -> list[dict[str, Any]]:
+        got = self._call(lambda: {"items": self.kube.list_all(path, params)[0]}, what)
+        return list((got or {}).get("items") or [])
+
+    def _call(self, fn: Callable[[], dict[str, Any]], what: str) -> dict[str, Any] | None:
         from numalign.api.kube import ApiError
 
         try:
-            return self.kube.request("GET", path, timeout=30)
+            return fn()
         except ApiError as e:
             if e.status == 404:
                 return None
@@ -397,6 +424,9 @@ def main(argv: list[str] | None = None) -> int:
     except ExplainError as err:
         print(f"{PROG}: {err}", file=sys.stderr)
         return 1
+    if isinstance(e, dict):  # a pod not bound yet
+        print(json.dumps(e, indent=2) if args.output == "json" else pending.render_pending(e))
+        return 0
     _emit(e, args.output)
     return 0
 

@@ -15,21 +15,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from numalign.api.nodestatus import HeldPod
 from numalign.api.wire import REJECT_REASON
 from numalign.topology.explain import Explanation
-from numalign.topology.ledger import ContainerAllocation
 from numalign.topology.machine import Machine
 from numalign.topology.quantity import parse_cpulist
 
 JSON = dict[str, Any]
 SOURCE = "the kubelet's configuration (NodeTopology status.kubelet)"
-
-
-def kubelet_settings(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """``status.kubelet`` when the node is a real node whose agent reads its kubelet."""
-    k = status.get("kubelet")
-    return k if isinstance(k, Mapping) and k.get("topologyManagerPolicy") else None
 
 
 def kubelet_policy(settings: Mapping[str, Any]) -> tuple[str, str, dict[str, str]]:
@@ -38,18 +30,6 @@ def kubelet_policy(settings: Mapping[str, Any]) -> tuple[str, str, dict[str, str
             str(settings.get("topologyManagerScope") or "container"),
             {str(k): str(v) for k, v in options.items()} if isinstance(options, Mapping)
             else {})
-
-
-def reserved_cpus(settings: Mapping[str, Any]) -> HeldPod | None:
-    """The kubelet's reserved CPUs as a holder the engine cannot take them from."""
-    try:
-        cpus = parse_cpulist(str(settings.get("reservedSystemCPUs") or ""))
-    except ValueError:
-        return None
-    if not cpus:
-        return None
-    return HeldPod("kubelet/reservedSystemCPUs", "reservedSystemCPUs", "kubelet",
-                   (("", ContainerAllocation(cpus=tuple(cpus))),))
 
 
 def kubelet_decision(pod: Mapping[str, Any], entry: Mapping[str, Any] | None) -> JSON:

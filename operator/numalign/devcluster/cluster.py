@@ -34,6 +34,7 @@ from . import build, certs
 from .addons import ADDONS, ClusterInfo, MachineSpec
 from .crds import install_crds
 from .processes import Process, free_ports
+from .scheduler import CONFIG_FILE, write_scheduler_config
 
 Log = Callable[[str], None]
 
@@ -58,11 +59,12 @@ def client_qps_flags(value: str | None = None) -> tuple[str, ...]:
                               "QPS/BURST in whole numbers, e.g. 200/400")
     return (f"--kube-api-qps={qps}", f"--kube-api-burst={burst or qps}")
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+EXTENDER = "extender"  # numalign's scheduler extender, a process beside the addons
 # Every default controller. The cloud ones (node lifecycle, service LB, routes) left
 # kube-controller-manager for the cloud-controller-manager and are not known here.
 CONTROLLERS = ("*",)
 _STATE_FILES = ("kubeconfig", "controller-manager.kubeconfig", "scheduler.kubeconfig",
-                "state.json")
+                "state.json", CONFIG_FILE)
 _STATE_DIRS = ("pki", "etcd", "logs", "run", "operator", "realnode")
 
 
@@ -92,6 +94,7 @@ class DevCluster:
         self.addons = list(ADDONS)
         self._procs: dict[str, Process] = {}
         self._kube: SyncKube | None = None
+        self._want_extender = True
 
     # -------------------------------------------------------------------- public API
 
@@ -139,11 +142,18 @@ class DevCluster:
         install: bool = True,
         log: Log | None = None,
         timeout: float = 180.0,
+        scheduler_extender: bool = True,
+        extender: bool = False,
     ) -> DevCluster:
         """Start the control plane (or reuse the running one), install the CRDs and start
-        the addons that apply. Raises DevClusterError (or build.BuildError)."""
+        the addons that apply. Raises DevClusterError (or build.BuildError).
+
+        ``scheduler_extender``: kube-scheduler is configured with numalign's scheduler
+        extender (ignorable: while it does not run, pods schedule without it);
+        ``extender``: also run it (:meth:`start_extender`)."""
         say = log or _quiet
         machines = tuple(machines)
+        self._want_extender = scheduler_extender
         t0 = time.monotonic()
         bins = build.ensure_built(log=say)
         say(f"binaries ready in {bins} ({time.monotonic() - t0:.1f}s)")
@@ -152,6 +162,11 @@ class DevCluster:
             if install:
                 self._install(say)
             self._start_addons(machines, operator, say, reuse=True)
+            if extender and self.extender_url is None:
+                say("the running kube-scheduler has no extender (started with "
+                    "--no-extender): numalign extender not started")
+            elif extender:
+                self.start_extender(say)
             return self
         if any(self.process(n).pid is not None for n in CONTROL_PLANE):
             say("a previous control plane is partly running: stopping it and starting afresh")
@@ -162,6 +177,8 @@ class DevCluster:
             if install:
                 self._install(say)
             self._start_addons(machines, operator, say)
+            if extender:
+                self.start_extender(say)
         except BaseException:
             self._stop_all()
             raise
@@ -190,7 +207,7 @@ class DevCluster:
 
     def processes(self) -> dict[str, bool]:
         """Every component with a pid file (control plane, then addons): running or not."""
-        names = [*CONTROL_PLANE, *(a.name for a in self.addons)]
+        names = [*CONTROL_PLANE, *(a.name for a in self.addons), EXTENDER]
         return {n: self.process(n).is_running() for n in names
                 if self.process(n).pid is not None}
 
@@ -220,10 +237,12 @@ class DevCluster:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         t = time.monotonic()
         certs.generate(self.pki.dir)
-        etcd_port, peer_port, api_port, kcm_port, sched_port = free_ports(5)
+        etcd_port, peer_port, api_port, kcm_port, sched_port, ext_port = free_ports(6)
         server = f"https://127.0.0.1:{api_port}"
         self._write_kubeconfigs(server)
         self._save_state({
+            **({"extender": {"port": ext_port, "url": f"http://127.0.0.1:{ext_port}"}}
+               if self._want_extender else {}),
             "name": self.name,
             "server": server,
             "ports": {"etcd": etcd_port, "etcdPeer": peer_port, "apiserver": api_port,
@@ -343,12 +362,48 @@ class DevCluster:
 
     def _scheduler_args(self, bins: Path, port: int) -> list[str]:
         kc = self.state_dir / "scheduler.kubeconfig"
+        config = write_scheduler_config(self.state_dir, kc, client_qps_flags(),
+                                        self.extender_url)
         return [
             *self._component_args(bins / "kube-scheduler", kc, port),
-            *client_qps_flags(),
-            "--profiling=false",
+            f"--config={config}",
             "--v=1",
         ]
+
+    # -------------------------------------------------------------------- extender
+
+    @property
+    def extender_url(self) -> str | None:
+        """Where kube-scheduler calls numalign's extender (None: not configured)."""
+        ext = self.state().get("extender")
+        return str(ext["url"]) if isinstance(ext, dict) and ext.get("url") else None
+
+    def start_extender(self, log: Log | None = None, timeout: float = 60.0) -> None:
+        """Run ``numalign extender`` where the scheduler calls it; wait until ready."""
+        say = log or _quiet
+        url = self.extender_url
+        if url is None:
+            raise DevClusterError("this control plane's kube-scheduler has no extender "
+                                  "(started with --no-extender): 'numalign dev down', then "
+                                  "'numalign dev up' without --no-extender")
+        proc = self.process(EXTENDER)
+        if not proc.is_running():
+            argv = ["-m", "numalign.cli", "extender", "--kubeconfig", str(self.kubeconfig),
+                    "--addr", "127.0.0.1", "--port", url.rsplit(":", 1)[1]]
+            proc.start([sys.executable, *argv], cwd=self.state_dir, program="numalign.cli",
+                       env=dict(os.environ, KUBECONFIG=str(self.kubeconfig)))
+            st = self.state()
+            st["addons"] = {**st.get("addons", {}), EXTENDER: argv}
+            self._save_state(st)
+        t = time.monotonic()
+        with _probe(url) as probe:
+            self._wait("numalign extender /readyz", lambda: probe.ok("/readyz"),
+                       time.monotonic() + timeout, (EXTENDER,))
+        say(f"numalign extender ready at {url} ({time.monotonic() - t:.1f}s)")
+
+    def stop_extender(self, timeout: float = 5.0) -> None:
+        """Stop the extender (the scheduler goes on without it: it is ignorable)."""
+        self.process(EXTENDER).stop(timeout)
 
     def _wait(self, what: str, ready: Callable[[], bool], deadline: float,
               components: Iterable[str]) -> None:
@@ -446,7 +501,7 @@ class DevCluster:
             from .realnode import RealNode  # it builds on this module
 
             RealNode(self).down(say)
-        addons = [self.process(a.name) for a in reversed(self.addons)]
+        addons = [self.process(n) for n in (EXTENDER, *(a.name for a in reversed(self.addons)))]
         plane = [self.process(n) for n in reversed(CONTROL_PLANE)]
         running = {p.name for p in (*addons, *plane) if p.is_running()}
         for proc in addons:

@@ -54,6 +54,10 @@ MACHINES: tuple[tuple[str, int], ...] = (
 # want pool=gpu, which the group4-gpu nodes (NVLink pairs) form.
 NODE_LABELS: dict[str, dict[str, str]] = {"group4-gpu": {"pool": "gpu"}}
 SETTLE_TIMEOUT = 120.0
+# The sample whose story is the node-side rejection and the redeploy: with the scheduler
+# extender on, the demo applies it while the extender is stopped (the scheduler goes on
+# without it), because the extender would place it right the first time.
+BACKSTOP_NAMESPACE = "rt"
 STORY_REASONS = (REJECT_REASON, EVENT_REDEPLOY, EVENT_REDEPLOY_GAVE_UP, EVENT_REDEPLOY_REPEAT,
                  EVENT_INVALID_OVERRIDE)
 
@@ -151,8 +155,9 @@ def _wait(what: str, check: Callable[[], list[str]], timeout: float,
 
 class Demo:
     def __init__(self, cluster: DevCluster, samples: Path = SAMPLES, log: Log | None = None,
-                 settle_timeout: float = SETTLE_TIMEOUT) -> None:
+                 settle_timeout: float = SETTLE_TIMEOUT, extender: bool = True) -> None:
         self.cluster = cluster
+        self.extender = extender
         self.samples = samples
         self.say: Log = log or (lambda _m: None)
         self.settle_timeout = settle_timeout
@@ -183,8 +188,10 @@ class Demo:
         objs = render_samples(kubectl, self.samples)  # fail early on a broken samples dir
 
         t = time.monotonic()
-        self.cluster.up(machines=machines, operator=True, log=self.say, timeout=timeout)
-        self._step(t, "control plane, operator and agent up")
+        self.cluster.up(machines=machines, operator=True, log=self.say, timeout=timeout,
+                        scheduler_extender=self.extender, extender=self.extender)
+        self._step(t, "control plane, operator, agent" + (" and scheduler extender"
+                                                         if self.extender else "") + " up")
         kube = self.cluster.kube()
         nodes = node_names(machines)
 
@@ -216,7 +223,15 @@ class Demo:
         self._step(t, f"TopologyPolicies applied and reported: {', '.join(names)}")
 
         t = time.monotonic()
+        backstop = [o for o in rest_objs if _in_namespace(o, BACKSTOP_NAMESPACE)]
+        if self.extender and backstop and self.cluster.extender_url is not None:
+            self._without_extender(kubectl, kube, backstop)
+            self._step(t, f"namespace {BACKSTOP_NAMESPACE} applied with the scheduler "
+                          "extender stopped (the node rejects, the operator redeploys)")
+            t = time.monotonic()
+            rest_objs = [o for o in rest_objs if o not in backstop]
         kubectl("apply", "-f", "-", input=yaml.safe_dump_all(rest_objs))
+        rest_objs += backstop
         namespaces = sorted({str(o["metadata"]["name"]) for o in rest_objs
                              if o.get("kind") == "Namespace"}
                             | {str(o["metadata"]["namespace"]) for o in rest_objs
@@ -237,6 +252,18 @@ class Demo:
         return DemoResult(kubeconfig=self.cluster.kubeconfig, nodes=list(nodes),
                           namespaces=namespaces, settled=not unsettled, unsettled=unsettled,
                           seconds=time.monotonic() - t_all)
+
+    def _without_extender(self, kubectl: Kubectl, kube: SyncKube, objs: list[Obj]) -> None:
+        """Apply ``objs`` while the extender is stopped, until their pods are bound."""
+        self.cluster.stop_extender()
+        try:
+            kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objs))
+            path = f"/api/v1/namespaces/{quote(BACKSTOP_NAMESPACE)}/pods"
+            _wait("bound", lambda: [] if any((p.get("spec") or {}).get("nodeName")
+                                             for p in _items(kube, path)) else ["unbound"],
+                  60.0)
+        finally:
+            self.cluster.start_extender(self.say)
 
     # ------------------------------------------------------------------ conditions
 
@@ -294,6 +321,13 @@ class Demo:
         if lagging:
             out.append(f"not yet in a NodeTopology: {', '.join(lagging)}")
         return out
+
+
+def _in_namespace(obj: Obj, namespace: str) -> bool:
+    meta = obj.get("metadata") or {}
+    if obj.get("kind") == "Namespace":
+        return bool(meta.get("name") == namespace)
+    return bool(meta.get("namespace") == namespace)
 
 
 def story(kube: SyncKube, namespaces: Sequence[str]) -> list[str]:

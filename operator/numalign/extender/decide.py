@@ -1,0 +1,589 @@
+"""The scheduler extender's decision: would this node admit this pod, and how well.
+
+Pure: NodeTopology objects and pods in (plain mappings), verdicts out; no HTTP, no API
+server. A node is decided exactly as that node will decide: the policy is
+:func:`numalign.api.effective.effective_policy` (the pod's own resolved policy on
+emulated and numalign-managed nodes, the kubelet's on a kubelet-managed one), the
+machine and what it holds come from the NodeTopology status (as ``numalign explain``
+reads them: :mod:`numalign.api.nodestatus`, the kubelet's reserved CPUs held), plus the
+extender's in-flight reservations, and the engine's admission
+(:func:`numalign.topology.admit.admit_pod`, with the GPU group hook) decides.
+
+- :class:`NodeView`: one node as its NodeTopology describes it (built once per
+  ``resourceVersion``).
+- :func:`decide`: a pod on one view (plus reservations) -> :class:`Verdict`.
+- :class:`Decider`: the views of a fleet, kept per ``resourceVersion``, with a cache of
+  verdicts: nodes in the same state (same machine, same allocations held, same
+  reservations) decide a pod of the same shape under the same policy the same way, so a
+  filter over many alike nodes costs one engine run per distinct state.
+
+A node without a usable NodeTopology (none, or not published yet) passes: fail open
+(:attr:`Verdict.covered` False). The score (0-10, :func:`score_admission`) ranks fewest
+NUMA nodes first, then their distance, then GPU island fit, then the room left whole.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from itertools import combinations
+from typing import Any
+
+from numalign.api.effective import EffectivePolicy, NodePolicy, effective_policy
+from numalign.api.nodestatus import (
+    HeldPod,
+    held_from_status,
+    ledger_from_held,
+    machine_from_status,
+)
+from numalign.api.wire import (
+    ANN_GPUS,
+    EVENT_INVALID_GPU,
+    REJECT_REASON,
+    REJECTED_PREFIX,
+    TOPOLOGY_MESSAGE,
+    Resolved,
+)
+from numalign.topology.admit import AdmitResult, admit_pod, default_overrides
+from numalign.topology.errors import TopologyError
+from numalign.topology.fit import DEFAULT_MAX_PODS
+from numalign.topology.hints import mask_count, mask_ids
+from numalign.topology.ledger import ContainerAllocation, Ledger
+from numalign.topology.machine import Machine
+from numalign.topology.pod import Pod, pod_from_dict
+
+JSON = dict[str, Any]
+
+MIN_SCORE = 0
+MAX_SCORE = 10  # k8s.io/kube-scheduler/extender/v1 MaxExtenderPriority
+NEUTRAL_SCORE = 5  # no opinion: the pod asks for no alignment, or the node is not covered
+# The score's parts (each 0..1), in the order they rank: fewest NUMA nodes, then their
+# distance, then GPU island fit, then the room left whole.
+SCORE_WEIGHTS = {"numa": 0.55, "distance": 0.2, "gpu": 0.15, "room": 0.1}
+
+CANDIDATE_UID = "numalign.io/extender-candidate"  # the uid a pod is decided under
+INVALID_GPU_REASON = EVENT_INVALID_GPU
+UNREADABLE_POD_REASON = "InvalidPod"
+
+# The status fields a machine is read from (the same machine shares one Machine object).
+_MACHINE_FIELDS = ("zones", "distances", "devices", "cpuTopology")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What ``node`` would do with the pod.
+
+    ``fits``: it would admit it. Else ``reason`` and ``message`` are the kubelet's (e.g.
+    ``TopologyAffinityError``, "Resources cannot be allocated with Topology locality");
+    ``resolvable`` False when no change on the node can make it fit (a malformed GPU
+    request). ``score`` 0-10 (:func:`score_admission`; 0 when refused). ``numa_nodes``:
+    the NUMA nodes the pod would get. ``policy``: the effective policy (None when the
+    node is not covered). ``covered`` False: the node has no usable NodeTopology and
+    passes (fail open); ``note`` says why. ``containers``: what the pod would hold there
+    (init containers first), for a reservation (:meth:`held_by`)."""
+
+    node: str
+    fits: bool
+    reason: str | None = None
+    message: str | None = None
+    score: int = NEUTRAL_SCORE
+    numa_nodes: tuple[int, ...] = ()
+    policy: EffectivePolicy | None = None
+    covered: bool = True
+    resolvable: bool = True
+    note: str | None = None
+    containers: tuple[tuple[str, ContainerAllocation], ...] = field(default=(), repr=False)
+
+    @property
+    def failure(self) -> str:
+        """The refusal as the scheduler shows it (FailedNodes): reason, the kubelet's
+        message, the policy. Free of the node's name, so the scheduler's event counts
+        nodes refused for the same reason together."""
+        if self.fits:
+            return ""
+        text = f"{self.reason}: {(self.message or '').removeprefix(REJECTED_PREFIX)}"
+        if self.policy is not None:
+            r = self.policy.resolved
+            text += f" (numalign: policy {r.policy}, scope {r.scope})"
+        return text
+
+    def held_by(self, pod: Mapping[str, Any]) -> HeldPod | None:
+        """What ``pod`` would hold on this node, as a reservation (None: nothing to hold:
+        refused, not covered, or no container holds anything)."""
+        if not self.fits or not self.covered or not self.containers:
+            return None
+        meta = pod.get("metadata") if isinstance(pod, Mapping) else None
+        meta = meta if isinstance(meta, Mapping) else {}
+        ns = str(meta.get("namespace") or "default")
+        name = str(meta.get("name") or "")
+        uid = str(meta.get("uid") or f"{ns}/{name}")
+        return HeldPod(uid, name, ns, self.containers)
+
+    def to_json(self) -> JSON:
+        out: JSON = {"node": self.node, "fits": self.fits, "score": self.score,
+                     "covered": self.covered, "numaNodes": list(self.numa_nodes)}
+        if not self.fits:
+            out.update({"reason": self.reason, "message": self.message,
+                        "resolvable": self.resolvable})
+        if self.policy is not None:
+            out["policy"] = {**self.policy.resolved.to_json(), "origin": self.policy.origin,
+                             "nodeKind": self.policy.node_kind}
+        if self.note:
+            out["note"] = self.note
+        return out
+
+
+@dataclass
+class NodeView:
+    """One node as its NodeTopology describes it: the policy that decides there, the
+    machine, what it holds (``status.admitted`` and the kubelet's reserved CPUs), the
+    uids it has admitted. ``machine`` None: unusable (``problem`` says why)."""
+
+    name: str
+    resource_version: str
+    policy: NodePolicy
+    machine: Machine | None
+    held: tuple[HeldPod, ...] = ()
+    admitted: frozenset[str] = frozenset()
+    problem: str | None = None
+    notes: tuple[str, ...] = ()
+    machine_key: Hashable = None
+    held_key: Hashable = None
+    _ledger: Ledger | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_nodetopology(cls, nt: Mapping[str, Any],
+                          machines: dict[str, Machine] | None = None) -> NodeView:
+        """Read a NodeTopology object (never raises: an unusable one gives a view with
+        ``machine`` None). ``machines``: a table shared between views so that nodes of
+        the same machine share one Machine object (and their verdicts)."""
+        meta = nt.get("metadata") if isinstance(nt, Mapping) else None
+        meta = meta if isinstance(meta, Mapping) else {}
+        name = str(meta.get("name") or "")
+        rv = str(meta.get("resourceVersion") or "")
+        policy = NodePolicy.from_nodetopology(nt)
+        status = nt.get("status") if isinstance(nt, Mapping) else None
+        if not isinstance(status, Mapping):
+            return cls(name, rv, policy, None, problem="NodeTopology has no status yet")
+        key = json.dumps({k: status.get(k) for k in _MACHINE_FIELDS}, sort_keys=True,
+                         default=str)
+        machine = machines.get(key) if machines is not None else None
+        if machine is None:
+            try:
+                machine = machine_from_status(status, name="node")
+            except (TopologyError, ValueError, TypeError) as e:
+                return cls(name, rv, policy, None, problem=f"NodeTopology {name}: {e}")
+            if machines is not None:
+                machines[key] = machine
+        held, notes = held_from_status(status, name)
+        admitted = frozenset(str(e.get("uid")) for e in status.get("admitted") or ()
+                             if isinstance(e, Mapping) and e.get("uid"))
+        return cls(name, rv, policy, machine, tuple(held), admitted, None, tuple(notes),
+                   machine_key=key, held_key=held_key(held))
+
+    def without(self, uids: Collection[str]) -> NodeView:
+        """This view less the pods ``uids`` (gone, or finished, before the node publishes
+        that it released them)."""
+        held = tuple(p for p in self.held if p.uid not in uids)
+        if len(held) == len(self.held):
+            return self
+        return replace(self, held=held, held_key=held_key(held), _ledger=None)
+
+    @property
+    def usable(self) -> bool:
+        return self.machine is not None
+
+    def ledger(self) -> Ledger:
+        """The node's ledger as published (built once; callers work on copies)."""
+        if self.machine is None:
+            raise ValueError(f"node {self.name}: {self.problem}")
+        if self._ledger is None:
+            ledger, more = ledger_from_held(self.machine, self.held)
+            self._ledger = ledger
+            self.notes = (*self.notes, *more)
+        return self._ledger
+
+    def ledger_with(self, reservations: Sequence[HeldPod]) -> Ledger:
+        """The published ledger plus ``reservations`` (those it shows already, or that
+        no longer fit, are left out); a copy when there are any."""
+        base = self.ledger()
+        extra = [r for r in reservations if r.uid not in self.admitted and r.uid not in base.pods]
+        if not extra:
+            return base
+        ledger = base.copy()
+        for r in extra:
+            try:
+                ledger.allocate_many(r.uid, list(r.containers), pod_name=r.name,
+                                     namespace=r.namespace)
+            except TopologyError:
+                continue  # the node moved on (it shows other pods there): not held
+        return ledger
+
+
+def _container_key(a: ContainerAllocation) -> tuple[Any, ...]:
+    return (tuple(sorted(a.cpus)),
+            tuple(sorted((t, tuple(sorted(per.items()))) for t, per in a.memory.items())),
+            a.memory_mask, tuple(sorted(a.devices.items())))
+
+
+def held_key(held: Iterable[HeldPod]) -> Hashable:
+    """What a set of held pods takes, independent of who holds it: two nodes of one
+    machine holding equal keys decide every pod the same."""
+    return tuple(sorted(tuple(sorted(_container_key(a) for _, a in p.containers))
+                        for p in held))
+
+
+# ---------------------------------------------------------------- the pod
+
+
+@dataclass(frozen=True)
+class PodShape:
+    """What of a pod its admission depends on (containers' names and resources, init
+    containers' restart policy, the GPU request) as a model decided under
+    :data:`CANDIDATE_UID`, and a key for it; or why the pod cannot be read."""
+
+    key: Hashable
+    model: Pod | None
+    problem: str | None = None
+
+
+def pod_shape(pod: Mapping[str, Any]) -> PodShape:
+    """The pod's shape (never raises: an unreadable pod gives ``model`` None)."""
+    meta = pod.get("metadata") if isinstance(pod, Mapping) else None
+    meta = meta if isinstance(meta, Mapping) else {}
+    ann = meta.get("annotations")
+    gpus = ann.get(ANN_GPUS) if isinstance(ann, Mapping) else None
+    spec = pod.get("spec") if isinstance(pod, Mapping) else None
+    spec = spec if isinstance(spec, Mapping) else {}
+
+    def reduced(cs: Any) -> Any:
+        if not isinstance(cs, list):
+            return cs
+        return [{k: c.get(k) for k in ("name", "resources", "restartPolicy") if k in c}
+                if isinstance(c, Mapping) else c for c in cs]
+
+    doc: JSON = {"metadata": {"name": "candidate", "uid": CANDIDATE_UID,
+                              "annotations": {} if gpus is None else {ANN_GPUS: gpus}},
+                 "spec": {"containers": reduced(spec.get("containers")),
+                          "initContainers": reduced(spec.get("initContainers") or [])}}
+    key = json.dumps(doc, sort_keys=True, default=str)
+    try:
+        return PodShape(key, pod_from_dict(doc))
+    except TopologyError as e:
+        return PodShape(key, None, str(e))
+
+
+def policy_key(r: Resolved) -> Hashable:
+    return (r.policy, r.scope, tuple(sorted(r.options.given.items())))
+
+
+# ---------------------------------------------------------------- the decision
+
+
+def decide(pod: Mapping[str, Any], view: NodeView | None,
+           reservations: Sequence[HeldPod] = (), *, shape: PodShape | None = None,
+           name: str = "") -> Verdict:
+    """Would ``view``'s node admit ``pod``, holding ``reservations`` besides what it
+    publishes? ``view`` None (no NodeTopology) or unusable: the node passes (fail
+    open). Never raises."""
+    node = view.name if view is not None else name
+    if view is None or view.machine is None:
+        why = "no NodeTopology" if view is None else view.problem
+        return Verdict(node, True, covered=False, note=f"not decided by numalign: {why}")
+    eff = effective_policy(pod, view.policy)
+    shape = shape if shape is not None else pod_shape(pod)
+    if shape.model is None:
+        # The API server took it, the engine cannot read it: leave it to the node.
+        return Verdict(node, True, policy=eff, covered=False,
+                       note=f"not decided by numalign: the pod cannot be read: {shape.problem}")
+    ledger = view.ledger_with(reservations)
+    try:
+        result = run_admission(view.machine, ledger, shape.model, eff.resolved)
+    except _InvalidGpu as e:
+        return Verdict(node, False, INVALID_GPU_REASON, f"{REJECTED_PREFIX}{e}", MIN_SCORE,
+                       policy=eff, resolvable=False)
+    except TopologyError as e:  # an unknown policy or scope reached the engine
+        return Verdict(node, True, policy=eff, covered=False,
+                       note=f"not decided by numalign: {e}")
+    if not result.admit:
+        return Verdict(node, False, result.reason or REJECT_REASON,
+                       result.message or TOPOLOGY_MESSAGE, MIN_SCORE, policy=eff)
+    return Verdict(node, True, score=score_admission(view.machine, ledger, result),
+                   numa_nodes=tuple(_pod_numa(result)), policy=eff,
+                   containers=tuple((n, c.allocation) for n, c in result.containers.items()))
+
+
+class _InvalidGpu(TopologyError):
+    pass
+
+
+def run_admission(machine: Machine, ledger: Ledger, model: Pod, resolved: Resolved,
+                  commit: bool = False) -> AdmitResult:
+    """The engine's admission as the agent runs it (the GPU group hook; a malformed GPU
+    request raises :class:`_InvalidGpu`, the agent's ``InvalidGpuRequest``)."""
+    try:
+        overrides = default_overrides(machine, model)
+    except TopologyError as e:
+        raise _InvalidGpu(e.field, e.problem) from None
+    return admit_pod(machine, ledger, model, resolved.policy or "none",
+                     resolved.scope or "container", resolved.options.engine,
+                     overrides=overrides, commit=commit)
+
+
+def _pod_numa(result: AdmitResult) -> list[int]:
+    if result.hint.mask is not None:
+        return mask_ids(result.hint.mask)
+    return sorted({n for c in result.containers.values() for n in c.numa_nodes})
+
+
+# ---------------------------------------------------------------- room for more
+
+
+def room_left(view: NodeView, reserved: Sequence[HeldPod], flying: Sequence[HeldPod],
+              verdict: Verdict, shape: PodShape, resolved: Resolved) -> bool:
+    """Whether the pod ``verdict`` admitted on ``view`` (holding ``reserved``) is surely
+    admitted the same with the pods ``flying`` held too, wherever they land: on the NUMA
+    nodes of its verdict, what the node and ``reserved`` take, less all that ``flying``
+    asks for, leave as many CPUs, as much memory of each kind and as many devices of each
+    resource as the pod took. Then its NUMA nodes stay a valid hint of the same width (the
+    kubelet prefers by width over all CPUs, not free ones) and the best one, the managers
+    allocate inside them and the pod count fits. A sufficient condition only: False
+    (decide again) near capacity, and for policy options, GPU group requests, containers
+    aligned one by one, memory spanning NUMA nodes."""
+    machine, model = view.machine, shape.model
+    if machine is None or model is None or resolved.options.given or ANN_GPUS in model.annotations:
+        return False
+    mine = [a for _, a in verdict.containers]
+    if resolved.scope != "pod" and sum(1 for a in mine if a.cpus or a.memory or a.devices) > 1:
+        return False
+    ledger = view.ledger()
+    held = [a for h in reserved if h.uid not in view.admitted and h.uid not in ledger.pods
+            for _, a in h.containers]
+    asked = [a for h in flying for _, a in h.containers]
+    if any(a.memory_mask is not None and mask_count(a.memory_mask) > 1 for a in mine + asked):
+        return False
+    if len(ledger.pods) + len(reserved) + len(flying) + 1 > DEFAULT_MAX_PODS:
+        return False
+    numa = set(verdict.numa_nodes) or set(machine.numa_ids)
+    taken = {c for a in held for c in a.cpus}
+    free = sum(1 for c in ledger.free_cpus() - taken if machine.cpus[c].numa in numa)
+    if free - sum(len(a.cpus) for a in asked) < len({c for a in mine for c in a.cpus}):
+        return False
+    for kind in {k for a in mine for k in a.memory}:
+        want = sum(b for a in mine + asked for b in a.memory.get(kind, {}).values())
+        used = sum(b for a in held for n, b in a.memory.get(kind, {}).items() if n in numa)
+        if sum(ledger.free_memory(n, kind) for n in numa) - used < want:
+            return False
+    for res in {r for a in mine for r in a.devices}:
+        want = len({i for a in mine for i in a.devices.get(res, ())})
+        want += sum(len(a.devices.get(res, ())) for a in asked)
+        gone = {i for a in held for i in a.devices.get(res, ())}
+        near = {d.id for d in machine.devices_of(res)
+                if d.numa_node is None or d.numa_node in numa}
+        if len((set(ledger.free_devices(res)) & near) - gone) < want:
+            return False
+    return True
+
+
+# ---------------------------------------------------------------- the score
+
+
+def score_admission(machine: Machine, ledger: Ledger, result: AdmitResult) -> int:
+    """0-10 for an admitted pod: a weighted sum (:data:`SCORE_WEIGHTS`) of
+
+    - ``numa``: 1 on one NUMA node, 0 across all of them;
+    - ``distance``: 1 when the NUMA nodes are all local to each other, 0 at the
+      machine's largest distance (mean over pairs);
+    - ``gpu``: for each device resource with two or more devices, the share of the
+      machine's group levels (outermost first) all of them share: 1 in one island;
+    - ``room``: the free exclusive CPUs left on the emptiest NUMA node, over the
+      largest NUMA node's CPUs (the room left whole for the next aligned pod).
+
+    A pod with no NUMA affinity (policy none, nothing to align) gets
+    :data:`NEUTRAL_SCORE` on every node: the extender has no opinion about it."""
+    if result.hint.mask is None:
+        return NEUTRAL_SCORE
+    numa = _pod_numa(result)
+    total = len(machine.numa_nodes)
+    parts = {
+        "numa": 1.0 if len(numa) <= 1 or total <= 1 else (total - len(numa)) / (total - 1),
+        "distance": _distance_part(machine, numa),
+        "gpu": _gpu_part(machine, result),
+        "room": _room_part(machine, ledger, result),
+    }
+    value = sum(SCORE_WEIGHTS[k] * v for k, v in parts.items())
+    return max(MIN_SCORE, min(MAX_SCORE, round(MAX_SCORE * value)))
+
+
+def _distance_part(machine: Machine, numa: list[int]) -> float:
+    d = machine.distances
+    if len(numa) <= 1 or not d:
+        return 1.0
+    values = [v for row in d.values() for v in row.values()]
+    local, far = min(values), max(values)
+    if far <= local:
+        return 1.0
+    pairs = [d[a][b] for a, b in combinations(numa, 2) if a in d and b in d[a]]
+    if not pairs:
+        return 1.0
+    mean = sum(pairs) / len(pairs)
+    return max(0.0, 1.0 - (mean - local) / (far - local))
+
+
+def _gpu_part(machine: Machine, result: AdmitResult) -> float:
+    by_id = {(d.resource, d.id): d for d in machine.devices}
+    taken: dict[str, set[str]] = {}
+    for c in result.containers.values():
+        for r, ids in c.allocation.devices.items():
+            taken.setdefault(r, set()).update(ids)
+    parts: list[float] = []
+    for r, got in taken.items():
+        devs = [by_id[(r, i)] for i in sorted(got) if (r, i) in by_id]
+        levels = [lvl for lvl, _ in devs[0].groups] if devs else []
+        if len(devs) < 2 or not levels:
+            continue
+        shared = 0
+        for lvl in levels:
+            if len({d.group(lvl) for d in devs}) != 1:
+                break
+            shared += 1
+        parts.append(shared / len(levels))
+    return sum(parts) / len(parts) if parts else 1.0
+
+
+def _room_part(machine: Machine, ledger: Ledger, result: AdmitResult) -> float:
+    taken = {c for r in result.containers.values() for c in r.allocation.cpus}
+    free = ledger.free_cpus() - taken
+    biggest = max((len(n.cpus) for n in machine.numa_nodes), default=0)
+    if biggest == 0:
+        return 1.0
+    return max(sum(1 for c in n.cpus if c in free) for n in machine.numa_nodes) / biggest
+
+
+# ---------------------------------------------------------------- the fleet
+
+
+class Decider:
+    """The views of a fleet and a cache of verdicts.
+
+    ``update(nt)`` takes a NodeTopology object (a new ``resourceVersion`` rebuilds that
+    node's view; the same one is a no-op), ``remove(name)`` forgets a node,
+    ``release(node, uid)`` drops a pod that left before the node says so,
+    ``decide(pod, node, reservations)`` / ``filter(pod, nodes, reservations)`` give
+    verdicts. Verdicts are cached by (machine, what the node holds, reservations, pod
+    shape, effective policy), at most ``max_cached`` of them (least recently used go)."""
+
+    def __init__(self, max_cached: int = 50_000) -> None:
+        self.views: dict[str, NodeView] = {}
+        self.published: dict[str, NodeView] = {}  # as the NodeTopology says, before release()
+        self.released: dict[str, set[str]] = {}  # node -> uids gone but still published
+        self.machines: dict[str, Machine] = {}
+        self.max_cached = max_cached
+        self._cache: OrderedDict[Hashable, Verdict] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def update(self, nt: Mapping[str, Any]) -> NodeView:
+        meta = nt.get("metadata") if isinstance(nt, Mapping) else None
+        meta = meta if isinstance(meta, Mapping) else {}
+        name = str(meta.get("name") or "")
+        rv = str(meta.get("resourceVersion") or "")
+        old = self.published.get(name)
+        if old is not None and rv and old.resource_version == rv:
+            return self.views[name]
+        view = NodeView.from_nodetopology(nt, self.machines)
+        self.published[name] = view
+        gone = self.released.get(name)
+        if gone:
+            gone &= view.admitted  # the node published their release: nothing to do
+        self.views[name] = view.without(gone) if gone else view
+        return self.views[name]
+
+    def release(self, node: str, uid: str) -> bool:
+        """``uid`` left ``node`` (deleted or finished): decide as if the node had released
+        it already, until its NodeTopology stops listing it. True if that frees room."""
+        view = self.published.get(node)
+        if view is None or uid not in view.admitted:
+            return False
+        gone = self.released.setdefault(node, set())
+        if uid in gone:
+            return False
+        gone.add(uid)
+        self.views[node] = view.without(gone)
+        return True
+
+    def remove(self, name: str) -> None:
+        self.views.pop(name, None)
+        self.published.pop(name, None)
+        self.released.pop(name, None)
+
+    def view(self, name: str) -> NodeView | None:
+        return self.views.get(name)
+
+    def decide(self, pod: Mapping[str, Any], node: str,
+               reservations: Sequence[HeldPod] = (), *,
+               shape: PodShape | None = None,
+               in_flight: Sequence[tuple[Mapping[str, Any], HeldPod]] = ()) -> Verdict:
+        """The verdict for ``pod`` on ``node`` holding ``reservations``. ``in_flight``:
+        pods that may come to this node first (approved, not bound yet), each with what
+        it was approved to hold there: the verdict without them where they surely leave
+        room (:func:`room_left`), else decided with them admitted first, in order."""
+        verdict = self._decide(pod, node, reservations, shape)
+        view = self.views.get(node)
+        if view is None or not verdict.fits or not verdict.covered:
+            return verdict
+        extra = [(p, h) for p, h in in_flight if h.uid not in view.admitted]
+        if not extra:
+            return verdict
+        shape = shape if shape is not None else pod_shape(pod)
+        resolved = effective_policy(pod, view.policy).resolved
+        if room_left(view, reservations, [h for _, h in extra], verdict, shape, resolved):
+            return verdict
+        held = list(reservations)
+        for p, _ in extra:
+            h = self._decide(p, node, held, None).held_by(p)
+            if h is not None:
+                held.append(h)
+        return self._decide(pod, node, held, shape)
+
+    def _decide(self, pod: Mapping[str, Any], node: str, reservations: Sequence[HeldPod],
+                shape: PodShape | None) -> Verdict:
+        view = self.views.get(node)
+        if view is None or view.machine is None:
+            return decide(pod, view, reservations, name=node)
+        shape = shape if shape is not None else pod_shape(pod)
+        eff = effective_policy(pod, view.policy)
+        key = (view.machine_key, view.held_key, held_key(
+            r for r in reservations if r.uid not in view.admitted), shape.key,
+            policy_key(eff.resolved), eff.origin, view.policy.kind)
+        hit = self._cache.get(key)
+        if hit is not None:
+            self.hits += 1
+            self._cache.move_to_end(key)
+            return hit if hit.node == node else replace(hit, node=node)
+        self.misses += 1
+        verdict = decide(pod, view, reservations, shape=shape)
+        self._cache[key] = verdict
+        if len(self._cache) > self.max_cached:
+            self._cache.popitem(last=False)
+        return verdict
+
+    def filter(self, pod: Mapping[str, Any], nodes: Iterable[str],
+               reservations: Mapping[str, Sequence[HeldPod]] | None = None,
+               in_flight: Mapping[str, Sequence[tuple[Mapping[str, Any], HeldPod]]] | None
+               = None) -> list[Verdict]:
+        """A verdict for each of ``nodes``, in order (reservations and in-flight pods
+        by node, as :meth:`decide` takes them)."""
+        shape = pod_shape(pod)
+        held = reservations or {}
+        flying = in_flight or {}
+        return [self.decide(pod, n, held.get(n, ()), shape=shape, in_flight=flying.get(n, ()))
+                for n in nodes]
+
+    def hold(self, pod: Mapping[str, Any], node: str,
+             reservations: Sequence[HeldPod] = ()) -> HeldPod | None:
+        """What ``pod`` would hold on ``node`` (to reserve it once the pod is bound
+        there), or None when the node is not covered or would refuse it."""
+        return self.decide(pod, node, reservations).held_by(pod)

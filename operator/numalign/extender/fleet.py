@@ -1,0 +1,167 @@
+"""What the extender knows of the cluster: every node's NodeTopology (as
+:class:`~numalign.extender.decide.Decider` views), the in-flight reservations, and the
+pods it saw bound. Fed by the NodeTopology and Pod watches, asked by filter and
+prioritize; synchronous and free of I/O (the server runs it on one event loop).
+
+- A pod filter approved is counted on every node it was approved for while it is in
+  flight (:class:`~.reservations.InFlight`: the scheduler filters the next pod before
+  this one's binding is seen).
+- A pod seen bound (``spec.nodeName`` set, not finished) that its node does not list yet
+  gets a reservation: what filter approved there, else what the node would give it now
+  (:meth:`Decider.hold`).
+- A NodeTopology update drops the reservations of the pods it lists.
+- A pod deleted or finished drops its reservation and, while its node still lists it,
+  is decided as released (:meth:`Decider.release`): the scheduler retries parked pods
+  on that very pod event, and the extender must already see the room it frees.
+- After a restart, :meth:`load` rebuilds the reservations from the pods bound but not
+  listed by their node and not running yet.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from numalign.api.nodestatus import HeldPod
+
+from .decide import Decider, Verdict
+from .reservations import InFlight, Reservation, Reservations
+
+log = logging.getLogger("numalign.extender")
+
+JSON = dict[str, Any]
+TERMINAL = ("Succeeded", "Failed")
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def disjoint(held: HeldPod, others: Sequence[HeldPod]) -> bool:
+    """``held`` takes no CPU or device that one of ``others`` holds (an approval made
+    while other pods were in flight may name the same ids as one of them)."""
+    cpus = {c for h in others for _, a in h.containers for c in a.cpus}
+    devices = {(r, i) for h in others for _, a in h.containers
+               for r, ids in a.devices.items() for i in ids}
+    return not any(c in cpus for _, a in held.containers for c in a.cpus) and not any(
+        (r, i) in devices for _, a in held.containers for r, ids in a.devices.items()
+        for i in ids)
+
+
+def pod_uid(pod: Mapping[str, Any]) -> str:
+    meta = _meta(pod)
+    uid = meta.get("uid")
+    return str(uid) if uid else f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+
+
+def pod_node(pod: Mapping[str, Any]) -> str | None:
+    spec = pod.get("spec")
+    node = spec.get("nodeName") if isinstance(spec, Mapping) else None
+    return str(node) if node else None
+
+
+def is_finished(pod: Mapping[str, Any]) -> bool:
+    status = pod.get("status")
+    return isinstance(status, Mapping) and status.get("phase") in TERMINAL
+
+
+def is_running(pod: Mapping[str, Any]) -> bool:
+    status = pod.get("status")
+    return isinstance(status, Mapping) and status.get("phase") == "Running"
+
+
+class Fleet:
+    def __init__(self, decider: Decider | None = None,
+                 reservations: Reservations | None = None,
+                 in_flight: InFlight | None = None) -> None:
+        self.decider = decider if decider is not None else Decider()
+        self.reservations = reservations if reservations is not None else Reservations()
+        self.in_flight = in_flight if in_flight is not None else InFlight(
+            clock=self.reservations.clock)
+        self.bound: dict[str, str] = {}  # uid -> node, pods whose binding was handled
+
+    # ------------------------------------------------------------ NodeTopology
+
+    def node_topology(self, event: str, nt: Mapping[str, Any]) -> None:
+        """A NodeTopology watch event (ADDED, MODIFIED, DELETED)."""
+        name = str(_meta(nt).get("name") or "")
+        if not name:
+            return
+        if event == "DELETED":
+            self.decider.remove(name)
+            for held in self.reservations.on_node(name):
+                self.reservations.drop(held.uid)
+            return
+        view = self.decider.update(nt)
+        self.reservations.published(name, view.admitted)
+
+    def load_nodetopologies(self, items: Iterable[Mapping[str, Any]]) -> None:
+        """A full listing: the nodes not in it are forgotten."""
+        names = set()
+        for nt in items:
+            names.add(str(_meta(nt).get("name") or ""))
+            self.node_topology("ADDED", nt)
+        for name in list(self.decider.views):
+            if name not in names:
+                self.node_topology("DELETED", {"metadata": {"name": name}})
+
+    # ------------------------------------------------------------ pods
+
+    def pod(self, event: str, pod: Mapping[str, Any], *, restart: bool = False) -> None:
+        """A Pod watch event. ``restart``: from the listing after a (re)start, where a
+        pod already running is taken as decided by its node."""
+        uid = pod_uid(pod)
+        node = pod_node(pod)
+        if event == "DELETED" or is_finished(pod):
+            self.reservations.drop(uid)
+            self.in_flight.drop(uid)
+            self.bound.pop(uid, None)
+            if node is not None:
+                self.decider.release(node, uid)
+            return
+        if node is None or self.bound.get(uid) == node:
+            return
+        self.bound[uid] = node
+        approved = self.in_flight.take(uid, node)
+        view = self.decider.view(node)
+        if view is None or uid in view.admitted or (restart and is_running(pod)):
+            return
+        others = self.reservations.on_node(node, exclude=uid)
+        held = approved if approved is not None and disjoint(approved, others) else \
+            self.decider.hold(pod, node, others)
+        if held is not None:
+            self.reservations.add(node, held)
+
+    def load_pods(self, items: Iterable[Mapping[str, Any]]) -> None:
+        """A full listing of the pods (after the NodeTopology listing): reservations for
+        the pods bound but not listed by their node, rebuilt; the rest forgotten."""
+        present: set[str] = set()
+        for pod in items:
+            present.add(pod_uid(pod))
+            self.pod("ADDED", pod, restart=True)
+        for uid in list(self.bound):
+            if uid not in present:
+                self.pod("DELETED", {"metadata": {"uid": uid}, "spec": {
+                    "nodeName": self.bound[uid]}})
+
+    def expire(self) -> list[Reservation]:
+        self.in_flight.expire()
+        return self.reservations.expire()
+
+    # ------------------------------------------------------------ verbs
+
+    def filter(self, pod: Mapping[str, Any], nodes: Sequence[str],
+               approve: bool = True) -> list[Verdict]:
+        """Verdicts for ``pod`` on ``nodes``, counting what is reserved and in flight
+        there; ``approve``: the pod is then in flight on the nodes it fits (filter,
+        not prioritize)."""
+        uid = pod_uid(pod)
+        held = {n: self.reservations.on_node(n, exclude=uid) for n in nodes}
+        flying = {n: self.in_flight.on_node(n, exclude=uid) for n in nodes}
+        verdicts = self.decider.filter(pod, nodes, held, flying)
+        if approve:
+            holds = {v.node: h for v in verdicts if (h := v.held_by(pod)) is not None}
+            self.in_flight.approve(pod, uid, holds)
+        return verdicts

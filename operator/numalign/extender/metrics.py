@@ -1,0 +1,37 @@
+"""The extender's Prometheus metrics (on its own registry, served at ``/metrics``):
+
+- ``numalign_extender_filter_duration_seconds``: filter latency (histogram);
+- ``numalign_extender_prioritize_duration_seconds``: prioritize latency (histogram);
+- ``numalign_extender_refusals_total{reason}``: nodes refused, by the kubelet's reason;
+- ``numalign_extender_reservations``: in-flight reservations held now (gauge).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.filter_seconds = Histogram(
+            "numalign_extender_filter_duration_seconds",
+            "Time the extender takes to answer a filter call", buckets=BUCKETS,
+            registry=self.registry)
+        self.prioritize_seconds = Histogram(
+            "numalign_extender_prioritize_duration_seconds",
+            "Time the extender takes to answer a prioritize call", buckets=BUCKETS,
+            registry=self.registry)
+        self.refusals = Counter(
+            "numalign_extender_refusals", "Nodes the extender refused for a pod, by the "
+            "kubelet's reason", ["reason"], registry=self.registry)
+        self.reservations = Gauge(
+            "numalign_extender_reservations", "In-flight reservations: pods bound whose "
+            "node has not published them yet", registry=self.registry)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

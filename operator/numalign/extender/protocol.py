@@ -1,0 +1,122 @@
+"""The JSON of ``k8s.io/kube-scheduler/extender/v1`` (its Go types carry no json tags,
+so the fields are spelled as the Go fields): ``ExtenderArgs`` in, ``ExtenderFilterResult``
+and ``HostPriorityList`` out. Pure: bytes and verdicts in, JSON out.
+
+``ExtenderArgs``: ``{"Pod": {...}, "Nodes": {"items": [...]}|null, "NodeNames":
+[...]|null}``; with ``nodeCacheCapable: true`` the scheduler sends ``NodeNames`` only.
+``ExtenderFilterResult``: ``{"Nodes", "NodeNames", "FailedNodes": {name: reason},
+"FailedAndUnresolvableNodes": {name: reason}, "Error"}``. ``HostPriorityList``:
+``[{"Host": name, "Score": 0..10}]``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .decide import MIN_SCORE, Verdict
+
+JSON = dict[str, Any]
+
+MAX_NODES = 20_000  # nodes in one request (a Kubernetes cluster holds at most 5,000)
+MAX_NAME = 253  # a node name is a DNS subdomain
+
+
+class ArgsError(ValueError):
+    """Malformed ExtenderArgs; the message names the field and the problem."""
+
+
+@dataclass(frozen=True)
+class ExtenderArgs:
+    pod: Mapping[str, Any]
+    node_names: list[str]
+    nodes: list[Mapping[str, Any]] | None  # the NodeList items, when sent (not cache-capable)
+
+    @property
+    def pod_name(self) -> str:
+        meta = self.pod.get("metadata") or {}
+        return f"{meta.get('namespace') or 'default'}/{meta.get('name') or '?'}"
+
+
+def parse_args(body: bytes | str) -> ExtenderArgs:
+    """Decode and check an ``ExtenderArgs`` body. Raises ArgsError."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError) as e:
+        raise ArgsError(f"ExtenderArgs: the body is not JSON: {e}") from None
+    if not isinstance(doc, Mapping):
+        raise ArgsError(f"ExtenderArgs: must be a JSON object, got {type(doc).__name__}")
+    pod = doc.get("Pod")
+    if not isinstance(pod, Mapping):
+        raise ArgsError("ExtenderArgs.Pod: required, a Pod object")
+    meta = pod.get("metadata")
+    if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):
+        raise ArgsError("ExtenderArgs.Pod.metadata.name: required, a string")
+    if not isinstance(pod.get("spec"), Mapping):
+        raise ArgsError("ExtenderArgs.Pod.spec: required, an object")
+    raw_names = doc.get("NodeNames")
+    raw_nodes = doc.get("Nodes")
+    nodes: list[Mapping[str, Any]] | None = None
+    if raw_names is not None:
+        names = _names(raw_names)
+    elif raw_nodes is not None:
+        items = raw_nodes.get("items") if isinstance(raw_nodes, Mapping) else None
+        if not isinstance(items, list):
+            raise ArgsError("ExtenderArgs.Nodes.items: must be a list of Node objects")
+        if len(items) > MAX_NODES:
+            raise ArgsError(f"ExtenderArgs.Nodes.items: {len(items)} nodes, at most "
+                            f"{MAX_NODES}")
+        nodes = []
+        for i, n in enumerate(items):
+            name = n.get("metadata", {}).get("name") if isinstance(n, Mapping) else None
+            if not isinstance(name, str) or not name or len(name) > MAX_NAME:
+                raise ArgsError(f"ExtenderArgs.Nodes.items[{i}].metadata.name: required, "
+                                f"a node name of at most {MAX_NAME} characters")
+            nodes.append(n)
+        names = [str(n["metadata"]["name"]) for n in nodes]
+    else:
+        raise ArgsError("ExtenderArgs: needs NodeNames (nodeCacheCapable: true) or Nodes")
+    return ExtenderArgs(pod, names, nodes)
+
+
+def _names(raw: Any) -> list[str]:
+    if not isinstance(raw, list):
+        raise ArgsError("ExtenderArgs.NodeNames: must be a list of node names")
+    if len(raw) > MAX_NODES:
+        raise ArgsError(f"ExtenderArgs.NodeNames: {len(raw)} nodes, at most {MAX_NODES}")
+    for i, n in enumerate(raw):
+        if not isinstance(n, str) or not n or len(n) > MAX_NAME:
+            raise ArgsError(f"ExtenderArgs.NodeNames[{i}]: must be a node name of at most "
+                            f"{MAX_NAME} characters")
+    return list(raw)
+
+
+def filter_result(args: ExtenderArgs, verdicts: Sequence[Verdict]) -> JSON:
+    """``ExtenderFilterResult``: the nodes that fit (as they came: names, or the Node
+    objects), the refused ones with the kubelet's reason."""
+    fits = {v.node for v in verdicts if v.fits}
+    failed = {v.node: v.failure for v in verdicts if not v.fits and v.resolvable}
+    unresolvable = {v.node: v.failure for v in verdicts if not v.fits and not v.resolvable}
+    out: JSON = {"FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable,
+                 "Error": ""}
+    if args.nodes is not None:
+        kept = [n for n in args.nodes if n["metadata"]["name"] in fits]
+        out.update({"Nodes": {"apiVersion": "v1", "kind": "NodeList", "metadata": {},
+                              "items": kept}, "NodeNames": None})
+    else:
+        out.update({"Nodes": None, "NodeNames": [n for n in args.node_names if n in fits]})
+    return out
+
+
+def priority_list(verdicts: Sequence[Verdict]) -> list[JSON]:
+    """``HostPriorityList``: each node's score (0 for a node that would refuse)."""
+    return [{"Host": v.node, "Score": v.score if v.fits else MIN_SCORE} for v in verdicts]
+
+
+def error_result(message: str) -> JSON:
+    """An ``ExtenderFilterResult`` carrying only an error (the scheduler then ignores
+    this extender for the pod: it is ignorable)."""
+    return {"Nodes": None, "NodeNames": None, "FailedNodes": {},
+            "FailedAndUnresolvableNodes": {}, "Error": message}

@@ -1,0 +1,163 @@
+"""In-flight reservations: what the extender approved for a pod, held on the node the pod
+was bound to until that node's NodeTopology shows the pod (``status.admitted`` has its
+uid), the pod goes away or finishes, or ``timeout`` seconds pass.
+
+A burst of pods is filtered faster than the agents publish; without reservations every
+pod of the burst would see the same free NUMA node. After a restart they are rebuilt from
+the pods bound but not yet published (:meth:`numalign.extender.fleet.Fleet.load`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from numalign.api.nodestatus import HeldPod
+
+DEFAULT_TIMEOUT = 120.0
+
+
+@dataclass(frozen=True)
+class Reservation:
+    node: str
+    held: HeldPod
+    since: float  # monotonic seconds
+
+    @property
+    def uid(self) -> str:
+        return self.held.uid
+
+
+class Reservations:
+    """Reservations by node and by pod uid (one per pod)."""
+
+    def __init__(self, timeout: float = DEFAULT_TIMEOUT,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.timeout = timeout
+        self.clock = clock
+        self._by_uid: dict[str, Reservation] = {}
+        self._by_node: dict[str, dict[str, Reservation]] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_uid)
+
+    def __contains__(self, uid: object) -> bool:
+        return uid in self._by_uid
+
+    def get(self, uid: str) -> Reservation | None:
+        return self._by_uid.get(uid)
+
+    def add(self, node: str, held: HeldPod) -> Reservation:
+        self.drop(held.uid)
+        r = Reservation(node, held, self.clock())
+        self._by_uid[held.uid] = r
+        self._by_node.setdefault(node, {})[held.uid] = r
+        return r
+
+    def drop(self, uid: str) -> Reservation | None:
+        r = self._by_uid.pop(uid, None)
+        if r is not None:
+            per = self._by_node.get(r.node)
+            if per is not None:
+                per.pop(uid, None)
+                if not per:
+                    del self._by_node[r.node]
+        return r
+
+    def on_node(self, node: str, exclude: str | None = None) -> list[HeldPod]:
+        """What ``node`` holds for pods not published yet (less the pod ``exclude``)."""
+        per = self._by_node.get(node)
+        if not per:
+            return []
+        return [r.held for uid, r in per.items() if uid != exclude]
+
+    def nodes(self) -> list[str]:
+        return list(self._by_node)
+
+    def published(self, node: str, admitted: Iterable[str]) -> list[Reservation]:
+        """The node now lists ``admitted``: drop the reservations it shows."""
+        per = self._by_node.get(node)
+        if not per:
+            return []
+        shown = [uid for uid in admitted if uid in per]
+        return [r for uid in shown if (r := self.drop(uid)) is not None]
+
+    def expire(self) -> list[Reservation]:
+        """Drop the reservations older than the timeout."""
+        limit = self.clock() - self.timeout
+        old = [uid for uid, r in self._by_uid.items() if r.since < limit]
+        return [r for uid in old if (r := self.drop(uid)) is not None]
+
+
+IN_FLIGHT_TTL = 5.0
+
+
+class InFlight:
+    """What filter approved for pods not bound yet: each such pod is counted on every
+    node it was approved for, until it is seen bound (then its node's share becomes its
+    reservation), goes away, is filtered again, or ``ttl`` seconds pass.
+
+    The scheduler filters the next pod as soon as it has picked a node for the previous
+    one, before that pod's binding reaches the API server and the pod watch: without
+    this, two pods of a burst could be approved for the last room of one NUMA node."""
+
+    def __init__(self, ttl: float = IN_FLIGHT_TTL,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl = ttl
+        self.clock = clock
+        self._by_uid: dict[str, tuple[float, Mapping[str, Any], dict[str, HeldPod]]] = {}
+        self._by_node: dict[str, dict[str, HeldPod]] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_uid)
+
+    def approve(self, pod: Mapping[str, Any], uid: str, holds: dict[str, HeldPod]) -> None:
+        """``pod`` was approved for these nodes, to hold this there (replacing what it
+        had)."""
+        self.drop(uid)
+        if not holds:
+            return
+        self._by_uid[uid] = (self.clock(), pod, holds)
+        for node, held in holds.items():
+            self._by_node.setdefault(node, {})[uid] = held
+
+    def take(self, uid: str, node: str) -> HeldPod | None:
+        """``uid`` was bound to ``node``: what filter approved there (and forget it)."""
+        entry = self._by_uid.get(uid)
+        held = entry[2].get(node) if entry is not None else None
+        self.drop(uid)
+        return held
+
+    def drop(self, uid: str) -> None:
+        entry = self._by_uid.pop(uid, None)
+        if entry is None:
+            return
+        for node in entry[2]:
+            per = self._by_node.get(node)
+            if per is not None:
+                per.pop(uid, None)
+                if not per:
+                    del self._by_node[node]
+
+    def on_node(self, node: str, exclude: str | None = None
+                ) -> list[tuple[Mapping[str, Any], HeldPod]]:
+        """The pods in flight that may come to ``node`` (oldest first), with what they
+        were approved to hold there."""
+        per = self._by_node.get(node)
+        if not per:
+            return []
+        limit = self.clock() - self.ttl
+        out = []
+        for uid, held in per.items():
+            since, pod, _ = self._by_uid[uid]
+            if uid != exclude and since >= limit:
+                out.append((pod, held))
+        return out
+
+    def expire(self) -> list[str]:
+        limit = self.clock() - self.ttl
+        old = [uid for uid, (since, _, _) in self._by_uid.items() if since < limit]
+        for uid in old:
+            self.drop(uid)
+        return old
