@@ -389,11 +389,14 @@ class Extender:
             out[f"extender_{verb}_calls"] = int(buckets[-1][1]) if buckets else 0
             for p in (50, 99):
                 out[f"extender_{verb}_p{p}_ms"] = round(1000 * bucket_quantile(buckets, p), 2)
+        refused = re.findall(r'^numalign_extender_refusals_total\{reason="([^"]*)"\} (\S+)$',
+                             text, re.MULTILINE)
+        out["extender_refusals"] = {r: int(float(n)) for r, n in refused}
         return out
 
 
-FILTER_METRIC = "numalign_extender_filter_seconds"
-PRIORITIZE_METRIC = "numalign_extender_prioritize_seconds"
+FILTER_METRIC = "numalign_extender_filter_duration_seconds"
+PRIORITIZE_METRIC = "numalign_extender_prioritize_duration_seconds"
 
 
 def _http_get(url: str) -> str:
@@ -527,14 +530,18 @@ def inprocess_filter(nodes: int, pods: int, seed: int) -> dict[str, Any]:
 
 
 def start_cluster(mode: str, workdir: Path) -> tuple[Any, str, Extender | None]:
+    """A fresh control plane; "with": kube-scheduler configured with numalign's extender,
+    and the extender running (as ``numalign dev up`` does by default)."""
     from numalign.devcluster.cluster import DevCluster
 
     cluster = DevCluster(state_dir=workdir / f"{mode}-cluster")
-    cluster.up(log=lambda m: print(f"[devcluster {mode}] {m}", file=sys.stderr))
-    if mode == "with":
-        raise SystemExit("the extender half needs `numalign extender` and the dev cluster "
-                         "that runs kube-scheduler with it")
-    return cluster, str(cluster.kubeconfig), None
+    on = mode == "with"
+    cluster.up(scheduler_extender=on, extender=on,
+               log=lambda m: print(f"[devcluster {mode}] {m}", file=sys.stderr))
+    url = cluster.extender_url
+    if on and url is None:
+        raise SystemExit("the dev cluster did not configure the scheduler extender")
+    return cluster, str(cluster.kubeconfig), Extender(f"{url}/metrics") if on else None
 
 
 def print_half(r: dict[str, Any]) -> None:
@@ -553,6 +560,7 @@ def print_half(r: dict[str, Any]) -> None:
               f"{r['extender_filter_p99_ms']} ms ({r['extender_filter_calls']} calls); "
               f"prioritize p50 {r['extender_prioritize_p50_ms']} ms, p99 "
               f"{r['extender_prioritize_p99_ms']} ms")
+        print(f"  extender refusals      {r['extender_refusals']} (nodes refused, by reason)")
 
 
 def main(argv: list[str]) -> int:
