@@ -193,10 +193,14 @@ class NodeState:
                 to_restore.append((pod, ann))
                 continue
             pending.append(pod)
-        # What the agent itself published first: a pod's annotation can be edited by its
-        # tenant, so it is used only for pods the published status lacks, after every
-        # published allocation is back (a claim on another pod's CPUs then conflicts).
-        to_restore.sort(key=lambda pa: pod_uid(pa[0]) not in by_uid)
+        # What the agent itself published first, in the order it published them (the
+        # order it admitted them: the memory manager's NUMA groups depend on it): a pod's
+        # annotation can be edited by its tenant, so it is used only for pods the
+        # published status lacks, after every published allocation is back (a claim on
+        # another pod's CPUs then conflicts).
+        published_order = {uid: i for i, uid in enumerate(by_uid)}
+        to_restore.sort(key=lambda pa: published_order.get(pod_uid(pa[0]),
+                                                            len(published_order)))
         for pod, ann in to_restore:
             uid = pod_uid(pod)
             ns, name = pod_key(pod)
