@@ -56,9 +56,11 @@ def extender(dev_cluster: DevCluster) -> Iterator[DevCluster]:
 @pytest.fixture(scope="module")
 def module_operator(kubeconfig: Path, k8s_client: Any,
                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    """One operator for the module: it resolves the namespaces' policy and redeploys."""
     log = tmp_path_factory.mktemp("extender-op") / "op.log"
     with operator(kubeconfig, k8s_client, log) as op:
         yield op
+        assert "Traceback" not in op.text(), op.text()[-4000:]
 
 
 @pytest.fixture

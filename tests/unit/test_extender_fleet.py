@@ -163,3 +163,22 @@ def test_pods_approved_but_not_bound_yet_are_counted_where_they_may_go() -> None
     clock.now += 6
     fleet.expire()
     assert fleet.filter(six[9], ["one", "two"])[1].fits
+
+
+def test_a_node_listing_a_pod_by_name_ends_its_reservation() -> None:
+    """A real node's kubelet may list a pod the agent names without its uid."""
+    st = node("dual-16core")
+    fleet = fleet_of(st)
+    a = four("a")
+    fleet.pod("ADDED", bound(a, st.name))
+    assert len(fleet.reservations) == 1
+    assert st.decide(a, resolved_of(a)).admit
+    nt = published(st, 2)
+    for entry in nt["status"]["admitted"]:
+        entry.pop("uid")
+    fleet.node_topology("MODIFIED", nt)
+    assert len(fleet.reservations) == 0
+    view = fleet.decider.view(st.name)
+    assert view is not None and "default/a" in view.admitted
+    # and its room is not counted twice
+    assert len(view.ledger().pods) == 1

@@ -139,7 +139,8 @@ class Verdict:
 class NodeView:
     """One node as its NodeTopology describes it: the policy that decides there, the
     machine, what it holds (``status.admitted`` and the kubelet's reserved CPUs), the
-    uids it has admitted. ``machine`` None: unusable (``problem`` says why)."""
+    pods it has admitted (uids, or ``namespace/name`` where an entry has no uid).
+    ``machine`` None: unusable (``problem`` says why)."""
 
     name: str
     resource_version: str
@@ -151,6 +152,7 @@ class NodeView:
     notes: tuple[str, ...] = ()
     machine_key: Hashable = None
     held_key: Hashable = None
+    policy_id: str = ""  # the node's policy as text: nodes alike decide a pod alike
     _ledger: Ledger | None = field(default=None, repr=False)
 
     @classmethod
@@ -178,10 +180,12 @@ class NodeView:
             if machines is not None:
                 machines[key] = machine
         held, notes = held_from_status(status, name)
-        admitted = frozenset(str(e.get("uid")) for e in status.get("admitted") or ()
-                             if isinstance(e, Mapping) and e.get("uid"))
+        admitted = frozenset(_admitted_key(e) for e in status.get("admitted") or ()
+                             if isinstance(e, Mapping))
+        policy_id = "|".join((policy.kind, policy.default.annotation(),
+                              policy.kubelet.annotation() if policy.kubelet else "-"))
         return cls(name, rv, policy, machine, tuple(held), admitted, None, tuple(notes),
-                   machine_key=key, held_key=held_key(held))
+                   machine_key=key, held_key=held_key(held), policy_id=policy_id)
 
     def without(self, uids: Collection[str]) -> NodeView:
         """This view less the pods ``uids`` (gone, or finished, before the node publishes
@@ -190,6 +194,10 @@ class NodeView:
         if len(held) == len(self.held):
             return self
         return replace(self, held=held, held_key=held_key(held), _ledger=None)
+
+    def lists(self, held: HeldPod) -> bool:
+        """The node's NodeTopology lists this pod (by uid, or by namespace and name)."""
+        return held.uid in self.admitted or f"{held.namespace}/{held.name}" in self.admitted
 
     @property
     def usable(self) -> bool:
@@ -209,7 +217,7 @@ class NodeView:
         """The published ledger plus ``reservations`` (those it shows already, or that
         no longer fit, are left out); a copy when there are any."""
         base = self.ledger()
-        extra = [r for r in reservations if r.uid not in self.admitted and r.uid not in base.pods]
+        extra = [r for r in reservations if not self.lists(r) and r.uid not in base.pods]
         if not extra:
             return base
         ledger = base.copy()
@@ -220,6 +228,13 @@ class NodeView:
             except TopologyError:
                 continue  # the node moved on (it shows other pods there): not held
         return ledger
+
+
+def _admitted_key(entry: Mapping[str, Any]) -> str:
+    """A ``status.admitted`` entry's pod: its uid, else ``namespace/name`` (a real node's
+    kubelet may list a pod the agent cannot name by uid)."""
+    uid = entry.get("uid")
+    return str(uid) if uid else f"{entry.get('namespace') or 'default'}/{entry.get('pod')}"
 
 
 def _container_key(a: ContainerAllocation) -> tuple[Any, ...]:
@@ -359,7 +374,7 @@ def room_left(view: NodeView, reserved: Sequence[HeldPod], flying: Sequence[Held
     if resolved.scope != "pod" and sum(1 for a in mine if a.cpus or a.memory or a.devices) > 1:
         return False
     ledger = view.ledger()
-    held = [a for h in reserved if h.uid not in view.admitted and h.uid not in ledger.pods
+    held = [a for h in reserved if not view.lists(h) and h.uid not in ledger.pods
             for _, a in h.containers]
     asked = [a for h in flying for _, a in h.containers]
     if any(a.memory_mask is not None and mask_count(a.memory_mask) > 1 for a in mine + asked):
@@ -530,33 +545,49 @@ class Decider:
         pods that may come to this node first (approved, not bound yet), each with what
         it was approved to hold there: the verdict without them where they surely leave
         room (:func:`room_left`), else decided with them admitted first, in order."""
-        verdict = self._decide(pod, node, reservations, shape)
+        return self._verdict(pod, node, reservations, shape, in_flight, None)
+
+    def _verdict(self, pod: Mapping[str, Any], node: str, reservations: Sequence[HeldPod],
+                 shape: PodShape | None, in_flight: Sequence[tuple[Mapping[str, Any], HeldPod]],
+                 memo: dict[str, EffectivePolicy] | None) -> Verdict:
+        verdict = self._decide(pod, node, reservations, shape, memo)
         view = self.views.get(node)
         if view is None or not verdict.fits or not verdict.covered:
             return verdict
-        extra = [(p, h) for p, h in in_flight if h.uid not in view.admitted]
+        extra = [(p, h) for p, h in in_flight if not view.lists(h)]
         if not extra:
             return verdict
         shape = shape if shape is not None else pod_shape(pod)
-        resolved = effective_policy(pod, view.policy).resolved
+        resolved = self._effective(pod, view, memo).resolved
         if room_left(view, reservations, [h for _, h in extra], verdict, shape, resolved):
             return verdict
         held = list(reservations)
         for p, _ in extra:
-            h = self._decide(p, node, held, None).held_by(p)
+            h = self._decide(p, node, held, None, None).held_by(p)
             if h is not None:
                 held.append(h)
-        return self._decide(pod, node, held, shape)
+        return self._decide(pod, node, held, shape, memo)
+
+    @staticmethod
+    def _effective(pod: Mapping[str, Any], view: NodeView,
+                   memo: dict[str, EffectivePolicy] | None) -> EffectivePolicy:
+        """effective_policy, once per node policy for one pod (``memo``)."""
+        if memo is None:
+            return effective_policy(pod, view.policy)
+        eff = memo.get(view.policy_id)
+        if eff is None:
+            eff = memo[view.policy_id] = effective_policy(pod, view.policy)
+        return eff
 
     def _decide(self, pod: Mapping[str, Any], node: str, reservations: Sequence[HeldPod],
-                shape: PodShape | None) -> Verdict:
+                shape: PodShape | None, memo: dict[str, EffectivePolicy] | None) -> Verdict:
         view = self.views.get(node)
         if view is None or view.machine is None:
             return decide(pod, view, reservations, name=node)
         shape = shape if shape is not None else pod_shape(pod)
-        eff = effective_policy(pod, view.policy)
+        eff = self._effective(pod, view, memo)
         key = (view.machine_key, view.held_key, held_key(
-            r for r in reservations if r.uid not in view.admitted), shape.key,
+            r for r in reservations if not view.lists(r)), shape.key,
             policy_key(eff.resolved), eff.origin, view.policy.kind)
         hit = self._cache.get(key)
         if hit is not None:
@@ -579,7 +610,8 @@ class Decider:
         shape = pod_shape(pod)
         held = reservations or {}
         flying = in_flight or {}
-        return [self.decide(pod, n, held.get(n, ()), shape=shape, in_flight=flying.get(n, ()))
+        memo: dict[str, EffectivePolicy] = {}
+        return [self._verdict(pod, n, held.get(n, ()), shape, flying.get(n, ()), memo)
                 for n in nodes]
 
     def hold(self, pod: Mapping[str, Any], node: str,

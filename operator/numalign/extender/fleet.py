@@ -119,7 +119,9 @@ class Fleet:
             self.in_flight.drop(uid)
             self.bound.pop(uid, None)
             if node is not None:
-                self.decider.release(node, uid)
+                meta = _meta(pod)
+                for key in (uid, f"{meta.get('namespace') or 'default'}/{meta.get('name')}"):
+                    self.decider.release(node, key)
             return
         if node is None or self.bound.get(uid) == node:
             return

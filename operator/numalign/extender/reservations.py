@@ -76,11 +76,14 @@ class Reservations:
         return list(self._by_node)
 
     def published(self, node: str, admitted: Iterable[str]) -> list[Reservation]:
-        """The node now lists ``admitted``: drop the reservations it shows."""
+        """The node now lists ``admitted`` (uids, or ``namespace/name`` where it names a
+        pod without its uid): drop the reservations it shows."""
         per = self._by_node.get(node)
         if not per:
             return []
-        shown = [uid for uid in admitted if uid in per]
+        listed = set(admitted)
+        shown = [uid for uid, r in per.items()
+                 if uid in listed or f"{r.held.namespace}/{r.held.name}" in listed]
         return [r for uid in shown if (r := self.drop(uid)) is not None]
 
     def expire(self) -> list[Reservation]:
