@@ -122,21 +122,21 @@ class Shape:
 # What makes the scheduler's view (node-level room) differ from the node's: 4- and
 # 6-CPU single-numa-node pods (a fragmented-8numa node has 32 CPUs but 4 per NUMA
 # node), GPUs with their CPUs on one NUMA node, 8-CPU restricted pods (the narrowest
-# NUMA set that could ever hold them must be free). A third are small Burstable pods,
+# NUMA set that could ever hold them must be free). Half are small Burstable pods,
 # which no policy refuses.
 SHAPES = (
     Shape("snn-4cpu", 4, NS_SNN, "4", "4Gi"),
-    Shape("snn-6cpu", 3, NS_SNN, "6", "6Gi"),
-    Shape("snn-gpu", 1.5, NS_SNN, "2", "2Gi", devices=(("nvidia.com/gpu", 1),)),
-    Shape("snn-vendor-gpu", 0.6, NS_SNN, "2", "1Gi", devices=(("gpu-vendor.com/gpu", 1),)),
+    Shape("snn-6cpu", 2, NS_SNN, "6", "6Gi"),
+    Shape("snn-gpu", 1, NS_SNN, "2", "2Gi", devices=(("nvidia.com/gpu", 1),)),
+    Shape("snn-vendor-gpu", 0.4, NS_SNN, "2", "1Gi", devices=(("gpu-vendor.com/gpu", 1),)),
     Shape("snn-to-be", 1, NS_SNN, "6", "2Gi", overrides=((ANN_POLICY, "best-effort"),)),
-    Shape("restricted-8cpu", 2, NS_RESTRICTED, "8", "8Gi"),
-    Shape("restricted-gpu", 1, NS_RESTRICTED, "3", "4Gi", devices=(("nvidia.com/gpu", 1),)),
+    Shape("restricted-8cpu", 1, NS_RESTRICTED, "8", "8Gi"),
+    Shape("restricted-gpu", 0.8, NS_RESTRICTED, "3", "4Gi", devices=(("nvidia.com/gpu", 1),)),
     Shape("restricted-small", 4, NS_RESTRICTED, "100m", "64Mi", guaranteed=False),
-    Shape("be-small", 12, NS_BE, "100m", "64Mi", guaranteed=False),
+    Shape("be-small", 16, NS_BE, "100m", "64Mi", guaranteed=False),
     Shape("be-to-snn", 4, NS_BE, "3", "2Gi",
           overrides=((ANN_POLICY, "single-numa-node"), (ANN_SCOPE, "pod"))),
-    Shape("be-to-restricted", 2, NS_BE, "5", "2Gi", overrides=((ANN_POLICY, "restricted"),)),
+    Shape("be-to-restricted", 2, NS_BE, "4", "2Gi", overrides=((ANN_POLICY, "restricted"),)),
 )
 
 
