@@ -45,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,7 +54,7 @@ from typing import Any
 from bench_agent import pct, wait_nodes
 from bench_operator import _free_port, _webhook_ready
 from numalign.api.kube import ApiError, Kube, load_config
-from numalign.api.wire import ANN_POLICY, ANN_SCOPE, REJECT_REASON
+from numalign.api.wire import ANN_POLICY, ANN_RESOLVED, ANN_SCOPE, REJECT_REASON
 from numalign.topology.machine import load_machine
 
 HERE = Path(__file__).resolve().parent
@@ -177,6 +178,8 @@ class Observed:
     latest: dict[str, tuple[str, str]] = field(default_factory=dict)  # chain -> (pod, phase)
     rejected: set[str] = field(default_factory=set)  # pod uids seen TopologyAffinityError
     other_failed: dict[str, str] = field(default_factory=dict)  # uid -> reason
+    policies: dict[str, str] = field(default_factory=dict)  # uid -> resolved policy
+    placed: dict[str, str] = field(default_factory=dict)  # uid -> node
     last_event: float = field(default_factory=time.monotonic)
 
     def on_pod(self, obj: dict[str, Any], now: float) -> None:
@@ -186,6 +189,13 @@ class Observed:
         self.last_event = now
         name, uid = str(meta.get("name")), str(meta.get("uid"))
         chain = chain_of(name)
+        resolved = (meta.get("annotations") or {}).get(ANN_RESOLVED)
+        if resolved and uid not in self.policies:
+            with contextlib.suppress(ValueError, AttributeError):
+                self.policies[uid] = str(json.loads(resolved).get("policy"))
+        node = (obj.get("spec") or {}).get("nodeName")
+        if node:
+            self.placed[uid] = str(node)
         status = obj.get("status") or {}
         phase = str(status.get("phase") or "Pending")
         prev = self.latest.get(chain)
@@ -358,6 +368,9 @@ def summarize(seen: Observed, created: int) -> dict[str, Any]:
         "other_failures": len(seen.other_failed),
         "chains_running": final["Running"], "chains_pending": final["Pending"],
         "chains_failed": final["Failed"],
+        "resolved_policies": dict(sorted(Counter(seen.policies.values()).items())),
+        "bound_by_machine": dict(sorted(Counter(
+            CHAIN.sub("", n).rsplit("-", 1)[0] for n in seen.placed.values()).items())),
         "create_to_running_p50_s": round(pct(lat, 50), 3),
         "create_to_running_p99_s": round(pct(lat, 99), 3),
         "_running_latency": {c: seen.running[c] - seen.created[c]
@@ -553,6 +566,8 @@ def print_half(r: dict[str, Any]) -> None:
           f"{r['nodetopology_rejected']}); other failures {r['other_failures']}")
     print(f"  at the end             {r['chains_running']} Running, {r['chains_pending']} "
           f"Pending, {r['chains_failed']} Failed (pods with their replacements)")
+    print(f"  pods by policy         {r['resolved_policies']}; bound by machine "
+          f"{r['bound_by_machine']}")
     print(f"  create -> Running      p50 {r['create_to_running_p50_s']} s, "
           f"p99 {r['create_to_running_p99_s']} s")
     if "extender_filter_p99_ms" in r:
