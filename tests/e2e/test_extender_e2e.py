@@ -177,6 +177,7 @@ def test_best_effort_pod_is_not_kept_off_a_fragmented_node(
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["bound"] is False
+    assert node in doc["refused"], doc["nodes"]
     assert doc["refused"][node].startswith("TopologyAffinityError: ")
     assert node not in doc["fits"]
     assert set(e2e_agent.of("dual-16core")) <= set(doc["fits"])

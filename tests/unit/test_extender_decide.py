@@ -270,3 +270,22 @@ def test_room_left_spares_the_engine_far_from_capacity() -> None:
         flying.append((more, h))
     assert not decider.decide(pod("last", {"cpu": "6", "memory": "1Gi"}), st.name,
                               in_flight=flying).fits
+
+
+def test_score_prefers_gpus_of_one_island() -> None:
+    """Two GPUs under best-effort: one NVLink island (one NUMA node) on a free node ranks
+    above two islands (two NUMA nodes) where gpu0 and gpu2 are taken."""
+    gpu = "nvidia.com/gpu"
+    free, taken = node("group4-gpu", "free"), node("group4-gpu", "taken")
+    held = published(taken, 1)
+    held["status"]["admitted"] = [
+        {"pod": f"t{i}", "namespace": "default", "uid": f"t{i}", "numaNodes": [i],
+         "containers": [{"name": "c", "numaNodes": [i], "devices": {gpu: [g]}}]}
+        for i, g in enumerate(("gpu0", "gpu2"))]
+    decider = Decider()
+    decider.update(published(free, 1))
+    decider.update(held)
+    two = pod("two", {"cpu": "2", "memory": "1Gi", gpu: "2"}, policy="best-effort")
+    v_free, v_taken = decider.filter(two, ["free", "taken"])
+    assert v_free.fits and v_taken.fits
+    assert v_free.score == MAX_SCORE > v_taken.score

@@ -104,7 +104,8 @@ def test_restart_rebuilds_reservations_from_bound_unpublished_pods() -> None:
     fleet.load_nodetopologies([published(st, 7)])
     waiting = [four(f"new{i}") for i in range(3)]
     fleet.load_pods([*(bound(p, st.name, "Running") for p in admitted),
-                     *(bound(p, st.name) for p in waiting),
+                     *(bound(p, st.name) for p in waiting[:2]),
+                     bound(waiting[2], st.name, "Running"),  # its node has not published it
                      bound(four("gone"), st.name, "Failed")])
     assert sorted(r.uid for r in (fleet.reservations.get(f"uid-new{i}") for i in range(3))
                   if r is not None) == ["uid-new0", "uid-new1", "uid-new2"]

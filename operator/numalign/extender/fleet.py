@@ -13,8 +13,9 @@ prioritize; synchronous and free of I/O (the server runs it on one event loop).
 - A pod deleted or finished drops its reservation and, while its node still lists it,
   is decided as released (:meth:`Decider.release`): the scheduler retries parked pods
   on that very pod event, and the extender must already see the room it frees.
-- After a restart, :meth:`load` rebuilds the reservations from the pods bound but not
-  listed by their node and not running yet.
+- After a restart, :meth:`load_pods` rebuilds the reservations from the pods bound, not
+  finished and not listed by their node (running ones too: an agent busy with a burst
+  publishes a node every few seconds).
 """
 
 from __future__ import annotations
@@ -67,11 +68,6 @@ def is_finished(pod: Mapping[str, Any]) -> bool:
     return isinstance(status, Mapping) and status.get("phase") in TERMINAL
 
 
-def is_running(pod: Mapping[str, Any]) -> bool:
-    status = pod.get("status")
-    return isinstance(status, Mapping) and status.get("phase") == "Running"
-
-
 class Fleet:
     def __init__(self, decider: Decider | None = None,
                  reservations: Reservations | None = None,
@@ -109,9 +105,8 @@ class Fleet:
 
     # ------------------------------------------------------------ pods
 
-    def pod(self, event: str, pod: Mapping[str, Any], *, restart: bool = False) -> None:
-        """A Pod watch event. ``restart``: from the listing after a (re)start, where a
-        pod already running is taken as decided by its node."""
+    def pod(self, event: str, pod: Mapping[str, Any]) -> None:
+        """A Pod watch event (ADDED, MODIFIED, DELETED)."""
         uid = pod_uid(pod)
         node = pod_node(pod)
         if event == "DELETED" or is_finished(pod):
@@ -128,7 +123,7 @@ class Fleet:
         self.bound[uid] = node
         approved = self.in_flight.take(uid, node)
         view = self.decider.view(node)
-        if view is None or uid in view.admitted or (restart and is_running(pod)):
+        if view is None or uid in view.admitted:
             return
         others = self.reservations.on_node(node, exclude=uid)
         held = approved if approved is not None and disjoint(approved, others) else \
@@ -142,7 +137,7 @@ class Fleet:
         present: set[str] = set()
         for pod in items:
             present.add(pod_uid(pod))
-            self.pod("ADDED", pod, restart=True)
+            self.pod("ADDED", pod)
         for uid in list(self.bound):
             if uid not in present:
                 self.pod("DELETED", {"metadata": {"uid": uid}, "spec": {
