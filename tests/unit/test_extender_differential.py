@@ -74,9 +74,6 @@ FIXTURES = sorted(p for p in testdata.MACHINES.glob("*.yaml"))
 POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
 SCOPES = ("container", "pod")
 GPU = "nvidia.com/gpu"
-SYNTH_DEVICES = (GPU, "example.com/nic")
-MI = 1 << 20
-GI = 1 << 30
 
 _MACHINES: dict[str, Machine] = {}
 
