@@ -40,7 +40,6 @@ import json
 import math
 import random
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -51,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench_agent import pct, wait_nodes
+from bench_agent import agent_argv, pct, stop, wait_nodes
 from bench_operator import _free_port, _webhook_ready
 from numalign.api.kube import ApiError, Kube, load_config
 from numalign.api.wire import ANN_POLICY, ANN_RESOLVED, ANN_SCOPE, REJECT_REASON
@@ -271,26 +270,11 @@ async def nodetopology_rejected(kube: Kube) -> int:
     return sum(int((i.get("status") or {}).get("rejected") or 0) for i in items)
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
-
-
 async def run_half(mode: str, kubeconfig: str, nodes: int, manifests: list[dict[str, Any]],
                    args: argparse.Namespace, workdir: Path,
                    extender: Extender | None) -> dict[str, Any]:
     mix = node_mix(nodes)
     names = {f"{load_machine(f).name}-{i}" for f, c in mix for i in range(c)}
-    argv = [sys.executable, "-m", "numalign.cli", "agent", "--kubeconfig", kubeconfig,
-            "--log-level", "WARNING"]
-    for f, c in mix:
-        argv += ["--emulate", f"{f}={c}"]
     logs: list[Any] = []
 
     def start(name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
@@ -298,7 +282,7 @@ async def run_half(mode: str, kubeconfig: str, nodes: int, manifests: list[dict[
         logs.append(out)
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
 
-    agent = start("agent", argv)
+    agent = start("agent", agent_argv(kubeconfig, mix, "WARNING"))
     operator = start("operator", [
         sys.executable, "-m", "numalign.cli", "operator", "--kubeconfig", kubeconfig,
         "--metrics-port", "0", "--recreate-bare-pods", "--webhook-port", str(_free_port()),
@@ -323,8 +307,8 @@ async def run_half(mode: str, kubeconfig: str, nodes: int, manifests: list[dict[
         await asyncio.sleep(2.0)  # the operator's caches and webhook see the policies
         seen = Observed()
         _, rv = await kube.list_all("/api/v1/pods", {"labelSelector": LABEL})
-        stop = asyncio.Event()
-        watcher = asyncio.create_task(watch_all_pods(kube, rv, seen.on_pod, stop.is_set))
+        finished = asyncio.Event()
+        watcher = asyncio.create_task(watch_all_pods(kube, rv, seen.on_pod, finished.is_set))
         start_t = time.monotonic()
         await create_in_bursts(kube, manifests, args.burst, args.gap, seen)
         result["create_s"] = round(time.monotonic() - start_t, 1)
@@ -334,7 +318,7 @@ async def run_half(mode: str, kubeconfig: str, nodes: int, manifests: list[dict[
             await asyncio.sleep(1.0)
         result["timed_out"] = not seen.settled(args.settle)
         result["settled_s"] = round(time.monotonic() - start_t, 1)
-        stop.set()
+        finished.set()
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
@@ -347,7 +331,7 @@ async def run_half(mode: str, kubeconfig: str, nodes: int, manifests: list[dict[
     finally:
         await kube.close()
         for proc in (operator, agent):
-            _stop(proc)
+            stop(proc)
         for out in logs:
             out.close()
     return result
