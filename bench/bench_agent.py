@@ -64,6 +64,27 @@ def node_mix(nodes: int) -> list[tuple[Path, int]]:
     return [(f, c) for f, c in zip(files, counts, strict=True) if c]
 
 
+def agent_argv(kubeconfig: str, mix: list[tuple[Path, int]], log_level: str) -> list[str]:
+    """The command line of one agent process emulating ``mix`` (machine file, count)."""
+    argv = [sys.executable, "-m", "numalign.cli", "agent", "--kubeconfig", kubeconfig,
+            "--log-level", log_level]
+    for f, c in mix:
+        argv += ["--emulate", f"{f}={c}"]
+    return argv
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 20 s."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
 def deployments(pods: int, count: int = 20) -> list[dict[str, Any]]:
     """A mix: a quarter Guaranteed single-numa-node pods (1 CPU), the rest small
     Burstable pods under restricted or none."""
@@ -198,10 +219,7 @@ async def api_floor(kube: Kube, stop: asyncio.Event,
 async def run_bench(kubeconfig: str, nodes: int, pods: int, timeout: float) -> dict[str, Any]:
     mix = node_mix(nodes)
     names = {f"{load_machine(f).name}-{i}" for f, c in mix for i in range(c)}
-    argv = [sys.executable, "-m", "numalign.cli", "agent", "--kubeconfig", kubeconfig,
-            "--log-level", "INFO"]
-    for f, c in mix:
-        argv += ["--emulate", f"{f}={c}"]
+    argv = agent_argv(kubeconfig, mix, "INFO")
     log_fd, log_path = tempfile.mkstemp(prefix="numalign-bench-agent-", suffix=".log")
     agent = subprocess.Popen(argv, stdout=log_fd, stderr=subprocess.STDOUT)
     os.close(log_fd)

@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import signal
 import socket
 import subprocess
 import sys
@@ -36,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_agent import node_mix, pct, rss_kib, wait_nodes, watch_pods
+from bench_agent import agent_argv, node_mix, pct, rss_kib, stop, wait_nodes, watch_pods
 from numalign.api.kube import ApiError, Kube, load_config
 from numalign.topology.machine import load_machine
 
@@ -127,10 +126,7 @@ async def run_bench(kubeconfig: str, nodes: int, pods: int, count: int, rejects:
     fragmented = sorted(n for n in names if n.startswith("fragmented-8numa-"))
     if rejects and not fragmented:
         raise SystemExit("no fragmented-8numa node in the mix: use more --nodes")
-    argv = [sys.executable, "-m", "numalign.cli", "agent", "--kubeconfig", kubeconfig,
-            "--log-level", "WARNING"]
-    for f, c in mix:
-        argv += ["--emulate", f"{f}={c}"]
+    argv = agent_argv(kubeconfig, mix, "WARNING")
     agent_log = (workdir / "agent.log").open("ab")
     agent = subprocess.Popen(argv, stdout=agent_log, stderr=subprocess.STDOUT)
     # The pods placed to be rejected first are bare: recreated only with this flag.
@@ -248,12 +244,7 @@ async def run_bench(kubeconfig: str, nodes: int, pods: int, count: int, rejects:
     finally:
         await kube.close()
         for proc in (operator, agent):
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+            stop(proc)
         agent_log.close()
         op_log.close()
     return result

@@ -247,3 +247,32 @@ def test_a_record_that_parses_but_names_what_the_machine_lacks_is_refused() -> N
         "zones", "affinity", "negative", "x", "neg", "big")}
     assert "memoryNumaNodes: 100000000000 is not a NUMA node id" in report.refused["uid-big"]
     assert st.ledger.free_cpus() == {0, 1, 2, 3, 4, 5}
+
+
+def test_status_and_restore_keep_the_admission_order() -> None:
+    """status.admitted lists pods in the order the node admitted them, and a restart puts
+    them back in that order (whatever order the pods are listed in): the memory manager's
+    NUMA group of a NUMA node is the last admission's there, so a ledger rebuilt in
+    another order (by name, say) can hold other groups and decide the next pod
+    differently."""
+    st = NodeState("n", load_machine(MACHINES / "dual-16core.yaml"))
+    resolved = Resolved("restricted", "pod", {}, "pod")
+    order = ["zeta", "alpha", "mid"]
+    pods = []
+    for name in order:
+        res = {"cpu": "2", "memory": "1Gi"}
+        pod = {"metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"},
+               "spec": {"nodeName": "n", "containers": [{"name": "main", "resources": {
+                   "requests": res, "limits": res}}]}}
+        d = st.decide(pod, resolved)
+        assert d.admit and d.allocation is not None
+        pod["metadata"]["annotations"] = {ANN_ALLOCATION: d.allocation.to_annotation()}
+        pod["status"] = {"phase": "Running"}
+        pods.append(pod)
+    published = json.loads(json.dumps({"spec": {}, "status": build_status(st)}))
+    assert [e["pod"] for e in published["status"]["admitted"]] == order
+    again = NodeState("n", st.machine)
+    report = again.restore(published, sorted(pods, key=lambda p: p["metadata"]["name"]))
+    assert report.restored == [f"uid-{n}" for n in order]
+    assert list(again.ledger.pods) == list(st.ledger.pods)
+    assert again.ledger.cells == st.ledger.cells

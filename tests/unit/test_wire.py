@@ -7,9 +7,11 @@ import json
 
 import pytest
 
+from numalign.api.nodetopology import NodeTopologyStatus
 from numalign.api.wire import (
     ANN_ALLOCATION,
     ANN_RESOLVED,
+    NONE,
     Admitted,
     Allocation,
     ContainerRecord,
@@ -187,6 +189,22 @@ def test_admitted_entry_round_trip() -> None:
     back = parse_admitted(json.loads(json.dumps(entry)))
     assert back == Admitted("p", "ns", "u1", resolved, alloc)
     assert back.resolved.options.engine.max_allowable_numa_nodes == 16
+
+
+def test_admitted_entry_keeps_the_memory_affinity() -> None:
+    """A container whose memory is held on fewer NUMA nodes than its affinity (the memory
+    manager's block): the published entry says so, and the NodeTopology schema keeps it
+    (a restarted agent and the scheduler extender rebuild the node's ledger from it; read
+    as the whole affinity, a later pod's memory hints differ from the node's)."""
+    alloc = Allocation(numa_nodes=[0, 1], containers={
+        "app": ContainerRecord(cpus=[0, 1], memory={"0": 1 << 30}, numa_nodes=[0, 1],
+                               memory_numa_nodes=[0])})
+    entry = json.loads(json.dumps(Admitted("p", "ns", "u1", NONE, alloc).to_json()))
+    assert entry["containers"][0]["memoryNumaNodes"] == [0]
+    assert parse_admitted(entry).allocation.containers["app"].memory_numa_nodes == [0]
+    status = NodeTopologyStatus.model_validate({"admitted": [entry]})
+    dumped = status.model_dump(by_alias=True, exclude_none=True)
+    assert dumped["admitted"][0]["containers"][0]["memoryNumaNodes"] == [0]
 
 
 def test_admitted_totals_without_containers() -> None:

@@ -83,9 +83,13 @@ def _resources(res: Mapping[str, int]) -> dict[str, int | str]:
 
 
 def admitted_entries(state: NodeState) -> list[JSON]:
-    """``status.admitted``: one entry per admitted pod (:class:`~numalign.api.wire.Admitted`)."""
+    """``status.admitted``: one entry per admitted pod (:class:`~numalign.api.wire.Admitted`),
+    in the order the node admitted them: the memory manager's NUMA groups are the last
+    admission's on each NUMA node, so a ledger rebuilt from the status (a restarted
+    agent, the scheduler extender) must take the pods back in this order to hold the
+    same groups."""
     return [Admitted(held.name, held.namespace, held.uid, held.resolved, held.allocation).to_json()
-            for held in sorted(state.admitted.values(), key=lambda h: (h.namespace, h.name, h.uid))]
+            for held in state.admitted.values()]
 
 
 @dataclass(frozen=True)

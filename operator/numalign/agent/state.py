@@ -311,11 +311,14 @@ class NodeState:
                 self.track(pod, "Running")
                 continue
             pending.append(pod)
-        # What the agent itself decided first: a pod's annotation can be edited by its
-        # tenant, so it is used only for pods the agent's records lack, after every one of
-        # those is back (a claim on another pod's CPUs then conflicts).
-        to_restore.sort(key=lambda pa: pod_uid(pa[0]) not in by_uid and
-                        pod_uid(pa[0]) not in own)
+        # What the agent itself published first, in the order it published them (the
+        # order it admitted them: the memory manager's NUMA groups depend on it), then what
+        # it decided itself: a pod's annotation can be edited by its tenant, so it is used
+        # only for pods the agent's records lack, after every one of those is back (a
+        # claim on another pod's CPUs then conflicts).
+        published_order = {uid: i for i, uid in enumerate(by_uid)}
+        to_restore.sort(key=lambda pa: published_order.get(
+            pod_uid(pa[0]), len(published_order) + (pod_uid(pa[0]) not in own)))
         for pod, ann in to_restore:
             uid = pod_uid(pod)
             ns, name = pod_key(pod)

@@ -148,6 +148,10 @@ class AdmittedContainer(Model):
     """Hugepage memory per page size (2Mi, 1Gi), then per NUMA node id."""
     devices: dict[str, list[str]] | None = None
     """Device ids per resource."""
+    memory_numa_nodes: list[NumaId] | None = None
+    """The NUMA nodes its memory may use (the memory manager's block affinity), when
+    known; it can differ from numaNodes, and a restarted agent or the scheduler extender
+    rebuilding the node's state needs it."""
 
 
 class AdmittedPod(Model):

@@ -525,6 +525,8 @@ class Admitted:
                                   for size, per in sorted(ca.hugepages.items()) if per}
             if ca.devices:
                 c["devices"] = {k: list(v) for k, v in ca.devices.items()}
+            if ca.memory_numa_nodes is not None:
+                c["memoryNumaNodes"] = list(ca.memory_numa_nodes)
             containers.append(c)
         if containers:
             entry["containers"] = containers

@@ -1,0 +1,628 @@
+"""Placement before binding: the same workload with and without the scheduler extender.
+
+Each half starts its own local control plane, one agent process emulating NODES nodes
+(a mix of the sample machines in config/samples/machines, most of them fragmented or
+with GPUs) and the operator (webhooks: policy resolution at creation; redeploy of
+rejected pods, bare pods recreated). PODS bare pods are then created in bursts, under
+mixed policies: three namespaces with their own TopologyPolicy (single-numa-node/pod,
+restricted/container, best-effort with pod overrides allowed) and pods that override
+the namespace's policy by annotation. The workload is drawn from a seed: both halves
+create the same pods, with the same names, in the same order.
+
+A pod and its replacements (``NAME-r1``, ``NAME-r2``: the redeploy of a rejected bare
+pod) are one *chain*. Reported per half:
+
+* ``TopologyAffinityError``s per 1,000 pods created (pods seen Failed with that reason,
+  replacements included, over the pods the bench created);
+* chains Running / Pending / Failed at the end (when every chain runs, or nothing has
+  changed for SETTLE seconds);
+* create-to-Running p50/p99: from the create call of a chain's first pod to the first
+  pod of the chain seen Running; also over the chains Running in both halves (paired);
+* with the extender: its filter latency p50/p99 (from its /metrics histogram).
+
+Apart from the cluster, the in-process filter is timed over 1,000 synthetic nodes (nodes
+of the fixture machines with random allocations already held, published as NodeTopology).
+
+    python bench/run.py placement [--quick]   # 100 nodes, 2,000 pods (quick: 12 / 200)
+    python bench/run.py placement --nodes=20 --pods=300 --modes=without
+    python bench/bench_placement.py --nodes 20 --pods 300 --burst 50
+
+(``bench/run.py`` passes on only the arguments that start with a dash: give values with
+``=`` there.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench_agent import agent_argv, pct, stop, wait_nodes
+from bench_operator import _free_port, _webhook_ready
+from numalign.api.kube import ApiError, Kube, load_config
+from numalign.api.wire import ANN_POLICY, ANN_RESOLVED, ANN_SCOPE, REJECT_REASON
+from numalign.topology.machine import load_machine
+
+HERE = Path(__file__).resolve().parent
+SAMPLES = HERE.parent / "config" / "samples" / "machines"
+PAUSE = "registry.k8s.io/pause:3.10"
+LABEL = "numalign.io/bench"
+REDEPLOY = {"enabled": True, "maxAttempts": 3, "backoffSeconds": 1, "avoidRejectingNodes": True}
+MODES = ("without", "with")
+
+# The node mix (weights over NODES): fragmented-8numa, the GPU machines and seed-figure1
+# (a GPU and a NIC per 4-CPU NUMA node) are 70 %; dual-16core is the same size as
+# fragmented-8numa to the scheduler, but holds what fragmented-8numa cannot.
+NODE_WEIGHTS = {"fragmented-8numa": 35, "dual-16core": 30, "seed-figure1": 15,
+                "dgx-a100-like": 10, "group4-gpu": 10}
+
+# Namespaces and their TopologyPolicy.
+NS_SNN, NS_RESTRICTED, NS_BE = "placement-snn", "placement-restricted", "placement-be"
+NAMESPACES = (NS_SNN, NS_RESTRICTED, NS_BE)
+
+
+def node_mix(nodes: int) -> list[tuple[Path, int]]:
+    """NODES nodes split by NODE_WEIGHTS (largest remainders), at least one of each kind
+    when there are enough nodes."""
+    total = sum(NODE_WEIGHTS.values())
+    exact = {k: nodes * w / total for k, w in NODE_WEIGHTS.items()}
+    counts = {k: math.floor(v) for k, v in exact.items()}
+    for k in sorted(exact, key=lambda k: exact[k] - counts[k], reverse=True):
+        if sum(counts.values()) >= nodes:
+            break
+        counts[k] += 1
+    return [(SAMPLES / f"{k}.yaml", c) for k, c in counts.items() if c]
+
+
+def policies() -> list[dict[str, Any]]:
+    def tp(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        return {"apiVersion": "numalign.io/v1alpha1", "kind": "TopologyPolicy",
+                "metadata": {"name": name}, "spec": {**spec, "redeploy": REDEPLOY}}
+
+    overrides = {"allowed": True,
+                 "policies": ["none", "best-effort", "restricted", "single-numa-node"]}
+    return [
+        tp("placement-snn", {"policy": "single-numa-node", "scope": "pod",
+                             "namespaces": [NS_SNN], "priority": 10,
+                             "podOverrides": overrides}),
+        tp("placement-restricted", {"policy": "restricted", "scope": "container",
+                                    "namespaces": [NS_RESTRICTED], "priority": 10}),
+        tp("placement-be", {"policy": "best-effort", "namespaces": [NS_BE], "priority": 10,
+                            "podOverrides": overrides}),
+    ]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One kind of pod of the workload."""
+
+    name: str
+    weight: float
+    namespace: str
+    cpu: str
+    memory: str
+    guaranteed: bool = True
+    devices: tuple[tuple[str, int], ...] = ()
+    overrides: tuple[tuple[str, str], ...] = ()  # pod annotations (policy, scope)
+
+
+# What makes the scheduler's view (node-level room) differ from the node's: 4- and
+# 6-CPU single-numa-node pods (a fragmented-8numa node has 32 CPUs but 4 per NUMA
+# node), GPUs with their CPUs on one NUMA node, 8-CPU restricted pods (the narrowest
+# NUMA set that could ever hold them must be free). Half are small Burstable pods,
+# which no policy refuses.
+SHAPES = (
+    Shape("snn-4cpu", 4, NS_SNN, "4", "4Gi"),
+    Shape("snn-6cpu", 2, NS_SNN, "6", "6Gi"),
+    Shape("snn-gpu", 1, NS_SNN, "2", "2Gi", devices=(("nvidia.com/gpu", 1),)),
+    Shape("snn-vendor-gpu", 0.4, NS_SNN, "2", "1Gi", devices=(("gpu-vendor.com/gpu", 1),)),
+    Shape("snn-to-be", 1, NS_SNN, "6", "2Gi", overrides=((ANN_POLICY, "best-effort"),)),
+    Shape("restricted-8cpu", 1, NS_RESTRICTED, "8", "8Gi"),
+    Shape("restricted-gpu", 0.8, NS_RESTRICTED, "3", "4Gi", devices=(("nvidia.com/gpu", 1),)),
+    Shape("restricted-small", 4, NS_RESTRICTED, "100m", "64Mi", guaranteed=False),
+    Shape("be-small", 16, NS_BE, "100m", "64Mi", guaranteed=False),
+    Shape("be-to-snn", 4, NS_BE, "3", "2Gi",
+          overrides=((ANN_POLICY, "single-numa-node"), (ANN_SCOPE, "pod"))),
+    Shape("be-to-restricted", 2, NS_BE, "4", "2Gi", overrides=((ANN_POLICY, "restricted"),)),
+)
+
+
+def pod_manifest(index: int, shape: Shape) -> dict[str, Any]:
+    res: dict[str, str] = {"cpu": shape.cpu, "memory": shape.memory}
+    res.update({r: str(n) for r, n in shape.devices})
+    resources: dict[str, Any] = ({"requests": res, "limits": res} if shape.guaranteed
+                                 else {"requests": res})
+    meta: dict[str, Any] = {"name": f"pl-{index:05d}", "namespace": shape.namespace,
+                            "labels": {LABEL: "placement", "shape": shape.name}}
+    if shape.overrides:
+        meta["annotations"] = dict(shape.overrides)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"terminationGracePeriodSeconds": 0,
+                     "containers": [{"name": "main", "image": PAUSE, "resources": resources}]}}
+
+
+def workload(pods: int, seed: int) -> list[dict[str, Any]]:
+    """PODS pod manifests drawn by SHAPES' weights (the same for the same seed)."""
+    rng = random.Random(seed)
+    weights = [s.weight for s in SHAPES]
+    return [pod_manifest(i, rng.choices(SHAPES, weights)[0]) for i in range(pods)]
+
+
+CHAIN = re.compile(r"-r\d+$")
+
+
+def chain_of(name: str) -> str:
+    return CHAIN.sub("", name)
+
+
+@dataclass
+class Observed:
+    """What the pod watch saw, by chain (the first pod's name)."""
+
+    created: dict[str, float] = field(default_factory=dict)  # chain -> create call
+    running: dict[str, float] = field(default_factory=dict)  # chain -> first seen Running
+    latest: dict[str, tuple[str, str]] = field(default_factory=dict)  # chain -> (pod, phase)
+    rejected: set[str] = field(default_factory=set)  # pod uids seen TopologyAffinityError
+    other_failed: dict[str, str] = field(default_factory=dict)  # uid -> reason
+    policies: dict[str, str] = field(default_factory=dict)  # uid -> resolved policy
+    placed: dict[str, str] = field(default_factory=dict)  # uid -> node
+    last_event: float = field(default_factory=time.monotonic)
+
+    def on_pod(self, obj: dict[str, Any], now: float) -> None:
+        meta = obj.get("metadata") or {}
+        if (meta.get("labels") or {}).get(LABEL) != "placement":
+            return
+        self.last_event = now
+        name, uid = str(meta.get("name")), str(meta.get("uid"))
+        chain = chain_of(name)
+        resolved = (meta.get("annotations") or {}).get(ANN_RESOLVED)
+        if resolved and uid not in self.policies:
+            with contextlib.suppress(ValueError, AttributeError):
+                self.policies[uid] = str(json.loads(resolved).get("policy"))
+        node = (obj.get("spec") or {}).get("nodeName")
+        if node:
+            self.placed[uid] = str(node)
+        status = obj.get("status") or {}
+        phase = str(status.get("phase") or "Pending")
+        prev = self.latest.get(chain)
+        if prev is None or _attempt(name) >= _attempt(prev[0]):
+            self.latest[chain] = (name, phase)
+        if phase == "Running":
+            self.running.setdefault(chain, now)
+        elif phase == "Failed":
+            if status.get("reason") == REJECT_REASON:
+                self.rejected.add(uid)
+            else:
+                self.other_failed[uid] = str(status.get("reason"))
+
+    def settled(self, quiet: float) -> bool:
+        if self.created and len(self.running) >= len(self.created):
+            return True
+        return time.monotonic() - self.last_event >= quiet
+
+
+def _attempt(name: str) -> int:
+    m = re.search(r"-r(\d+)$", name)
+    return int(m.group(1)) if m else 0
+
+
+async def watch_all_pods(kube: Kube, rv: str, on_pod: Callable[[dict[str, Any], float], None],
+                         done: Callable[[], bool]) -> None:
+    """Every labelled pod event of the cluster from ``rv`` on until ``done()``."""
+    while not done():
+        async for ev in kube.watch("/api/v1/pods", {"resourceVersion": rv,
+                                                    "labelSelector": LABEL}):
+            obj = ev.get("object") or {}
+            rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
+            if ev.get("type") in ("ADDED", "MODIFIED"):
+                on_pod(obj, time.monotonic())
+            if done():
+                return
+
+
+async def create_in_bursts(kube: Kube, manifests: list[dict[str, Any]], burst: int,
+                           gap: float, seen: Observed) -> None:
+    """BURST pods at once (16 requests in flight), then GAP seconds, until all are made."""
+    sem = asyncio.Semaphore(16)
+
+    async def one(m: dict[str, Any]) -> None:
+        async with sem:
+            name = m["metadata"]["name"]
+            seen.created[name] = time.monotonic()
+            await kube.create(f"/api/v1/namespaces/{m['metadata']['namespace']}/pods", m)
+
+    for i in range(0, len(manifests), burst):
+        await asyncio.gather(*(one(m) for m in manifests[i:i + burst]))
+        if i + burst < len(manifests):
+            await asyncio.sleep(gap)
+
+
+async def wait_nodetopologies(kube: Kube, names: set[str], timeout: float) -> None:
+    """Every node has published its NodeTopology (zones): neither half starts with
+    nodes the extender cannot judge."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        items, _ = await kube.list_all("/apis/numalign.io/v1alpha1/nodetopologies")
+        have = {str(i["metadata"]["name"]) for i in items
+                if ((i.get("status") or {}).get("zones"))}
+        if names <= have:
+            return
+        await asyncio.sleep(1)
+    raise TimeoutError(f"NodeTopology not published for every node after {timeout}s")
+
+
+async def nodetopology_rejected(kube: Kube) -> int:
+    """The agents' own count of TopologyAffinityErrors (status.rejected, all nodes)."""
+    items, _ = await kube.list_all("/apis/numalign.io/v1alpha1/nodetopologies")
+    return sum(int((i.get("status") or {}).get("rejected") or 0) for i in items)
+
+
+async def run_half(mode: str, kubeconfig: str, nodes: int, manifests: list[dict[str, Any]],
+                   args: argparse.Namespace, workdir: Path,
+                   extender: Extender | None) -> dict[str, Any]:
+    mix = node_mix(nodes)
+    names = {f"{load_machine(f).name}-{i}" for f, c in mix for i in range(c)}
+    logs: list[Any] = []
+
+    def start(name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
+        out = (workdir / f"{mode}-{name}.log").open("ab")
+        logs.append(out)
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+
+    agent = start("agent", agent_argv(kubeconfig, mix, "WARNING"))
+    operator = start("operator", [
+        sys.executable, "-m", "numalign.cli", "operator", "--kubeconfig", kubeconfig,
+        "--metrics-port", "0", "--recreate-bare-pods", "--webhook-port", str(_free_port()),
+        "--cert-dir", str(workdir / f"{mode}-certs")])
+    kube = Kube(load_config(kubeconfig), max_connections=24)
+    await kube.open()
+    result: dict[str, Any] = {"mode": mode, "nodes": nodes, "pods": len(manifests),
+                              "machines": {load_machine(f).name: c for f, c in mix}}
+    try:
+        t0 = time.monotonic()
+        await wait_nodes(kube, names, 300)
+        await wait_nodetopologies(kube, names, 300)
+        await _webhook_ready(kube, 180)
+        if extender is not None:
+            await extender.ready(kube, 180)
+        result["setup_s"] = round(time.monotonic() - t0, 1)
+        for ns in NAMESPACES:
+            with contextlib.suppress(ApiError):
+                await kube.create("/api/v1/namespaces", {"metadata": {"name": ns}})
+        for tp in policies():
+            await kube.create("/apis/numalign.io/v1alpha1/topologypolicies", tp)
+        await asyncio.sleep(2.0)  # the operator's caches and webhook see the policies
+        seen = Observed()
+        _, rv = await kube.list_all("/api/v1/pods", {"labelSelector": LABEL})
+        finished = asyncio.Event()
+        watcher = asyncio.create_task(watch_all_pods(kube, rv, seen.on_pod, finished.is_set))
+        start_t = time.monotonic()
+        await create_in_bursts(kube, manifests, args.burst, args.gap, seen)
+        result["create_s"] = round(time.monotonic() - start_t, 1)
+        seen.last_event = time.monotonic()
+        deadline = start_t + args.timeout
+        while not seen.settled(args.settle) and time.monotonic() < deadline:
+            await asyncio.sleep(1.0)
+        result["timed_out"] = not seen.settled(args.settle)
+        result["settled_s"] = round(time.monotonic() - start_t, 1)
+        finished.set()
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        result.update(summarize(seen, len(manifests)))
+        result["nodetopology_rejected"] = await nodetopology_rejected(kube)
+        if extender is not None:
+            result.update(await extender.latency())
+        result["operator_alive"] = operator.poll() is None
+        result["agent_alive"] = agent.poll() is None
+    finally:
+        await kube.close()
+        for proc in (operator, agent):
+            stop(proc)
+        for out in logs:
+            out.close()
+    return result
+
+
+def summarize(seen: Observed, created: int) -> dict[str, Any]:
+    lat = [seen.running[c] - seen.created[c] for c in seen.running if c in seen.created]
+    final = {"Running": 0, "Pending": 0, "Failed": 0}
+    for chain in seen.created:
+        if chain in seen.running:
+            final["Running"] += 1
+            continue
+        phase = seen.latest.get(chain, ("", "Pending"))[1]
+        final["Failed" if phase == "Failed" else "Pending"] += 1
+    return {
+        "topology_affinity_errors": len(seen.rejected),
+        "tae_per_1000_pods": round(1000 * len(seen.rejected) / max(created, 1), 2),
+        "other_failures": len(seen.other_failed),
+        "chains_running": final["Running"], "chains_pending": final["Pending"],
+        "chains_failed": final["Failed"],
+        "resolved_policies": dict(sorted(Counter(seen.policies.values()).items())),
+        "bound_by_machine": dict(sorted(Counter(
+            CHAIN.sub("", n).rsplit("-", 1)[0] for n in seen.placed.values()).items())),
+        "create_to_running_p50_s": round(pct(lat, 50), 3),
+        "create_to_running_p99_s": round(pct(lat, 99), 3),
+        "_running_latency": {c: seen.running[c] - seen.created[c]
+                             for c in seen.running if c in seen.created},
+    }
+
+
+class Extender:
+    """The extender side of the "with" half: set up by the dev cluster, read back through
+    its /metrics."""
+
+    def __init__(self, metrics_url: str) -> None:
+        self.metrics_url = metrics_url
+
+    async def ready(self, kube: Kube, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError):
+                if await asyncio.to_thread(_http_get, self.metrics_url):
+                    return
+            await asyncio.sleep(0.5)
+        raise TimeoutError(f"the extender's metrics at {self.metrics_url} did not answer")
+
+    async def latency(self) -> dict[str, Any]:
+        text = await asyncio.to_thread(_http_get, self.metrics_url)
+        out: dict[str, Any] = {}
+        for verb, metric in (("filter", FILTER_METRIC), ("prioritize", PRIORITIZE_METRIC)):
+            buckets = histogram(text, metric)
+            out[f"extender_{verb}_calls"] = int(buckets[-1][1]) if buckets else 0
+            total = re.search(rf"^{metric}_sum (\S+)$", text, re.MULTILINE)
+            out[f"extender_{verb}_mean_ms"] = (
+                round(1000 * float(total.group(1)) / buckets[-1][1], 2)
+                if total and buckets and buckets[-1][1] else None)
+            for p in (50, 99):
+                out[f"extender_{verb}_p{p}_ms"] = round(1000 * bucket_quantile(buckets, p), 2)
+        refused = re.findall(r'^numalign_extender_refusals_total\{reason="([^"]*)"\} (\S+)$',
+                             text, re.MULTILINE)
+        out["extender_refusals"] = {r: int(float(n)) for r, n in refused}
+        return out
+
+
+FILTER_METRIC = "numalign_extender_filter_duration_seconds"
+PRIORITIZE_METRIC = "numalign_extender_prioritize_duration_seconds"
+
+
+def _http_get(url: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return str(resp.read().decode())
+
+
+def histogram(text: str, metric: str) -> list[tuple[float, float]]:
+    """The cumulative buckets (upper bound, count) of a Prometheus histogram, summed over
+    its label sets."""
+    acc: dict[float, float] = {}
+    pat = re.compile(rf'^{re.escape(metric)}_bucket\{{(?:.*,)?le="([^"]+)".*\}} (\S+)$')
+    for line in text.splitlines():
+        m = pat.match(line)
+        if m:
+            le = math.inf if m.group(1) == "+Inf" else float(m.group(1))
+            acc[le] = acc.get(le, 0.0) + float(m.group(2))
+    return sorted(acc.items())
+
+
+def bucket_quantile(buckets: list[tuple[float, float]], p: float) -> float:
+    """Prometheus' histogram_quantile: linear within the bucket that holds the rank."""
+    if not buckets or buckets[-1][1] <= 0:
+        return float("nan")
+    rank = p / 100 * buckets[-1][1]
+    lower, below = 0.0, 0.0
+    for le, count in buckets:
+        if count >= rank:
+            if math.isinf(le):
+                return lower
+            if count == below:
+                return le
+            return lower + (le - lower) * (rank - below) / (count - below)
+        lower, below = le, count
+    return lower
+
+
+def paired(halves: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Create-to-Running over the chains that run in both halves."""
+    if not all(m in halves for m in MODES):
+        return {}
+    a, b = (halves[m]["_running_latency"] for m in MODES)
+    common = sorted(set(a) & set(b))
+    out: dict[str, Any] = {"paired_chains": len(common)}
+    for m, lat in zip(MODES, (a, b), strict=True):
+        vals = [lat[c] for c in common]
+        for p in (50, 99):
+            out[f"paired_{m}_p{p}_s"] = round(pct(vals, p), 3)
+    return out
+
+
+def inprocess_filter(nodes: int, pods: int, seed: int) -> dict[str, Any]:
+    """The decision module's filter over ``nodes`` synthetic nodes (the bench's machine
+    mix, each holding a random share of the workload's pods, published as NodeTopology
+    and read back as JSON), for ``pods`` pods of the workload, scheduled as the scheduler
+    would: each pod filtered over every node, bound to the best-scored node that fits,
+    which then publishes again. Reports ms per filter call (all nodes): over every call,
+    and split into the calls of a pod shape seen for the first time (cold: no verdict
+    cached) and the others."""
+    from numalign.agent.publish import build_status, nodetopology_object
+    from numalign.agent.state import NodeState
+    from numalign.api.effective import EMULATED, NodePolicy, effective_policy
+    from numalign.api.wire import ANN_RESOLVED, NO_OPTIONS, Resolved
+    from numalign.extender.decide import Decider
+
+    rng = random.Random(seed)
+    fill = workload(nodes * 20, seed + 1)
+    resolved = {NS_SNN: Resolved("single-numa-node", "pod", NO_OPTIONS, "TopologyPolicy/snn"),
+                NS_RESTRICTED: Resolved("restricted", "container", NO_OPTIONS, "TopologyPolicy/r"),
+                NS_BE: Resolved("best-effort", "container", NO_OPTIONS, "TopologyPolicy/be")}
+
+    def with_resolved(pod: dict[str, Any], uid: str) -> dict[str, Any]:
+        meta = pod["metadata"]
+        ann = {**meta.get("annotations", {}),
+               ANN_RESOLVED: resolved[meta["namespace"]].annotation()}
+        return {**pod, "metadata": {**meta, "uid": uid, "annotations": ann}}
+
+    def admit(st: NodeState, pod: dict[str, Any]) -> bool:
+        eff = effective_policy(pod, NodePolicy(EMULATED, st.default))
+        return st.decide(pod, eff.resolved).admit
+
+    def publish(st: NodeState) -> dict[str, Any]:
+        st.version += 1
+        nt = nodetopology_object(st.name)
+        nt["metadata"]["resourceVersion"] = str(st.version)
+        nt["status"] = build_status(st)
+        return dict(json.loads(json.dumps(nt)))
+
+    decider = Decider()
+    states: dict[str, NodeState] = {}
+    t0 = time.perf_counter()
+    k = 0
+    for f, count in node_mix(nodes):
+        machine = load_machine(f)
+        for i in range(count):
+            st = states.setdefault(f"{machine.name}-{i}", NodeState(f"{machine.name}-{i}",
+                                                                    machine))
+            for _ in range(rng.randint(0, 30)):
+                k += 1
+                admit(st, with_resolved(fill[k % len(fill)], f"fill-{k}"))
+            decider.update(publish(st))
+    setup = time.perf_counter() - t0
+    names = list(states)
+    cold: list[float] = []
+    warm: list[float] = []
+    seen: set[str] = set()
+    bound = 0
+    for i, p in enumerate(workload(pods, seed + 2)):
+        pod = with_resolved(p, f"q-{i}")
+        shape = pod["metadata"]["labels"]["shape"]
+        t = time.perf_counter()
+        verdicts = decider.filter(pod, names)
+        (warm if shape in seen else cold).append(time.perf_counter() - t)
+        seen.add(shape)
+        fits = [(v.score, v.node) for v in verdicts if v.fits]
+        if fits:
+            node = max(fits)[1]
+            bound += admit(states[node], pod)
+            decider.update(publish(states[node]))
+    every = cold + warm
+    return {"synthetic_nodes": len(names), "filter_calls": len(every), "bound": bound,
+            "distinct_node_states": len({(v.machine_key, v.held_key)
+                                         for v in decider.views.values()}),
+            "setup_s": round(setup, 1),
+            **{f"filter_p{p}_ms": round(1000 * pct(every, p), 2) for p in (50, 99)},
+            **{f"cold_p{p}_ms": round(1000 * pct(cold, p), 2) for p in (50, 99)},
+            **{f"warm_p{p}_ms": round(1000 * pct(warm, p), 2) for p in (50, 99)},
+            "cold_calls": len(cold)}
+
+
+def start_cluster(mode: str, workdir: Path) -> tuple[Any, str, Extender | None]:
+    """A fresh control plane; "with": kube-scheduler configured with numalign's extender,
+    and the extender running (as ``numalign dev up`` does by default)."""
+    from numalign.devcluster.cluster import DevCluster
+
+    cluster = DevCluster(state_dir=workdir / f"{mode}-cluster")
+    on = mode == "with"
+    cluster.up(scheduler_extender=on, extender=on,
+               log=lambda m: print(f"[devcluster {mode}] {m}", file=sys.stderr))
+    url = cluster.extender_url
+    if on and url is None:
+        raise SystemExit("the dev cluster did not configure the scheduler extender")
+    return cluster, str(cluster.kubeconfig), Extender(f"{url}/metrics") if on else None
+
+
+def print_half(r: dict[str, Any]) -> None:
+    print(f"{r['mode']} the extender: {r['nodes']} nodes {r['machines']}, {r['pods']} pods "
+          f"(created in {r['create_s']} s, settled after {r['settled_s']} s"
+          f"{', TIMED OUT' if r['timed_out'] else ''})")
+    print(f"  TopologyAffinityError  {r['topology_affinity_errors']} "
+          f"({r['tae_per_1000_pods']} per 1,000 pods; the agents count "
+          f"{r['nodetopology_rejected']}); other failures {r['other_failures']}")
+    print(f"  at the end             {r['chains_running']} Running, {r['chains_pending']} "
+          f"Pending, {r['chains_failed']} Failed (pods with their replacements)")
+    print(f"  pods by policy         {r['resolved_policies']}; bound by machine "
+          f"{r['bound_by_machine']}")
+    print(f"  create -> Running      p50 {r['create_to_running_p50_s']} s, "
+          f"p99 {r['create_to_running_p99_s']} s")
+    if "extender_filter_p99_ms" in r:
+        print(f"  extender filter        p50 {r['extender_filter_p50_ms']} ms, p99 "
+              f"{r['extender_filter_p99_ms']} ms, mean {r['extender_filter_mean_ms']} ms "
+              f"({r['extender_filter_calls']} calls; from its histogram); "
+              f"prioritize p50 {r['extender_prioritize_p50_ms']} ms, p99 "
+              f"{r['extender_prioritize_p99_ms']} ms")
+        print(f"  extender refusals      {r['extender_refusals']} (nodes refused, by reason)")
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="bench_placement")
+    p.add_argument("--quick", action="store_true", help="12 nodes, 200 pods")
+    p.add_argument("--nodes", type=int)
+    p.add_argument("--pods", type=int)
+    p.add_argument("--burst", type=int, default=200, help="pods per burst")
+    p.add_argument("--gap", type=float, default=3.0, help="seconds between bursts")
+    p.add_argument("--settle", type=float, default=30.0,
+                   help="the end: this long without a pod change")
+    p.add_argument("--seed", type=int, default=18)
+    p.add_argument("--modes", default="without,with",
+                   help="which halves, comma-separated: without, with")
+    p.add_argument("--synthetic-nodes", type=int, default=1000,
+                   help="nodes of the in-process filter timing (0: skip it)")
+    p.add_argument("--filter-pods", type=int, default=300,
+                   help="pods of the in-process filter timing")
+    p.add_argument("--timeout", type=float, default=1200.0, help="per half, after creation")
+    args, _ = p.parse_known_args(argv)
+    nodes = args.nodes or (12 if args.quick else 100)
+    pods = args.pods or (200 if args.quick else 2000)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if bad := [m for m in modes if m not in MODES]:
+        p.error(f"--modes: unknown {bad}; known: {', '.join(MODES)}")
+    manifests = workload(pods, args.seed)
+    inproc: dict[str, Any] = {}
+    if args.synthetic_nodes:
+        inproc = inprocess_filter(args.synthetic_nodes, args.filter_pods, args.seed)
+        print(f"in-process filter over {inproc['synthetic_nodes']} synthetic nodes "
+              f"({inproc['distinct_node_states']} distinct states), {inproc['filter_calls']} "
+              f"pods ({inproc['bound']} bound): p50 {inproc['filter_p50_ms']} ms, p99 "
+              f"{inproc['filter_p99_ms']} ms "
+              f"(a pod shape's first filter: p50 {inproc['cold_p50_ms']} ms, p99 "
+              f"{inproc['cold_p99_ms']} ms over {inproc['cold_calls']}; again: p50 "
+              f"{inproc['warm_p50_ms']} ms, p99 {inproc['warm_p99_ms']} ms)", flush=True)
+    workdir = Path(tempfile.mkdtemp(prefix="numalign-bench-placement-"))
+    halves: dict[str, dict[str, Any]] = {}
+    for mode in modes:
+        cluster, kubeconfig, extender = start_cluster(mode, workdir)
+        try:
+            halves[mode] = asyncio.run(run_half(mode, kubeconfig, nodes, manifests, args,
+                                                workdir, extender))
+        finally:
+            cluster.down()
+        print_half(halves[mode])
+    both = paired(halves)
+    if both:
+        print(f"  paired ({both['paired_chains']} chains Running in both) create -> Running: "
+              f"without p50 {both['paired_without_p50_s']} s, p99 "
+              f"{both['paired_without_p99_s']} s; with p50 {both['paired_with_p50_s']} s, "
+              f"p99 {both['paired_with_p99_s']} s")
+    print(f"logs in {workdir}")
+    out = {m: {k: v for k, v in r.items() if not k.startswith("_")} for m, r in halves.items()}
+    print(json.dumps({**out, **both, "inprocess": inproc}))
+    return 0 if all(not r["timed_out"] and r["operator_alive"] and r["agent_alive"]
+                    for r in halves.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
