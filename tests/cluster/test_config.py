@@ -588,13 +588,20 @@ def test_operator_changes_only_the_pod_metadata_it_owns(
 
 @pytest.fixture
 def operator_creates_pods(installed: Install, kubectl: Kubectl) -> Iterator[None]:
-    """The optional component config/recreate-bare-pods: `create` on pods."""
-    role = CONFIG / "recreate-bare-pods" / "role.yaml"
-    kubectl("apply", "-f", str(role))
+    """The optional component config/recreate-bare-pods: `create` on pods, its binding's
+    subject in numalign's namespace (as kustomize's namespace of config/default sets it)."""
+    docs = [d for d in yaml.safe_load_all(
+        (CONFIG / "recreate-bare-pods" / "role.yaml").read_text()) if d]
+    for doc in docs:
+        for subject in doc.get("subjects") or []:
+            if subject.get("kind") == "ServiceAccount":
+                subject.setdefault("namespace", "numalign-system")
+    rendered = yaml.safe_dump_all(docs)
+    kubectl("apply", "-f", "-", input=rendered)
     try:
         yield
     finally:
-        kubectl("delete", "--ignore-not-found", "-f", str(role), check=False)
+        kubectl("delete", "--ignore-not-found", "-f", "-", input=rendered, check=False)
 
 
 def test_operator_creates_replacements_only_unbound_and_never_in_kube_system(

@@ -99,12 +99,18 @@ def running(node: Any, **labels: str) -> dict[str, Running]:
         if status != "RUNNING":
             continue
         proc = node.ctr("containers", "info", cid, timeout=30)
+        if proc.returncode != 0 and not Path(f"/proc/{pid}").exists():
+            continue  # it stopped since the task list was read
         assert proc.returncode == 0, proc.stderr
         info_labels = json.loads(proc.stdout).get("Labels") or {}
-        c_cpus, c_mems = _cgroup_cpuset(pid)
+        try:
+            c_cpus, c_mems = _cgroup_cpuset(pid)
+            status_cpus = _status_cpus(pid)
+        except FileNotFoundError:
+            continue  # the process exited since the task list was read: not running
         out[cid] = Running(cid, info_labels.get(POD_UID, ""), info_labels.get(POD_NAMESPACE, ""),
                            info_labels.get(CONTAINER_NAME, ""), pid, c_cpus, c_mems,
-                           _status_cpus(pid))
+                           status_cpus)
     return out
 
 
