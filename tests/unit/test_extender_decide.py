@@ -109,6 +109,28 @@ def test_reservations_stand_for_pods_the_node_has_not_published() -> None:
     assert not decider.decide(last, st.name).fits
 
 
+def test_a_reservation_the_node_moved_past_still_holds_what_is_free(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A reservation naming CPUs the node now shows held by another pod is not dropped:
+    it is logged and holds what of it is still free, so no room appears for it."""
+    st = node("fragmented-8numa")
+    decider = Decider()
+    decider.update(published(st, 1))
+    first = pod("first", {"cpu": "4", "memory": "1Gi"})
+    r = decider.hold(first, st.name)
+    assert r is not None
+    other = pod("other", {"cpu": "2", "memory": "1Gi"})
+    assert st.decide(other, resolved_of(other)).admit  # takes two CPUs of the same NUMA node
+    view = decider.update(published(st, 2))
+    ledger = view.ledger_with([r])
+    assert r.uid in ledger.pods, "the reservation was dropped"
+    kept = {c for a in ledger.pods[r.uid].containers.values() for c in a.cpus}
+    reserved = {c for _, a in r.containers for c in a.cpus}
+    assert kept == reserved - {c for c, o in ledger.cpu_owner.items() if o[0] != r.uid}
+    assert len(kept) == 2
+    assert "does not fit what the node publishes" in caplog.text
+
+
 def test_node_without_nodetopology_passes() -> None:
     decider = Decider()
     v = decider.decide(pod("a", {"cpu": "4", "memory": "1Gi"}), "unknown")
