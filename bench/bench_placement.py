@@ -530,6 +530,80 @@ def inprocess_filter(nodes: int, pods: int, seed: int) -> dict[str, Any]:
             "cold_calls": len(cold)}
 
 
+def inprocess_scheduler(nodes: int, pods: int, seed: int, lag: int = 40) -> dict[str, Any]:
+    """What the scheduler asks the extender (:class:`numalign.extender.fleet.Fleet`, as
+    its server runs it) for ``pods`` pods over ``nodes`` empty nodes of the bench's mix:
+    for each pod, filter over every node, prioritize over the nodes that passed (the
+    ExtenderArgs JSON parsed, the answers serialized), the binding seen on the pod
+    watch; each node admits and publishes ``lag`` pods after the binding (the agent's
+    coalesced writes), so reservations and pods in flight are counted meanwhile.
+    Reports ms per filter and per prioritize call, and the pods placed per second."""
+    from numalign.agent.publish import build_status, nodetopology_object
+    from numalign.agent.state import NodeState
+    from numalign.api.effective import EMULATED, NodePolicy, effective_policy
+    from numalign.api.wire import ANN_RESOLVED, NO_OPTIONS, Resolved
+    from numalign.extender.fleet import Fleet
+    from numalign.extender.protocol import filter_result, parse_args, priority_list
+
+    resolved = {NS_SNN: Resolved("single-numa-node", "pod", NO_OPTIONS, "TopologyPolicy/snn"),
+                NS_RESTRICTED: Resolved("restricted", "container", NO_OPTIONS, "TopologyPolicy/r"),
+                NS_BE: Resolved("best-effort", "container", NO_OPTIONS, "TopologyPolicy/be")}
+    states: dict[str, NodeState] = {}
+    for f, count in node_mix(nodes):
+        machine = load_machine(f)
+        for i in range(count):
+            states[f"{machine.name}-{i}"] = NodeState(f"{machine.name}-{i}", machine)
+
+    def publish(st: NodeState) -> dict[str, Any]:
+        st.version += 1
+        nt = nodetopology_object(st.name)
+        nt["metadata"]["resourceVersion"] = str(st.version)
+        nt["status"] = build_status(st)
+        return dict(json.loads(json.dumps(nt)))
+
+    fleet = Fleet()
+    fleet.load_nodetopologies([publish(st) for st in states.values()])
+    names = list(states)
+    pending: list[tuple[int, str, dict[str, Any]]] = []
+    filters: list[float] = []
+    priorities: list[float] = []
+    bound = 0
+    t_all = time.perf_counter()
+    for i, p in enumerate(workload(pods, seed + 3)):
+        meta = p["metadata"]
+        ann = {**meta.get("annotations", {}), ANN_RESOLVED: resolved[meta["namespace"]].annotation()}
+        pod = {**p, "metadata": {**meta, "uid": f"s-{i}", "annotations": ann}}
+        body = json.dumps({"Pod": pod, "NodeNames": names}).encode()
+        t = time.perf_counter()
+        args = parse_args(body)
+        verdicts = fleet.filter(args.pod, args.node_names)
+        result = filter_result(args, verdicts)
+        json.dumps(result)
+        filters.append(time.perf_counter() - t)
+        passed = [v.node for v in verdicts if v.fits]
+        if passed:
+            body = json.dumps({"Pod": pod, "NodeNames": passed}).encode()
+            t = time.perf_counter()
+            args = parse_args(body)
+            scores = priority_list(fleet.filter(args.pod, args.node_names, approve=False))
+            json.dumps(scores)
+            priorities.append(time.perf_counter() - t)
+            node = max((s["Score"], s["Host"]) for s in scores)[1]
+            fleet.pod("MODIFIED", {**pod, "spec": {**pod["spec"], "nodeName": node}})
+            pending.append((i + lag, node, pod))
+        while pending and pending[0][0] <= i:
+            _, node, done = pending.pop(0)
+            st = states[node]
+            eff = effective_policy(done, NodePolicy(EMULATED, st.default))
+            bound += st.decide(done, eff.resolved).admit
+            fleet.node_topology("MODIFIED", publish(st))
+    took = time.perf_counter() - t_all
+    return {"nodes": len(names), "pods": pods, "admitted": bound,
+            "pods_per_s": round(pods / took, 1),
+            **{f"filter_p{q}_ms": round(1000 * pct(filters, q), 2) for q in (50, 99)},
+            **{f"prioritize_p{q}_ms": round(1000 * pct(priorities, q), 2) for q in (50, 99)}}
+
+
 def start_cluster(mode: str, workdir: Path) -> tuple[Any, str, Extender | None]:
     """A fresh control plane; "with": kube-scheduler configured with numalign's extender,
     and the extender running (as ``numalign dev up`` does by default)."""

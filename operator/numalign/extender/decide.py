@@ -356,9 +356,8 @@ def decide(pod: Mapping[str, Any], view: NodeView | None,
         return Verdict(node, True, policy=eff, covered=False,
                        note=f"not decided by numalign: the pod cannot be read: {shape.problem}")
     ledger = view.ledger_with(reservations)
-    trial = ledger.copy()  # the engine commits there: what the pod holds, as the node keeps it
     try:
-        result = run_admission(view.machine, trial, shape.model, eff.resolved, commit=True)
+        result = run_admission(view.machine, ledger, shape.model, eff.resolved)
     except _InvalidGpu as e:
         return Verdict(node, False, INVALID_GPU_REASON, f"{REJECTED_PREFIX}{e}", MIN_SCORE,
                        policy=eff, resolvable=False)
@@ -371,7 +370,9 @@ def decide(pod: Mapping[str, Any], view: NodeView | None,
     if not result.admit:
         return Verdict(node, False, result.reason or REJECT_REASON,
                        result.message or TOPOLOGY_MESSAGE, MIN_SCORE, policy=eff)
-    rec = trial.pods.get(CANDIDATE_UID)
+    # what the pod holds as the node keeps it (an app container reusing its init
+    # container's CPUs holds them, the init container no longer)
+    rec = result.work.pods.get(CANDIDATE_UID) if result.work is not None else None
     return Verdict(node, True, score=score_admission(view.machine, ledger, result),
                    numa_nodes=tuple(pod_numa(result)), policy=eff,
                    containers=() if rec is None else tuple(rec.containers.items()))
