@@ -91,7 +91,8 @@ class Verdict:
     the NUMA nodes the pod would get. ``policy``: the effective policy (None when the
     node is not covered). ``covered`` False: the node has no usable NodeTopology and
     passes (fail open); ``note`` says why. ``containers``: what the pod would hold there
-    (init containers first), for a reservation (:meth:`held_by`)."""
+    (as the engine's ledger keeps it: a CPU an app container reuses from its init
+    container held once), for a reservation (:meth:`held_by`)."""
 
     node: str
     fits: bool
