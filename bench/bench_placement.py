@@ -543,13 +543,15 @@ def inprocess_filter(nodes: int, pods: int, seed: int) -> dict[str, Any]:
             "cold_calls": len(cold)}
 
 
-def inprocess_scheduler(nodes: int, pods: int, seed: int, lag: int = 40) -> dict[str, Any]:
+def inprocess_scheduler(nodes: int, pods: int, seed: int, lag: int = 40,
+                        bind_lag: int = 8) -> dict[str, Any]:
     """What the scheduler asks the extender (:class:`numalign.extender.fleet.Fleet`, as
     its server runs it) for ``pods`` pods over ``nodes`` empty nodes of the bench's mix:
     for each pod, filter over the nodes its resource requests fit (the scheduler's own
     check, counting the pods it bound), prioritize over the nodes that passed (the
     ExtenderArgs JSON parsed, the answers serialized), the binding seen on the pod
-    watch; each node admits and publishes ``lag`` pods after the binding (the agent's
+    watch ``bind_lag`` pods later (the pods filtered meanwhile see it in flight); each
+    node admits and publishes ``lag`` pods after the binding (the agent's
     coalesced writes), so reservations and pods in flight are counted meanwhile.
     Reports ms per filter and per prioritize call, the pods placed per second, and the
     pods a node refused after the extender approved them (the two disagreeing)."""
@@ -569,6 +571,7 @@ def inprocess_scheduler(nodes: int, pods: int, seed: int, lag: int = 40) -> dict
     fleet.load_nodetopologies([published(st) for st in states.values()])
     names = list(states)
     pending: list[tuple[int, str, dict[str, Any]]] = []
+    binding: list[tuple[int, dict[str, Any]]] = []
     filters: list[float] = []
     priorities: list[float] = []
     asked: dict[str, list[dict[str, int]]] = {n: [] for n in names}
@@ -595,11 +598,13 @@ def inprocess_scheduler(nodes: int, pods: int, seed: int, lag: int = 40) -> dict
             json.dumps(scores)
             priorities.append(time.perf_counter() - t)
             node = max((s["Score"], s["Host"]) for s in scores)[1]
-            fleet.pod("MODIFIED", {**pod, "spec": {**pod["spec"], "nodeName": node}})
+            binding.append((i + bind_lag, {**pod, "spec": {**pod["spec"], "nodeName": node}}))
             pending.append((i + lag, node, pod))
             asked[node].append(fit_requests(model))
         else:
             unplaced += 1
+        while binding and binding[0][0] <= i:
+            fleet.pod("MODIFIED", binding.pop(0)[1])
         while pending and pending[0][0] <= i:
             _, node, done = pending.pop(0)
             if admit(states[node], done):

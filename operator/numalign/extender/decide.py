@@ -239,12 +239,20 @@ class NodeView:
                 # The node moved on (it shows other pods on some of it): hold what of it
                 # is still free rather than nothing, so no room appears that the pod,
                 # once admitted, takes.
-                log.warning("node %s: reservation of pod %s/%s (%s) does not fit what the "
-                            "node publishes (%s); holding what of it is free", self.name,
-                            r.namespace, r.name, r.uid, e)
+                seen = (self.name, self.resource_version, r.uid)
+                if seen not in _WARNED:  # once per node state
+                    if len(_WARNED) >= 4096:
+                        _WARNED.clear()
+                    _WARNED.add(seen)
+                    log.warning("node %s: reservation of pod %s/%s (%s) does not fit what "
+                                "the node publishes (%s); holding what of it is free",
+                                self.name, r.namespace, r.name, r.uid, e)
                 ledger.allocate_many(r.uid, _still_free(ledger, r), pod_name=r.name,
                                      namespace=r.namespace)
         return ledger
+
+
+_WARNED: set[tuple[str, str, str]] = set()  # (node, its resourceVersion, pod uid) logged
 
 
 def _still_free(ledger: Ledger, held: HeldPod) -> list[tuple[str, ContainerAllocation]]:
