@@ -21,7 +21,11 @@ pod) are one *chain*. Reported per half:
 * with the extender: its filter latency p50/p99 (from its /metrics histogram).
 
 Apart from the cluster, the in-process filter is timed over 1,000 synthetic nodes (nodes
-of the fixture machines with random allocations already held, published as NodeTopology).
+of the fixture machines with random allocations already held, published as NodeTopology),
+and the extender's filter and prioritize as the scheduler calls them (JSON in and out,
+reservations and pods in flight counted, nodes publishing late) over the --nodes nodes.
+
+    python bench/run.py placement --modes= --synthetic-nodes=0   # only the latter
 
     python bench/run.py placement [--quick]   # 100 nodes, 2,000 pods (quick: 12 / 200)
     python bench/run.py placement --nodes=20 --pods=300 --modes=without
@@ -451,6 +455,38 @@ def paired(halves: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def with_resolved(pod: dict[str, Any], uid: str) -> dict[str, Any]:
+    """``pod`` as the operator annotates it (its namespace's resolved policy), with ``uid``."""
+    from numalign.api.wire import ANN_RESOLVED, NO_OPTIONS, Resolved
+
+    resolved = {NS_SNN: Resolved("single-numa-node", "pod", NO_OPTIONS, "TopologyPolicy/snn"),
+                NS_RESTRICTED: Resolved("restricted", "container", NO_OPTIONS,
+                                        "TopologyPolicy/r"),
+                NS_BE: Resolved("best-effort", "container", NO_OPTIONS, "TopologyPolicy/be")}
+    meta = pod["metadata"]
+    ann = {**meta.get("annotations", {}), ANN_RESOLVED: resolved[meta["namespace"]].annotation()}
+    return {**pod, "metadata": {**meta, "uid": uid, "annotations": ann}}
+
+
+def admit(st: Any, pod: dict[str, Any]) -> bool:
+    """The emulated node ``st`` decides ``pod`` (and keeps it when admitted)."""
+    from numalign.api.effective import EMULATED, NodePolicy, effective_policy
+
+    eff = effective_policy(pod, NodePolicy(EMULATED, st.default))
+    return bool(st.decide(pod, eff.resolved).admit)
+
+
+def published(st: Any) -> dict[str, Any]:
+    """The NodeTopology of the agent state ``st``, as a client reads it back."""
+    from numalign.agent.publish import build_status, nodetopology_object
+
+    st.version += 1
+    nt = nodetopology_object(st.name)
+    nt["metadata"]["resourceVersion"] = str(st.version)
+    nt["status"] = build_status(st)
+    return dict(json.loads(json.dumps(nt)))
+
+
 def inprocess_filter(nodes: int, pods: int, seed: int) -> dict[str, Any]:
     """The decision module's filter over ``nodes`` synthetic nodes (the bench's machine
     mix, each holding a random share of the workload's pods, published as NodeTopology
@@ -459,34 +495,11 @@ def inprocess_filter(nodes: int, pods: int, seed: int) -> dict[str, Any]:
     which then publishes again. Reports ms per filter call (all nodes): over every call,
     and split into the calls of a pod shape seen for the first time (cold: no verdict
     cached) and the others."""
-    from numalign.agent.publish import build_status, nodetopology_object
     from numalign.agent.state import NodeState
-    from numalign.api.effective import EMULATED, NodePolicy, effective_policy
-    from numalign.api.wire import ANN_RESOLVED, NO_OPTIONS, Resolved
     from numalign.extender.decide import Decider
 
     rng = random.Random(seed)
     fill = workload(nodes * 20, seed + 1)
-    resolved = {NS_SNN: Resolved("single-numa-node", "pod", NO_OPTIONS, "TopologyPolicy/snn"),
-                NS_RESTRICTED: Resolved("restricted", "container", NO_OPTIONS, "TopologyPolicy/r"),
-                NS_BE: Resolved("best-effort", "container", NO_OPTIONS, "TopologyPolicy/be")}
-
-    def with_resolved(pod: dict[str, Any], uid: str) -> dict[str, Any]:
-        meta = pod["metadata"]
-        ann = {**meta.get("annotations", {}),
-               ANN_RESOLVED: resolved[meta["namespace"]].annotation()}
-        return {**pod, "metadata": {**meta, "uid": uid, "annotations": ann}}
-
-    def admit(st: NodeState, pod: dict[str, Any]) -> bool:
-        eff = effective_policy(pod, NodePolicy(EMULATED, st.default))
-        return st.decide(pod, eff.resolved).admit
-
-    def publish(st: NodeState) -> dict[str, Any]:
-        st.version += 1
-        nt = nodetopology_object(st.name)
-        nt["metadata"]["resourceVersion"] = str(st.version)
-        nt["status"] = build_status(st)
-        return dict(json.loads(json.dumps(nt)))
 
     decider = Decider()
     states: dict[str, NodeState] = {}
@@ -500,7 +513,7 @@ def inprocess_filter(nodes: int, pods: int, seed: int) -> dict[str, Any]:
             for _ in range(rng.randint(0, 30)):
                 k += 1
                 admit(st, with_resolved(fill[k % len(fill)], f"fill-{k}"))
-            decider.update(publish(st))
+            decider.update(published(st))
     setup = time.perf_counter() - t0
     names = list(states)
     cold: list[float] = []
@@ -518,7 +531,7 @@ def inprocess_filter(nodes: int, pods: int, seed: int) -> dict[str, Any]:
         if fits:
             node = max(fits)[1]
             bound += admit(states[node], pod)
-            decider.update(publish(states[node]))
+            decider.update(published(states[node]))
     every = cold + warm
     return {"synthetic_nodes": len(names), "filter_calls": len(every), "bound": bound,
             "distinct_node_states": len({(v.machine_key, v.held_key)
@@ -528,6 +541,86 @@ def inprocess_filter(nodes: int, pods: int, seed: int) -> dict[str, Any]:
             **{f"cold_p{p}_ms": round(1000 * pct(cold, p), 2) for p in (50, 99)},
             **{f"warm_p{p}_ms": round(1000 * pct(warm, p), 2) for p in (50, 99)},
             "cold_calls": len(cold)}
+
+
+def inprocess_scheduler(nodes: int, pods: int, seed: int, lag: int = 40,
+                        bind_lag: int = 8) -> dict[str, Any]:
+    """What the scheduler asks the extender (:class:`numalign.extender.fleet.Fleet`, as
+    its server runs it) for ``pods`` pods over ``nodes`` empty nodes of the bench's mix:
+    for each pod, filter over the nodes its resource requests fit (the scheduler's own
+    check, counting the pods it bound), prioritize over the nodes that passed (the
+    ExtenderArgs JSON parsed, the answers serialized), the binding seen on the pod
+    watch ``bind_lag`` pods later (the pods filtered meanwhile see it in flight); each
+    node admits and publishes ``lag`` pods after the binding (the agent's
+    coalesced writes), so reservations and pods in flight are counted meanwhile.
+    Reports ms per filter and per prioritize call, the pods placed per second, and the
+    pods a node refused after the extender approved them (the two disagreeing)."""
+    from numalign.agent.state import NodeState
+    from numalign.extender.fleet import Fleet
+    from numalign.extender.protocol import filter_result, parse_args, priority_list
+    from numalign.topology.fit import check_fit, fit_requests
+    from numalign.topology.pod import pod_from_dict
+
+    states: dict[str, NodeState] = {}
+    for f, count in node_mix(nodes):
+        machine = load_machine(f)
+        for i in range(count):
+            states[f"{machine.name}-{i}"] = NodeState(f"{machine.name}-{i}", machine)
+
+    fleet = Fleet()
+    fleet.load_nodetopologies([published(st) for st in states.values()])
+    names = list(states)
+    pending: list[tuple[int, str, dict[str, Any]]] = []
+    binding: list[tuple[int, dict[str, Any]]] = []
+    filters: list[float] = []
+    priorities: list[float] = []
+    asked: dict[str, list[dict[str, int]]] = {n: [] for n in names}
+    bound = refused = unplaced = 0
+    t_all = time.perf_counter()
+    for i, p in enumerate(workload(pods, seed + 3)):
+        pod = with_resolved(p, f"s-{i}")
+        model = pod_from_dict(pod)
+        # the scheduler's own resource fit, with the pods it bound counted at once
+        fitting = [n for n in names if check_fit(states[n].machine, model, asked[n]) is None]
+        body = json.dumps({"Pod": pod, "NodeNames": fitting}).encode()
+        t = time.perf_counter()
+        args = parse_args(body)
+        verdicts = fleet.filter(args.pod, args.node_names)
+        result = filter_result(args, verdicts)
+        json.dumps(result)
+        filters.append(time.perf_counter() - t)
+        passed = [v.node for v in verdicts if v.fits]
+        if passed:
+            body = json.dumps({"Pod": pod, "NodeNames": passed}).encode()
+            t = time.perf_counter()
+            args = parse_args(body)
+            scores = priority_list(fleet.filter(args.pod, args.node_names, approve=False))
+            json.dumps(scores)
+            priorities.append(time.perf_counter() - t)
+            node = max((s["Score"], s["Host"]) for s in scores)[1]
+            binding.append((i + bind_lag, {**pod, "spec": {**pod["spec"], "nodeName": node}}))
+            pending.append((i + lag, node, pod))
+            asked[node].append(fit_requests(model))
+        else:
+            unplaced += 1
+        while binding and binding[0][0] <= i:
+            fleet.pod("MODIFIED", binding.pop(0)[1])
+        while pending and pending[0][0] <= i:
+            _, node, done = pending.pop(0)
+            if admit(states[node], done):
+                bound += 1
+            else:  # the node refused it: the pod watch sees it Failed
+                refused += 1
+                asked[node].remove(fit_requests(pod_from_dict(done)))
+                fleet.pod("MODIFIED", {**done, "spec": {**done["spec"], "nodeName": node},
+                                       "status": {"phase": "Failed"}})
+            fleet.node_topology("MODIFIED", published(states[node]))
+    took = time.perf_counter() - t_all
+    return {"nodes": len(names), "pods": pods, "admitted": bound, "refused_by_node": refused,
+            "no_node": unplaced,
+            "pods_per_s": round(pods / took, 1),
+            **{f"filter_p{q}_ms": round(1000 * pct(filters, q), 2) for q in (50, 99)},
+            **{f"prioritize_p{q}_ms": round(1000 * pct(priorities, q), 2) for q in (50, 99)}}
 
 
 def start_cluster(mode: str, workdir: Path) -> tuple[Any, str, Extender | None]:
@@ -583,6 +676,9 @@ def main(argv: list[str]) -> int:
                    help="nodes of the in-process filter timing (0: skip it)")
     p.add_argument("--filter-pods", type=int, default=300,
                    help="pods of the in-process filter timing")
+    p.add_argument("--scheduler-pods", type=int, default=600,
+                   help="pods of the in-process filter+prioritize timing over --nodes "
+                        "nodes (0: skip it; --modes= runs only the in-process timings)")
     p.add_argument("--timeout", type=float, default=1200.0, help="per half, after creation")
     args, _ = p.parse_known_args(argv)
     nodes = args.nodes or (12 if args.quick else 100)
@@ -601,6 +697,14 @@ def main(argv: list[str]) -> int:
               f"(a pod shape's first filter: p50 {inproc['cold_p50_ms']} ms, p99 "
               f"{inproc['cold_p99_ms']} ms over {inproc['cold_calls']}; again: p50 "
               f"{inproc['warm_p50_ms']} ms, p99 {inproc['warm_p99_ms']} ms)", flush=True)
+    if args.scheduler_pods:
+        sched = inprocess_scheduler(nodes, args.scheduler_pods, args.seed)
+        inproc["scheduler"] = sched
+        print(f"in-process filter+prioritize over {sched['nodes']} nodes, {sched['pods']} "
+              f"pods ({sched['admitted']} admitted), {sched['pods_per_s']} pods/s: filter "
+              f"p50 {sched['filter_p50_ms']} ms, p99 {sched['filter_p99_ms']} ms; "
+              f"prioritize p50 {sched['prioritize_p50_ms']} ms, p99 "
+              f"{sched['prioritize_p99_ms']} ms", flush=True)
     workdir = Path(tempfile.mkdtemp(prefix="numalign-bench-placement-"))
     halves: dict[str, dict[str, Any]] = {}
     for mode in modes:

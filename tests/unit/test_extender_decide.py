@@ -109,6 +109,36 @@ def test_reservations_stand_for_pods_the_node_has_not_published() -> None:
     assert not decider.decide(last, st.name).fits
 
 
+def holding(machine: str, cpus: str
+            ) -> tuple[NodeState, Decider, dict[str, Any], HeldPod]:
+    """A node of ``machine`` as published, its decider, and a pod "first" of ``cpus``
+    CPUs with what it would hold there."""
+    st = node(machine)
+    decider = Decider()
+    decider.update(published(st, 1))
+    first = pod("first", {"cpu": cpus, "memory": "1Gi"})
+    held = decider.hold(first, st.name)
+    assert held is not None
+    return st, decider, first, held
+
+
+def test_a_reservation_the_node_moved_past_still_holds_what_is_free(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A reservation naming CPUs the node now shows held by another pod is not dropped:
+    it is logged and holds what of it is still free, so no room appears for it."""
+    st, decider, _, r = holding("fragmented-8numa", "4")
+    other = pod("other", {"cpu": "2", "memory": "1Gi"})
+    assert st.decide(other, resolved_of(other)).admit  # takes two CPUs of the same NUMA node
+    view = decider.update(published(st, 2))
+    ledger = view.ledger_with([r])
+    assert r.uid in ledger.pods, "the reservation was dropped"
+    kept = {c for a in ledger.pods[r.uid].containers.values() for c in a.cpus}
+    reserved = {c for _, a in r.containers for c in a.cpus}
+    assert kept == reserved - {c for c, o in ledger.cpu_owner.items() if o[0] != r.uid}
+    assert len(kept) == 2
+    assert "does not fit what the node publishes" in caplog.text
+
+
 def test_node_without_nodetopology_passes() -> None:
     decider = Decider()
     v = decider.decide(pod("a", {"cpu": "4", "memory": "1Gi"}), "unknown")
@@ -250,12 +280,7 @@ def test_pods_in_flight_give_the_verdict_of_holding_them(machine: str) -> None:
 
 
 def test_room_left_spares_the_engine_far_from_capacity() -> None:
-    st = node("dual-16core")
-    decider = Decider()
-    decider.update(published(st, 1))
-    first = pod("first", {"cpu": "6", "memory": "1Gi"})
-    held = decider.hold(first, st.name)
-    assert held is not None
+    st, decider, first, held = holding("dual-16core", "6")
     second = pod("second", {"cpu": "6", "memory": "1Gi"})
     assert decider.decide(second, st.name, in_flight=[(first, held)]).fits
     assert decider.misses == 1  # the pod's shape on this state, decided once

@@ -28,11 +28,11 @@ the agent has released a deleted pod before the extender saw the deletion, until
 node publishes after it, the extender holds room the node has freed: it may refuse a pod
 the node would admit (the pod waits), never the other way round.
 
-Pods with init containers or sidecars, and policies whose ``maxAllowableNumaNodes`` is
-below a machine's NUMA node count, are decided differently today: the ``xfail`` tests
-below pin each case. A failure names the seed (``NUMALIGN_DIFF_SEED=<seed>`` replays one
-sequence, ``NUMALIGN_DIFF_MIX=full`` with every kind of pod; ``NUMALIGN_DIFF_EXAMPLES``
-sets how many sequences the main test runs, 150 by default).
+The random pods include init containers and sidecars (an app container reusing their
+CPUs) and policies whose ``maxAllowableNumaNodes`` is below a machine's NUMA node count
+(the node refuses the pod). A failure names the seed (``NUMALIGN_DIFF_SEED=<seed>``
+replays one sequence; ``NUMALIGN_DIFF_EXAMPLES`` sets how many sequences the main test
+runs, 150 by default).
 """
 
 from __future__ import annotations
@@ -538,26 +538,18 @@ def _asks_devices(pod: JSON) -> bool:
 
 INVALID_GPU_REASON = EVENT_INVALID_GPU
 SEEDS = int(os.environ.get("NUMALIGN_DIFF_EXAMPLES", "150"))
-# What the extender decides like the node today: pods without init containers, policies
-# whose maxAllowableNumaNodes every machine of the fixtures satisfies (see the xfail
-# tests below for the rest).
-AGREED = Mix(init_containers=False, max_allowable=(64,))
-MIXES = {"agreed": AGREED, "full": FULL}
-
-
 @pytest.mark.skipif("NUMALIGN_DIFF_SEED" in os.environ, reason="replaying one seed")
 @settings(max_examples=SEEDS, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(min_value=0, max_value=2**32 - 1))
 def test_extender_and_node_never_disagree(seed: int) -> None:
-    run_sequence(seed, mix=AGREED)
+    run_sequence(seed, mix=FULL)
 
 
 @pytest.mark.skipif("NUMALIGN_DIFF_SEED" not in os.environ,
-                    reason="NUMALIGN_DIFF_SEED=<seed> [NUMALIGN_DIFF_MIX=full] replays one")
+                    reason="NUMALIGN_DIFF_SEED=<seed> replays one")
 def test_replay_one_seed() -> None:
-    run_sequence(int(os.environ["NUMALIGN_DIFF_SEED"]),
-                 mix=MIXES[os.environ.get("NUMALIGN_DIFF_MIX", "agreed")])
+    run_sequence(int(os.environ["NUMALIGN_DIFF_SEED"]), mix=FULL)
 
 
 def test_the_sequences_exercise_both_answers() -> None:
@@ -565,7 +557,7 @@ def test_the_sequences_exercise_both_answers() -> None:
     only admissions (so the differential test compares verdicts that matter)."""
     counts = Counts()
     for seed in range(40):
-        run_sequence(seed, counts, AGREED)
+        run_sequence(seed, counts, FULL)
     assert counts.by_reason.get(REJECT_REASON, 0) > 20, counts
     assert counts.by_reason.get(INVALID_GPU_REASON, 0) > 0, counts
     assert counts.verdicts > 400 and counts.binds > 200 and counts.managed > 50, counts
@@ -616,31 +608,22 @@ def test_reservation_holds_a_burst_off_one_numa_node() -> None:
     assert sorted({n for v, _ in got[:2] for n in v.numa_nodes}) == [0, 1]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "the extender reserves a pod whose app container reuses its init container's CPUs "
-    "as the engine's per-container result (the CPU listed twice), which the ledger "
-    "refuses; NodeView.ledger_with then leaves the reservation out and the next pod of "
-    "the burst is approved onto the same NUMA node"))
 def test_burst_of_pods_with_init_containers() -> None:
+    """An app container reusing its init container's CPUs: the reservation holds what
+    the node keeps (each CPU once), so the burst spreads over the NUMA nodes as the node
+    decides it."""
     got = _burst("seed-figure1", [_pod(f"p{i}", "4", init_cpu="2") for i in range(3)],
                  SNN_POD)
     assert all(_same(v, o) for v, o in got), got
+    assert [v.fits for v, _ in got] == [True, True, False]
+    assert sorted({n for v, _ in got[:2] for n in v.numa_nodes}) == [0, 1]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "a policy whose maxAllowableNumaNodes is below the machine's NUMA node count: the "
-    "node refuses the pod (UnexpectedAdmissionError), the extender lets it through "
-    "(not covered: fail open)"))
 def test_max_allowable_below_the_machines_numa_nodes() -> None:
+    """The node refuses a policy whose maxAllowableNumaNodes is below its NUMA node
+    count; the extender refuses it with the same reason and message."""
     ((v, o),) = _burst("wide64", [_pod("p0", "2", options={"maxAllowableNumaNodes": 8})],
                        {})
     assert not o.admit
     assert v.covered and _same(v, o), (v, o)
 
-
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "random pods with init containers and sidecars, and maxAllowableNumaNodes below some "
-    "machines' NUMA node count: the two divergences above"))
-def test_full_mix() -> None:
-    for seed in range(60):
-        run_sequence(seed, mix=FULL)

@@ -183,3 +183,22 @@ def test_a_node_listing_a_pod_by_name_ends_its_reservation() -> None:
     assert view is not None and "default/a" in view.admitted
     # and its room is not counted twice
     assert len(view.ledger().pods) == 1
+
+
+def test_prioritize_reuses_the_filters_verdicts_until_something_changes() -> None:
+    """Prioritize right after the pod's filter answers from that filter's verdicts (no
+    engine run); after a watch event it decides again, and equals what it would give."""
+    st = node("fragmented-8numa")
+    fleet = fleet_of(st)
+    first, second = four("first"), four("second")
+    filtered = fleet.filter(first, [st.name])
+    runs = fleet.decider.hits + fleet.decider.misses
+    assert fleet.filter(first, [st.name], approve=False) == filtered
+    assert fleet.decider.hits + fleet.decider.misses == runs
+    assert st.decide(second, resolved_of(second)).admit  # the node takes NUMA node 0
+    fleet.node_topology("MODIFIED", published(st, 2))  # a change: decided again
+    again = fleet.filter(first, [st.name], approve=False)
+    assert fleet.decider.hits + fleet.decider.misses > runs
+    assert again == Fleet(reservations=fleet.reservations, in_flight=fleet.in_flight,
+                          decider=fleet.decider).filter(first, [st.name], approve=False)
+    assert again[0].fits and again[0].numa_nodes != filtered[0].numa_nodes

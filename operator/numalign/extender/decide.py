@@ -25,12 +25,19 @@ NUMA nodes first, then their distance, then GPU island fit, then the room left w
 from __future__ import annotations
 
 import json
+import logging
 from collections import OrderedDict
 from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from numalign.api.effective import EffectivePolicy, NodePolicy, effective_policy
+from numalign.api.effective import (
+    EMULATED,
+    NUMALIGN_MANAGED,
+    EffectivePolicy,
+    NodePolicy,
+    effective_policy,
+)
 from numalign.api.nodestatus import (
     HeldPod,
     held_from_status,
@@ -45,7 +52,7 @@ from numalign.api.wire import (
     TOPOLOGY_MESSAGE,
     Resolved,
 )
-from numalign.topology.admit import AdmitResult, admit_pod, default_overrides
+from numalign.topology.admit import UNEXPECTED_REASON, AdmitResult, admit_pod, default_overrides
 from numalign.topology.errors import TopologyError
 from numalign.topology.fit import DEFAULT_MAX_PODS
 from numalign.topology.hints import mask_count
@@ -62,6 +69,7 @@ __all__ = [  # what the extender's server, explain and the benchmarks use
 ]
 
 JSON = dict[str, Any]
+log = logging.getLogger("numalign.extender")
 
 
 CANDIDATE_UID = "numalign.io/extender-candidate"  # the uid a pod is decided under
@@ -83,7 +91,8 @@ class Verdict:
     the NUMA nodes the pod would get. ``policy``: the effective policy (None when the
     node is not covered). ``covered`` False: the node has no usable NodeTopology and
     passes (fail open); ``note`` says why. ``containers``: what the pod would hold there
-    (init containers first), for a reservation (:meth:`held_by`)."""
+    (as the engine's ledger keeps it: a CPU an app container reuses from its init
+    container held once), for a reservation (:meth:`held_by`)."""
 
     node: str
     fits: bool
@@ -226,9 +235,50 @@ class NodeView:
             try:
                 ledger.allocate_many(r.uid, list(r.containers), pod_name=r.name,
                                      namespace=r.namespace)
-            except TopologyError:
-                continue  # the node moved on (it shows other pods there): not held
+            except TopologyError as e:
+                # The node moved on (it shows other pods on some of it): hold what of it
+                # is still free rather than nothing, so no room appears that the pod,
+                # once admitted, takes.
+                seen = (self.name, self.resource_version, r.uid)
+                if seen not in _WARNED:  # once per node state
+                    if len(_WARNED) >= 4096:
+                        _WARNED.clear()
+                    _WARNED.add(seen)
+                    log.warning("node %s: reservation of pod %s/%s (%s) does not fit what "
+                                "the node publishes (%s); holding what of it is free",
+                                self.name, r.namespace, r.name, r.uid, e)
+                ledger.allocate_many(r.uid, _still_free(ledger, r), pod_name=r.name,
+                                     namespace=r.namespace)
         return ledger
+
+
+_WARNED: set[tuple[str, str, str]] = set()  # (node, its resourceVersion, pod uid) logged
+
+
+def _still_free(ledger: Ledger, held: HeldPod) -> list[tuple[str, ContainerAllocation]]:
+    """What of ``held`` ``ledger`` has free: its CPUs and devices nobody holds, its memory
+    up to what each NUMA node has left."""
+    used: dict[tuple[int, str], int] = {}
+    taken: set[int] = set(ledger.cpu_owner)
+    gone: set[tuple[str, str]] = set(ledger.device_owner)
+    out = []
+    for name, a in held.containers:
+        memory: dict[str, dict[int, int]] = {}
+        for kind, per in a.memory.items():
+            for numa, b in per.items():
+                left = max(0, min(b, ledger.free_memory(numa, kind) - used.get((numa, kind), 0)))
+                used[(numa, kind)] = used.get((numa, kind), 0) + left
+                if left:
+                    memory.setdefault(kind, {})[numa] = left
+        devices = {res: kept for res, ids in a.devices.items()
+                   if (kept := tuple(dict.fromkeys(i for i in ids if (res, i) not in gone)))}
+        gone.update((res, i) for res, ids in devices.items() for i in ids)
+        cpus = tuple(dict.fromkeys(c for c in a.cpus if c not in taken))
+        taken.update(cpus)
+        out.append((name, ContainerAllocation(
+            cpus=cpus, memory=memory,
+            memory_mask=a.memory_mask, devices=devices, reusable=a.reusable)))
+    return out
 
 
 def _admitted_key(entry: Mapping[str, Any]) -> str:
@@ -320,15 +370,34 @@ def decide(pod: Mapping[str, Any], view: NodeView | None,
     except _InvalidGpu as e:
         return Verdict(node, False, INVALID_GPU_REASON, f"{REJECTED_PREFIX}{e}", MIN_SCORE,
                        policy=eff, resolvable=False)
-    except TopologyError as e:  # an unknown policy or scope reached the engine
-        return Verdict(node, True, policy=eff, covered=False,
-                       note=f"not decided by numalign: {e}")
+    except TopologyError as e:
+        refusal = node_refusal(view.policy.kind, e)
+        if refusal is None:  # input the node itself would not decide: leave it to the node
+            return Verdict(node, True, policy=eff, covered=False,
+                           note=f"not decided by numalign: {e}")
+        return Verdict(node, False, *refusal, MIN_SCORE, policy=eff, resolvable=False)
     if not result.admit:
         return Verdict(node, False, result.reason or REJECT_REASON,
                        result.message or TOPOLOGY_MESSAGE, MIN_SCORE, policy=eff)
+    # what the pod holds as the node keeps it (an app container reusing its init
+    # container's CPUs holds them, the init container no longer)
+    rec = result.work.pods.get(CANDIDATE_UID) if result.work is not None else None
     return Verdict(node, True, score=score_admission(view.machine, ledger, result),
                    numa_nodes=tuple(pod_numa(result)), policy=eff,
-                   containers=tuple((n, c.allocation) for n, c in result.containers.items()))
+                   containers=() if rec is None else tuple(rec.containers.items()))
+
+
+def node_refusal(kind: str, error: TopologyError) -> tuple[str, str] | None:
+    """How a node of ``kind`` refuses a pod whose admission raised ``error`` (a policy the
+    engine will not build there, e.g. ``maxAllowableNumaNodes`` below the machine's NUMA
+    node count): (reason, message), as the emulating agent (``UnexpectedAdmissionError``)
+    and the NRI placer (``TopologyAffinityError``) write it. None on a kubelet-managed
+    node: its kubelet decides by its own policy, which numalign does not build."""
+    if kind == EMULATED:
+        return UNEXPECTED_REASON, str(error)
+    if kind == NUMALIGN_MANAGED:
+        return REJECT_REASON, str(error)
+    return None
 
 
 class _InvalidGpu(TopologyError):

@@ -77,11 +77,16 @@ class Fleet:
         self.in_flight = in_flight if in_flight is not None else InFlight(
             clock=self.reservations.clock)
         self.bound: dict[str, str] = {}  # uid -> node, pods whose binding was handled
+        # what the last filter gave (pod uid, state it saw, verdicts by node): prioritize
+        # right after it, with nothing changed since, answers from it
+        self.changes = 0
+        self._last: tuple[tuple[str, str, int], dict[str, Verdict]] | None = None
 
     # ------------------------------------------------------------ NodeTopology
 
     def node_topology(self, event: str, nt: Mapping[str, Any]) -> None:
         """A NodeTopology watch event (ADDED, MODIFIED, DELETED)."""
+        self.changes += 1
         name = str(_meta(nt).get("name") or "")
         if not name:
             return
@@ -107,6 +112,7 @@ class Fleet:
 
     def pod(self, event: str, pod: Mapping[str, Any]) -> None:
         """A Pod watch event (ADDED, MODIFIED, DELETED)."""
+        self.changes += 1
         uid = pod_uid(pod)
         node = pod_node(pod)
         if event == "DELETED" or is_finished(pod):
@@ -144,6 +150,7 @@ class Fleet:
                     "nodeName": self.bound[uid]}})
 
     def expire(self) -> list[Reservation]:
+        self.changes += 1
         self.in_flight.expire()
         return self.reservations.expire()
 
@@ -153,12 +160,19 @@ class Fleet:
                approve: bool = True) -> list[Verdict]:
         """Verdicts for ``pod`` on ``nodes``, counting what is reserved and in flight
         there; ``approve``: the pod is then in flight on the nodes it fits (filter,
-        not prioritize)."""
+        not prioritize: its verdicts are those of the pod's last filter when nothing
+        changed since)."""
         uid = pod_uid(pod)
+        seen = (uid, str(_meta(pod).get("resourceVersion") or ""), self.changes)
+        if not approve and self._last is not None and self._last[0] == seen:
+            last = self._last[1]
+            if all(n in last for n in nodes):
+                return [last[n] for n in nodes]
         held = {n: self.reservations.on_node(n, exclude=uid) for n in nodes}
         flying = {n: self.in_flight.on_node(n, exclude=uid) for n in nodes}
         verdicts = self.decider.filter(pod, nodes, held, flying)
         if approve:
             holds = {v.node: h for v in verdicts if (h := v.held_by(pod)) is not None}
             self.in_flight.approve(pod, uid, holds)
+            self._last = (seen, {v.node: v for v in verdicts})
         return verdicts

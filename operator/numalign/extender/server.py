@@ -104,10 +104,15 @@ class ExtenderServer:
         if not filtering:
             self.metrics.prioritize_seconds.observe(time.perf_counter() - t0)
             return web.json_response(priority_list(verdicts))
+        refused: dict[str, int] = {}
+        debug = log.isEnabledFor(logging.DEBUG)
         for v in verdicts:
             if not v.fits:
-                self.metrics.refusals.labels(reason=v.reason or "").inc()
-                log.debug("filter %s: %s refused: %s", args.pod_name, v.node, v.failure)
+                refused[v.reason or ""] = refused.get(v.reason or "", 0) + 1
+                if debug:
+                    log.debug("filter %s: %s refused: %s", args.pod_name, v.node, v.failure)
+        for reason, n in refused.items():
+            self.metrics.refusals.labels(reason=reason).inc(n)
         result = filter_result(args, verdicts)
         self.metrics.filter_seconds.observe(time.perf_counter() - t0)
         return web.json_response(result)

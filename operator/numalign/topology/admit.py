@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import TopologyError
@@ -128,6 +128,9 @@ class AdmitResult:
     # An UnexpectedAdmissionError: the container whose allocation failed and the manager
     # that failed it ("devices", "cpu" or "memory"), as the kubelet's providers run
     failed: tuple[str, str] | None = None
+    # Admitted without commit: the ledger as a commit would leave it (the pod's record
+    # shows what its containers hold after reuse between init and app containers)
+    work: Ledger | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         """The `numalign admit` output line."""
@@ -278,7 +281,8 @@ def admit_pod(machine: Machine, ledger: Ledger, pod: Pod, policy: str,
                              "gpus": run.gpus})
             rec.requests = fit_requests(pod)
     return AdmitResult(pod, policy, scope, True, None, None, hint, containers, run.gpus,
-                       decisions, time.perf_counter() - t0)
+                       decisions, time.perf_counter() - t0,
+                       work=None if commit else run.work)
 
 
 def _pod_hint(decisions: Sequence[UnitDecision]) -> TopologyHint:

@@ -15,7 +15,6 @@ affinity's group (``cells``).
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -283,10 +282,15 @@ class Ledger:
             rec.info.update(info)
         if requests is not None:
             rec.requests = dict(requests)
-        for name, a in items:
-            self._hand_over(uid, a)
-            rec.containers[name] = copy.deepcopy(a)
-        self._reindex()
+        if rec.containers:  # CPUs or devices may pass from its init containers: reindex
+            for name, a in items:
+                self._hand_over(uid, a)
+                rec.containers[name] = _copy_container(a)
+            self._reindex()
+            return
+        for name, a in items:  # a new pod takes only what nobody holds
+            rec.containers[name] = _copy_container(a)
+            self._index(uid, name, rec.containers[name])
 
     def _hand_over(self, uid: str, a: ContainerAllocation) -> None:
         """Take reused CPUs and devices away from the pod's finished init containers."""
