@@ -7,9 +7,9 @@ import json
 from typing import Any
 
 import testdata
-from numalign.agent.engine import INVALID_GPU_REASON
 from numalign.agent.publish import build_status
 from numalign.agent.state import NodeState
+from numalign.api.admission import INVALID_GPU_REASON
 from numalign.api.wire import Resolved
 from numalign.topology.machine import load_machine
 

@@ -7,9 +7,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from numalign.api.admission import INVALID_GPU_REASON, InvalidGpuRequest, admit_resolved
 from numalign.api.nodestatus import ledger_container, wire_container
 from numalign.api.wire import (
-    EVENT_INVALID_GPU,
     REJECT_REASON,
     REJECTED_PREFIX,
     TOPOLOGY_MESSAGE,
@@ -17,17 +17,13 @@ from numalign.api.wire import (
     ContainerRecord,
     Resolved,
 )
-from numalign.topology.admit import AdmitResult, DeviceOverride, admit_pod, default_overrides
+from numalign.topology.admit import AdmitResult, DeviceOverride
 from numalign.topology.errors import TopologyError
 from numalign.topology.fit import fit_requests
 from numalign.topology.hints import mask_ids
 from numalign.topology.ledger import Ledger, LedgerError
 from numalign.topology.machine import Machine
 from numalign.topology.pod import Pod, pod_from_dict
-
-# A pod whose numalign.io/gpus cannot be read (or asks what the machine cannot name) is
-# refused with this reason: Failed, with a Warning event, no allocation.
-INVALID_GPU_REASON = EVENT_INVALID_GPU
 
 
 class RestoreConflict(Exception):
@@ -57,27 +53,16 @@ def admit(machine: Machine, ledger: Ledger, pod: Mapping[str, Any], resolved: Re
     node's device manager), taken before the default ones."""
     model = pod_from_dict(pod)
     try:
-        overrides = [*devices, *_overrides(machine, model)]
-    except TopologyError as e:
-        # The user's mistake: refuse the pod (as the kubelet refuses one it cannot admit)
-        # rather than run it without the GPU placement it asked for.
+        result = admit_resolved(machine, ledger, model, resolved, devices=devices)
+    except InvalidGpuRequest as e:
         return EngineResult(False, reason=INVALID_GPU_REASON,
                             message=f"{REJECTED_PREFIX}{e}", pod=model)
-    result = admit_pod(machine, ledger, model, resolved.policy or "none",
-                       resolved.scope or "container", resolved.options.engine,
-                       overrides=overrides)
     if not result.admit:
         return EngineResult(False, reason=result.reason or REJECT_REASON,
                             message=result.message or TOPOLOGY_MESSAGE, pod=model,
                             outcome=result)
     return EngineResult(True, allocation=_allocation_of(ledger, uid, result), pod=model,
                         outcome=result)
-
-
-def _overrides(machine: Machine, pod: Pod) -> Sequence[DeviceOverride]:
-    """GPU group allocation for pods with ``numalign.io/gpus`` (the same hook
-    ``numalign admit`` and ``numalign explain`` use)."""
-    return default_overrides(machine, pod)
 
 
 def _allocation_of(ledger: Ledger, uid: str, result: AdmitResult) -> Allocation:

@@ -25,10 +25,21 @@ def pending_verdicts(pod: Mapping[str, Any], nodetopologies: Sequence[Mapping[st
     return fleet.filter(pod, names, approve=False)
 
 
+# The reason of the scheduler's event for a pod it cannot place (its message counts the
+# extender's refusals).
+FAILED_SCHEDULING = "FailedScheduling"
+
+
+def event_time(ev: Mapping[str, Any]) -> str:
+    """When an Event last happened (RFC 3339; its creation when it says nothing else)."""
+    return str(ev.get("lastTimestamp") or ev.get("eventTime")
+               or (ev.get("metadata") or {}).get("creationTimestamp") or "")
+
+
 def last_failed_scheduling(events: Sequence[Mapping[str, Any]]) -> str | None:
     """The message of the newest ``FailedScheduling`` event among ``events``."""
-    found = [(str(e.get("lastTimestamp") or e.get("eventTime") or ""), str(e.get("message")))
-             for e in events if e.get("reason") == "FailedScheduling"]
+    found = [(event_time(e), str(e.get("message")))
+             for e in events if e.get("reason") == FAILED_SCHEDULING]
     return max(found)[1] if found else None
 
 

@@ -16,18 +16,13 @@ from typing import Any
 
 from numalign.api.fit import unfit_among
 from numalign.api.wire import ANN_REJECTION, ANN_RESOLVED, REJECTED_PREFIX, resolved_or_none
+from numalign.commands.explain_pending import FAILED_SCHEDULING, event_time
 from numalign.controller.redeploy.record import WorkloadState, workload_key
 
 JSON = dict[str, Any]
 
-SCHEDULER_REASON = "FailedScheduling"
 # how many events of a pod the report keeps (the newest)
 MAX_EVENTS = 20
-
-
-def _when(ev: Mapping[str, Any]) -> str:
-    return str(ev.get("lastTimestamp") or ev.get("eventTime")
-               or (ev.get("metadata") or {}).get("creationTimestamp") or "")
 
 
 def pod_events(events: Iterable[Mapping[str, Any]], pod: Mapping[str, Any]) -> list[JSON]:
@@ -49,7 +44,7 @@ def pod_events(events: Iterable[Mapping[str, Any]], pod: Mapping[str, Any]) -> l
         out.append({"type": str(ev.get("type") or ""), "reason": str(ev.get("reason") or ""),
                     "message": str(ev.get("message") or ev.get("note") or ""),
                     "count": count if isinstance(count, int) and count > 0 else 1,
-                    "source": str(source), "last": _when(ev)})
+                    "source": str(source), "last": event_time(ev)})
     out.sort(key=lambda e: e["last"])
     return out[-MAX_EVENTS:]
 
@@ -102,7 +97,7 @@ def why_report(pod: Mapping[str, Any], events: Iterable[Mapping[str, Any]],
     if record is not None:
         report["redeploy"] = record
     evs = pod_events(events, pod)
-    report["scheduler"] = [e["message"] for e in evs if e["reason"] == SCHEDULER_REASON]
+    report["scheduler"] = [e["message"] for e in evs if e["reason"] == FAILED_SCHEDULING]
     report["events"] = evs
     report["unfit"] = unfit_among(pod, node_topologies)
     report["nodes"] = len(node_topologies)
@@ -167,7 +162,7 @@ def render_why(report: Mapping[str, Any], now: datetime | None = None) -> str:
                      "NodeTopology now)")
     elif n:
         lines.append(f"Cannot fit: none of {n} nodes is too full for it now")
-    others = [e for e in report["events"] if e["reason"] != SCHEDULER_REASON]
+    others = [e for e in report["events"] if e["reason"] != FAILED_SCHEDULING]
     if others:
         lines.append("Events:")
         for e in others[-8:]:

@@ -7,7 +7,7 @@ emulated and numalign-managed nodes, the kubelet's on a kubelet-managed one), th
 machine and what it holds come from the NodeTopology status (as ``numalign explain``
 reads them: :mod:`numalign.api.nodestatus`, the kubelet's reserved CPUs held), plus the
 extender's in-flight reservations, and the engine's admission
-(:func:`numalign.topology.admit.admit_pod`, with the GPU group hook) decides.
+(:func:`numalign.api.admission.admit_resolved`, as the agent runs it) decides.
 
 - :class:`NodeView`: one node as its NodeTopology describes it (built once per
   ``resourceVersion``).
@@ -31,6 +31,7 @@ from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from numalign.api.admission import INVALID_GPU_REASON, InvalidGpuRequest, admit_resolved
 from numalign.api.effective import (
     EMULATED,
     NUMALIGN_MANAGED,
@@ -46,13 +47,12 @@ from numalign.api.nodestatus import (
 )
 from numalign.api.wire import (
     ANN_GPUS,
-    EVENT_INVALID_GPU,
     REJECT_REASON,
     REJECTED_PREFIX,
     TOPOLOGY_MESSAGE,
     Resolved,
 )
-from numalign.topology.admit import UNEXPECTED_REASON, AdmitResult, admit_pod, default_overrides
+from numalign.topology.admit import UNEXPECTED_REASON
 from numalign.topology.errors import TopologyError
 from numalign.topology.fit import DEFAULT_MAX_PODS
 from numalign.topology.hints import mask_count
@@ -65,7 +65,7 @@ from .score import MAX_SCORE, MIN_SCORE, NEUTRAL_SCORE, SCORE_WEIGHTS, pod_numa,
 __all__ = [  # what the extender's server, explain and the benchmarks use
     "CANDIDATE_UID", "MAX_SCORE", "MIN_SCORE", "NEUTRAL_SCORE", "SCORE_WEIGHTS", "Decider",
     "NodeView", "PodShape", "Verdict", "decide", "held_key", "pod_shape", "policy_key",
-    "room_left", "run_admission", "score_admission",
+    "room_left", "score_admission",
 ]
 
 JSON = dict[str, Any]
@@ -73,7 +73,6 @@ log = logging.getLogger("numalign.extender")
 
 
 CANDIDATE_UID = "numalign.io/extender-candidate"  # the uid a pod is decided under
-INVALID_GPU_REASON = EVENT_INVALID_GPU
 UNREADABLE_POD_REASON = "InvalidPod"
 
 # The status fields a machine is read from (the same machine shares one Machine object).
@@ -366,8 +365,8 @@ def decide(pod: Mapping[str, Any], view: NodeView | None,
                        note=f"not decided by numalign: the pod cannot be read: {shape.problem}")
     ledger = view.ledger_with(reservations)
     try:
-        result = run_admission(view.machine, ledger, shape.model, eff.resolved)
-    except _InvalidGpu as e:
+        result = admit_resolved(view.machine, ledger, shape.model, eff.resolved, commit=False)
+    except InvalidGpuRequest as e:
         return Verdict(node, False, INVALID_GPU_REASON, f"{REJECTED_PREFIX}{e}", MIN_SCORE,
                        policy=eff, resolvable=False)
     except TopologyError as e:
@@ -398,23 +397,6 @@ def node_refusal(kind: str, error: TopologyError) -> tuple[str, str] | None:
     if kind == NUMALIGN_MANAGED:
         return REJECT_REASON, str(error)
     return None
-
-
-class _InvalidGpu(TopologyError):
-    pass
-
-
-def run_admission(machine: Machine, ledger: Ledger, model: Pod, resolved: Resolved,
-                  commit: bool = False) -> AdmitResult:
-    """The engine's admission as the agent runs it (the GPU group hook; a malformed GPU
-    request raises :class:`_InvalidGpu`, the agent's ``InvalidGpuRequest``)."""
-    try:
-        overrides = default_overrides(machine, model)
-    except TopologyError as e:
-        raise _InvalidGpu(e.field, e.problem) from None
-    return admit_pod(machine, ledger, model, resolved.policy or "none",
-                     resolved.scope or "container", resolved.options.engine,
-                     overrides=overrides, commit=commit)
 
 
 # ---------------------------------------------------------------- room for more

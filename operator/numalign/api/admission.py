@@ -1,0 +1,40 @@
+"""The engine's admission of a pod under its resolved policy, as every numalign decider
+runs it: the agent on emulated and numalign-managed nodes, and the scheduler extender
+deciding as those nodes will (one place, so they cannot drift apart)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from numalign.topology.admit import AdmitResult, DeviceOverride, admit_pod, default_overrides
+from numalign.topology.errors import TopologyError
+from numalign.topology.ledger import Ledger
+from numalign.topology.machine import Machine
+from numalign.topology.pod import Pod
+
+from .wire import EVENT_INVALID_GPU, Resolved
+
+# A pod whose numalign.io/gpus cannot be read (or asks what the machine cannot name) is
+# refused with this reason: Failed, with a Warning event, no allocation.
+INVALID_GPU_REASON = EVENT_INVALID_GPU
+
+
+class InvalidGpuRequest(TopologyError):
+    """The pod's ``numalign.io/gpus`` cannot be placed on this machine (the user's
+    mistake: the pod is refused rather than run without the GPU placement it asked for)."""
+
+
+def admit_resolved(machine: Machine, ledger: Ledger, model: Pod, resolved: Resolved, *,
+                   devices: Sequence[DeviceOverride] = (), commit: bool = True
+                   ) -> AdmitResult:
+    """Admit ``model`` under ``resolved`` with the GPU group hook; ``devices``: overrides
+    for device resources someone else already assigned (a real node's device manager),
+    taken before the default ones. Raises :class:`InvalidGpuRequest` for a bad GPU request
+    and TopologyError for an unknown policy or scope, or options this machine refuses."""
+    try:
+        overrides = [*devices, *default_overrides(machine, model)]
+    except TopologyError as e:
+        raise InvalidGpuRequest(e.field, e.problem) from None
+    return admit_pod(machine, ledger, model, resolved.policy or "none",
+                     resolved.scope or "container", resolved.options.engine,
+                     overrides=overrides, commit=commit)
