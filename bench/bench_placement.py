@@ -544,20 +544,27 @@ def inprocess_filter(nodes: int, pods: int, seed: int) -> dict[str, Any]:
 
 
 def inprocess_scheduler(nodes: int, pods: int, seed: int, lag: int = 40,
-                        bind_lag: int = 8) -> dict[str, Any]:
+                        bind_lag: int = 8, bind_verb: bool = False) -> dict[str, Any]:
     """What the scheduler asks the extender (:class:`numalign.extender.fleet.Fleet`, as
     its server runs it) for ``pods`` pods over ``nodes`` empty nodes of the bench's mix:
     for each pod, filter over the nodes its resource requests fit (the scheduler's own
     check, counting the pods it bound), prioritize over the nodes that passed (the
-    ExtenderArgs JSON parsed, the answers serialized), the binding seen on the pod
-    watch ``bind_lag`` pods later (the pods filtered meanwhile see it in flight); each
+    ExtenderArgs JSON parsed, the answers serialized), the binding made ``bind_lag``
+    pods later (the pods filtered meanwhile see it in flight): by the extender's bind
+    verb (``bind_verb``: the ExtenderBindingArgs parsed; its Binding's API call not
+    counted), else seen on the pod watch; each
     node admits and publishes ``lag`` pods after the binding (the agent's
     coalesced writes), so reservations and pods in flight are counted meanwhile.
     Reports ms per filter and per prioritize call, the pods placed per second, and the
     pods a node refused after the extender approved them (the two disagreeing)."""
     from numalign.agent.state import NodeState
     from numalign.extender.fleet import Fleet
-    from numalign.extender.protocol import filter_result, parse_args, priority_list
+    from numalign.extender.protocol import (
+        filter_result,
+        parse_args,
+        parse_binding,
+        priority_list,
+    )
     from numalign.topology.fit import check_fit, fit_requests
     from numalign.topology.pod import pod_from_dict
 
@@ -571,7 +578,9 @@ def inprocess_scheduler(nodes: int, pods: int, seed: int, lag: int = 40,
     fleet.load_nodetopologies([published(st) for st in states.values()])
     names = list(states)
     pending: list[tuple[int, str, dict[str, Any]]] = []
-    binding: list[tuple[int, dict[str, Any]]] = []
+    binding: list[tuple[int, dict[str, Any], bytes | None]] = []
+    binds: list[float] = []
+    unclaimed = 0
     filters: list[float] = []
     priorities: list[float] = []
     asked: dict[str, list[dict[str, int]]] = {n: [] for n in names}
@@ -598,13 +607,26 @@ def inprocess_scheduler(nodes: int, pods: int, seed: int, lag: int = 40,
             json.dumps(scores)
             priorities.append(time.perf_counter() - t)
             node = max((s["Score"], s["Host"]) for s in scores)[1]
-            binding.append((i + bind_lag, {**pod, "spec": {**pod["spec"], "nodeName": node}}))
+            binding.append((i + bind_lag, {**pod, "spec": {**pod["spec"], "nodeName": node}},
+                            None))
+            if bind_verb:  # the pod watch sees the binding the extender made later
+                binding[-1] = (i + bind_lag, binding[-1][1], json.dumps({
+                    "PodName": pod["metadata"]["name"],
+                    "PodNamespace": pod["metadata"]["namespace"],
+                    "PodUID": pod["metadata"]["uid"], "Node": node}).encode())
             pending.append((i + lag, node, pod))
             asked[node].append(fit_requests(model))
         else:
             unplaced += 1
         while binding and binding[0][0] <= i:
-            fleet.pod("MODIFIED", binding.pop(0)[1])
+            _, seen, verb = binding.pop(0)
+            if verb is not None:
+                t = time.perf_counter()
+                b = parse_binding(verb)
+                if fleet.claim(b.uid, b.node) is None:
+                    unclaimed += 1
+                binds.append(time.perf_counter() - t)
+            fleet.pod("MODIFIED", seen)
         while pending and pending[0][0] <= i:
             _, node, done = pending.pop(0)
             if admit(states[node], done):
@@ -616,8 +638,11 @@ def inprocess_scheduler(nodes: int, pods: int, seed: int, lag: int = 40,
                                        "status": {"phase": "Failed"}})
             fleet.node_topology("MODIFIED", published(states[node]))
     took = time.perf_counter() - t_all
-    return {"nodes": len(names), "pods": pods, "admitted": bound, "refused_by_node": refused,
-            "no_node": unplaced,
+    return {"nodes": len(names), "pods": pods, "bind_verb": bind_verb, "bind_lag": bind_lag,
+            "admitted": bound, "refused_by_node": refused, "no_node": unplaced,
+            "bind_refused": unclaimed,
+            **({f"bind_p{q}_ms": round(1000 * pct(binds, q), 2) for q in (50, 99)}
+               if binds else {}),
             "pods_per_s": round(pods / took, 1),
             **{f"filter_p{q}_ms": round(1000 * pct(filters, q), 2) for q in (50, 99)},
             **{f"prioritize_p{q}_ms": round(1000 * pct(priorities, q), 2) for q in (50, 99)}}
@@ -698,13 +723,22 @@ def main(argv: list[str]) -> int:
               f"{inproc['cold_p99_ms']} ms over {inproc['cold_calls']}; again: p50 "
               f"{inproc['warm_p50_ms']} ms, p99 {inproc['warm_p99_ms']} ms)", flush=True)
     if args.scheduler_pods:
-        sched = inprocess_scheduler(nodes, args.scheduler_pods, args.seed)
-        inproc["scheduler"] = sched
-        print(f"in-process filter+prioritize over {sched['nodes']} nodes, {sched['pods']} "
-              f"pods ({sched['admitted']} admitted), {sched['pods_per_s']} pods/s: filter "
-              f"p50 {sched['filter_p50_ms']} ms, p99 {sched['filter_p99_ms']} ms; "
-              f"prioritize p50 {sched['prioritize_p50_ms']} ms, p99 "
-              f"{sched['prioritize_p99_ms']} ms", flush=True)
+        # the binding seen on the pod watch 8 pods later (no bind verb), or made by the
+        # bind verb after the next pod's filter (the scheduler binds asynchronously)
+        for key, lag, verb in (("scheduler_watch", 8, False), ("scheduler", 1, True)):
+            sched = inprocess_scheduler(nodes, args.scheduler_pods, args.seed,
+                                        bind_lag=lag, bind_verb=verb)
+            inproc[key] = sched
+            how = "bind verb" if verb else "binding seen on the pod watch"
+            print(f"in-process filter+prioritize+bind over {sched['nodes']} nodes ({how}, "
+                  f"{lag} pod(s) later), {sched['pods']} pods ({sched['admitted']} "
+                  f"admitted, {sched['refused_by_node']} refused by their node), "
+                  f"{sched['pods_per_s']} pods/s: filter p50 {sched['filter_p50_ms']} ms, "
+                  f"p99 {sched['filter_p99_ms']} ms; prioritize p50 "
+                  f"{sched['prioritize_p50_ms']} ms, p99 {sched['prioritize_p99_ms']} ms"
+                  + (f"; bind p50 {sched['bind_p50_ms']} ms, p99 {sched['bind_p99_ms']} ms "
+                     f"({sched['bind_refused']} left to the scheduler)" if verb else ""),
+                  flush=True)
     workdir = Path(tempfile.mkdtemp(prefix="numalign-bench-placement-"))
     halves: dict[str, dict[str, Any]] = {}
     for mode in modes:

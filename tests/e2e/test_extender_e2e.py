@@ -16,6 +16,7 @@ import json
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,15 @@ def _extender_refusals(core: Any, ns: str) -> list[str]:
             if e.reason == "FailedScheduling" and "numalign: policy" in (e.message or "")]
 
 
+def _binds(cluster: DevCluster) -> float:
+    """Pods the extender bound (its bind verb: the scheduler's configuration has it)."""
+    url = f"{cluster.extender_url}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        text = r.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith('numalign_extender_binds_total{outcome="bound"}'))
+
+
 def _story(core: Any, ns: str, cluster: DevCluster) -> str:
     events = sorted((str(e.last_timestamp), e.reason, e.involved_object.name, e.message)
                     for e in core.list_namespaced_event(ns).items)
@@ -114,6 +124,7 @@ def test_burst_waits_pending_and_runs_when_room_appears(
         extender: DevCluster) -> None:
     ns = snn
     dual = set(e2e_agent.of("dual-16core"))
+    binds = _binds(extender)
     # Two pods hold room first, then a burst of eight: six fit, two wait.
     nodes = redeploy_selector(e2e_agent)
     apps.create_namespaced_deployment(ns, deployment("holder", 2, CPU, nodes))
@@ -136,6 +147,7 @@ def test_burst_waits_pending_and_runs_when_room_appears(
     assert "TopologyAffinityError: Resources cannot be allocated with Topology locality" \
         in message, message
     assert "numalign: policy single-numa-node, scope pod" in message, message
+    assert _binds(extender) - binds == 2 + ALIGNED_ROOM - 2  # the extender bound them
 
     # Room appears: the holders go. The parked pods run within a minute.
     t0 = time.monotonic()

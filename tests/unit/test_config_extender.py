@@ -1,5 +1,6 @@
 """config/extender: the scheduler extender's component renders on config/default with a
-hardened Deployment, read-only RBAC (pods and NodeTopologies, nothing else), a Service and
+hardened Deployment, least RBAC (read pods and NodeTopologies, create pods/binding for the
+bind verb, nothing else), a Service and
 a NetworkPolicy; its KubeSchedulerConfiguration fragment is the entry the dev cluster
 runs."""
 
@@ -52,7 +53,7 @@ def test_extender_component(tmp_path: Path) -> None:
     grants = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"]
               for r in rule["resources"] for v in rule["verbs"]}
     assert grants == {(g, r, v) for g, r in (("", "pods"), ("numalign.io", "nodetopologies"))
-                      for v in ("get", "list", "watch")}
+                      for v in ("get", "list", "watch")} | {("", "pods/binding", "create")}
     [binding] = [b for b in of_kind(objs, "ClusterRoleBinding")
                  if b["metadata"]["name"] == "numalign-extender"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "numalign-extender",

@@ -18,9 +18,14 @@ that node decides when the pod is bound there:
   the pod, which no NodeTopology can foretell.
 
 The pod is then bound to the best-scored approved node (at times another approved one;
-with none, at times a refused one, as with the extender down); the extender sees the
-binding and the pod's phase through its pod watch and reserves what it approved; nodes
+with none, at times a refused one, as with the extender down), often only after the next
+pods are filtered (the scheduler filters the next pod before this one is bound: it is in
+flight meanwhile), by the extender's bind verb or seen on its pod watch; the extender
+then reserves what the node will give it, and sees its phase on the pod watch; nodes
 publish at random moments (the agent's coalesced writes); pods are deleted at random.
+A verdict is compared with what the node decides once the pods ahead of it are bound;
+where a pod in flight could have landed, the extender may refuse what the node then
+admits (it counted the pod there), never the other way round.
 
 Fits, reason and message must be equal, and an admitted pod's reservation must hold what
 the node allocated. One exception is by design, and checked in its own direction: when
@@ -60,11 +65,11 @@ from numalign.api.effective import EMULATED, NUMALIGN_MANAGED, NodePolicy, effec
 from numalign.api.nodestatus import HeldPod
 from numalign.api.nodetopology import NRI_REGISTERED
 from numalign.api.wire import ANN_GPUS, ANN_RESOLVED, EVENT_INVALID_GPU, REJECT_REASON, Allocation
-from numalign.extender.decide import Verdict
+from numalign.extender.decide import CANDIDATE_UID, Verdict
 from numalign.extender.fleet import Fleet
 from numalign.extender.reservations import Reservations
 from numalign.topology.admit import UNEXPECTED_REASON
-from numalign.topology.fit import allocatable, check_fit
+from numalign.topology.fit import allocatable, check_fit, fit_requests
 from numalign.topology.machine import Machine, load_machine, machine_from_dict
 from numalign.topology.pod import is_extended, pod_from_dict
 
@@ -361,10 +366,27 @@ class Counts:
     refused: int = 0
     binds: int = 0
     stale: int = 0
+    crowded: int = 0  # refusals where a pod in flight could have landed first
     managed: int = 0  # verdicts on numalign-managed nodes
     by_reason: dict[str, int] = field(default_factory=dict)
 
 
+
+
+@dataclass
+class Flight:
+    """A pod filtered at ``step``, the node the scheduler picked (None: none), bound once
+    the pods ahead of it are, at step ``due``: by the bind verb or seen on the pod watch.
+    ``crowded``: the candidates where a pod in flight could land first."""
+
+    step: int
+    pod: JSON
+    candidates: list[Node]
+    verdicts: list[Verdict]
+    crowded: set[str]
+    chosen: Node | None
+    due: int
+    by_bind_verb: bool
 
 
 def make_fleet(rng: random.Random, mix: Mix) -> list[Node]:
@@ -381,10 +403,13 @@ def make_fleet(rng: random.Random, mix: Mix) -> list[Node]:
     return fleet
 
 
-def _same(v: Verdict, o: Outcome) -> bool:
+def _same(v: Verdict, o: Outcome, uid: str = CANDIDATE_UID) -> bool:
+    """The same answer; a message naming the pod names it by ``uid`` on the node and by
+    the placeholder the extender decides a pod's shape under."""
     if v.fits != o.admit:
         return False
-    return v.fits or (v.reason, v.message) == (o.reason, o.message)
+    return v.fits or (v.reason, (v.message or "").replace(CANDIDATE_UID, uid)) == (
+        o.reason, o.message)
 
 
 def _held_equals(held: HeldPod, alloc: Allocation) -> bool:
@@ -460,34 +485,76 @@ def run_sequence(seed: int, counts: Counts | None = None, mix: Mix = FULL) -> Co
         publish(node)
     extender.load_pods(dict(p, status={"phase": "Running"}) for p in pods.values())
 
-    for step in range(rng.randint(6, 16)):
-        index += 1
-        managed_only = any(isinstance(n, ManagedNode) for n in fleet) and rng.random() < 0.4
-        pod = random_pod(rng, index, devices, levels, managed_only, mix)
-        uid = str(pod["metadata"]["uid"])
-        candidates = [n for n in fleet if scheduler_fits(n.machine, pod, n.requests())
-                      and (not isinstance(n, ManagedNode) or managed_only
-                           or not _asks_devices(pod))]
-        verdicts = extender.filter(pod, [n.name for n in candidates])
-        for node, verdict in zip(candidates, verdicts, strict=True):
+    # Pods in flight: filtered, a node picked, not bound yet (the scheduler filters the
+    # next pod before this one's binding reaches the extender), bound in order.
+    flying: list[Flight] = []
+
+    def land(f: Flight) -> None:
+        """The pods ahead of ``f`` are bound: the nodes now decide ``f``'s pod as its
+        verdicts said (where a pod in flight could have landed, the extender may refuse
+        what the node admits: never the other way round), then it is bound."""
+        pod, uid = f.pod, str(f.pod["metadata"]["uid"])
+        for node, verdict in zip(f.candidates, f.verdicts, strict=True):
             truth = node.trial(pod)
             counts.verdicts += 1
             counts.managed += node.kind == NUMALIGN_MANAGED
-            assert verdict.covered, f"{where(step, node, pod)}: not covered: {verdict.note}"
-            if node.name in lagging:
-                counts.stale += 1
+            assert verdict.covered, f"{where(f.step, node, pod)}: not covered: {verdict.note}"
+            if node.name in lagging or (node.name in f.crowded and not verdict.fits):
+                counts.stale += node.name in lagging
+                counts.crowded += node.name not in lagging
                 assert not verdict.fits or truth.admit, (
-                    f"{where(step, node, pod)}: the extender approves, the node rejects: "
+                    f"{where(f.step, node, pod)}: the extender approves, the node rejects: "
                     f"{truth.reason}: {truth.message}")
                 continue
-            assert _same(verdict, truth), (
-                f"{where(step, node, pod)}: the extender says "
+            assert _same(verdict, truth, uid), (
+                f"{where(f.step, node, pod)}: the extender says "
                 f"{json.dumps(verdict.to_json())}, the node decides admit={truth.admit} "
                 f"{truth.reason}: {truth.message}")
             if not truth.admit:
                 counts.refused += 1
                 counts.by_reason[str(truth.reason)] = counts.by_reason.get(
                     str(truth.reason), 0) + 1
+        if f.chosen is None:
+            return
+        chosen = f.chosen
+        pod = bound_to(pod, chosen.name)
+        # the bind verb (the scheduler asks the extender to bind it), or the binding seen
+        # on the pod watch (the scheduler bound it itself)
+        approved = any(v.fits and n is chosen for n, v in zip(f.candidates, f.verdicts,
+                                                                strict=True))
+        if f.by_bind_verb:
+            claimed = extender.claim(uid, chosen.name)
+            assert (claimed is not None) == approved, where(f.step, chosen, pod)
+        if not f.by_bind_verb or not approved:
+            extender.pod("MODIFIED", pod)
+        reserved = extender.reservations.get(uid)
+        got = chosen.bind(pod)
+        counts.binds += 1
+        if got.admit and chosen.name not in lagging:
+            assert reserved is not None and got.allocation is not None, (
+                f"{where(f.step, chosen, pod)}: admitted, not reserved")
+            assert _held_equals(reserved.held, got.allocation), (
+                f"{where(f.step, chosen, pod)}: the extender reserves {reserved.held}, "
+                f"the node allocated {got.allocation}")
+        phase = "Running" if got.admit else "Failed"
+        if got.admit:
+            pods[uid] = pod
+        extender.pod("MODIFIED", {**pod, "status": {"phase": phase, "reason": got.reason}})
+
+    for step in range(rng.randint(6, 16)):
+        index += 1
+        managed_only = any(isinstance(n, ManagedNode) for n in fleet) and rng.random() < 0.4
+        pod = random_pod(rng, index, devices, levels, managed_only, mix)
+        uid = str(pod["metadata"]["uid"])
+        # the scheduler's own fit counts the pods it has picked a node for
+        picked = {n.name: [fit_requests(pod_from_dict(f.pod)) for f in flying
+                           if f.chosen is n] for n in fleet}
+        candidates = [n for n in fleet
+                      if scheduler_fits(n.machine, pod, n.requests() + picked[n.name])
+                      and (not isinstance(n, ManagedNode) or managed_only
+                           or not _asks_devices(pod))]
+        crowded = {n.name for n in candidates if extender.in_flight.on_node(n.name)}
+        verdicts = extender.filter(pod, [n.name for n in candidates])
         # The scheduler binds to an approved node (the best scored, at times another);
         # with none, at times to a refused one anyway (as with the extender down).
         approved = [(v.score, i) for i, v in enumerate(verdicts) if v.fits]
@@ -497,26 +564,19 @@ def run_sequence(seed: int, counts: Counts | None = None, mix: Mix = FULL) -> Co
             chosen = candidates[pick[1]]
         elif candidates and rng.random() < 0.3:
             chosen = rng.choice(candidates)
-        if chosen is not None:
-            pod = bound_to(pod, chosen.name)
-            extender.pod("MODIFIED", pod)  # the binding, seen by the pod watch
-            reserved = extender.reservations.get(uid)
-            got = chosen.bind(pod)
-            counts.binds += 1
-            if got.admit and chosen.name not in lagging:
-                assert reserved is not None and got.allocation is not None, (
-                    f"{where(step, chosen, pod)}: admitted, not reserved")
-                assert _held_equals(reserved.held, got.allocation), (
-                    f"{where(step, chosen, pod)}: the extender reserves {reserved.held}, "
-                    f"the node allocated {got.allocation}")
-            phase = "Running" if got.admit else "Failed"
-            if got.admit:
-                pods[uid] = pod
-            extender.pod("MODIFIED", {**pod, "status": {"phase": phase,
-                                                         "reason": got.reason}})
-        # Deletions, late events and publications at random moments.
+        lag = 0 if rng.random() < 0.5 else rng.choice((1, 2))
+        if chosen is not None and not approved:
+            lag = 0  # the extender is down: nothing is in flight, bound at once
+            for f in flying:
+                f.due = step
+        flying.append(Flight(step, pod, candidates, verdicts, crowded, chosen,
+                             step + lag, rng.random() < 0.5))
+        while flying and flying[0].due <= step:
+            land(flying.pop(0))
+        # Deletions (while nothing is in flight: the nodes then decide the pods in
+        # flight as the extender saw them), late events and publications at random.
         for node in fleet:
-            if rng.random() < 0.1 and node.admitted():
+            if not flying and rng.random() < 0.1 and node.admitted():
                 delete(node, rng.choice(node.admitted()))
             if rng.random() < 0.35:
                 publish(node)
@@ -524,6 +584,8 @@ def run_sequence(seed: int, counts: Counts | None = None, mix: Mix = FULL) -> Co
             if rng.random() < 0.5:
                 unseen.remove(pod)
                 extender.pod("DELETED", pod)
+    while flying:
+        land(flying.pop(0))
     counts.sequences += 1
     return counts
 

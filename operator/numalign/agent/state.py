@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from numalign.api.nodestatus import reserved_holder
 from numalign.api.wire import (
     ANN_ALLOCATION,
     NONE,
@@ -29,7 +30,6 @@ from numalign.api.wire import (
     parse_allocation,
 )
 from numalign.topology.admit import DeviceOverride
-from numalign.topology.ledger import ContainerAllocation as LedgerContainer
 from numalign.topology.ledger import Ledger
 from numalign.topology.machine import Machine
 from numalign.topology.policy import POLICY_NONE
@@ -43,7 +43,6 @@ log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
 
-RESERVED = "numalign.io/reserved-cpus"  # the ledger's pseudo pod holding reserved CPUs
 
 
 @dataclass
@@ -130,8 +129,9 @@ class NodeState:
     def _fresh_ledger(self) -> Ledger:
         ledger = engine.new_ledger(self.machine)
         if self.reserved:
-            held = LedgerContainer(cpus=tuple(sorted(self.reserved)))
-            ledger.allocate(RESERVED, "reserved", held, pod_name="reserved", namespace="")
+            r = reserved_holder(self.reserved)
+            ledger.allocate_many(r.uid, list(r.containers), pod_name=r.name,
+                                 namespace=r.namespace)
         return ledger
 
     def reset(self) -> None:

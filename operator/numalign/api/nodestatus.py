@@ -202,6 +202,18 @@ def kubelet_settings(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return k if isinstance(k, Mapping) and k.get("topologyManagerPolicy") else None
 
 
+# The ledger's pseudo pod holding the kubelet's reserved CPUs: the NRI placer's ledger
+# and a NodeTopology reader (explain, the extender) hold them under one name, so a
+# refusal that names their holder reads the same on the node and off it.
+RESERVED_UID = "numalign.io/reserved-cpus"
+RESERVED_NAME = "reserved"  # its pod name and container name
+
+
+def reserved_holder(cpus: Iterable[int]) -> HeldPod:
+    return HeldPod(RESERVED_UID, RESERVED_NAME, "",
+                   ((RESERVED_NAME, ContainerAllocation(cpus=tuple(sorted(cpus)))),))
+
+
 def reserved_cpus(settings: Mapping[str, Any]) -> HeldPod | None:
     """The kubelet's reserved CPUs as a holder the engine cannot take them from."""
     try:
@@ -210,8 +222,7 @@ def reserved_cpus(settings: Mapping[str, Any]) -> HeldPod | None:
         return None
     if not cpus:
         return None
-    return HeldPod("kubelet/reservedSystemCPUs", "reservedSystemCPUs", "kubelet",
-                   (("", ContainerAllocation(cpus=tuple(cpus))),))
+    return reserved_holder(cpus)
 
 
 def held_from_status(status: Mapping[str, Any], node: str) -> tuple[list[HeldPod], list[str]]:

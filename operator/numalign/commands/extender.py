@@ -21,7 +21,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=(
         "A kube-scheduler extender: filter refuses the nodes that would reject the pod "
         "with TopologyAffinityError under the policy that node applies to it; prioritize "
-        "ranks the others by alignment (0-10). Serves POST /filter, POST /prioritize, "
+        "ranks the others by alignment (0-10); bind binds the pods it approved. Serves POST "
+        "/filter, POST /prioritize, POST /bind, "
         "GET /healthz, /readyz and /metrics."))
     p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, "
                    "~/.kube/config, else in-cluster)")
@@ -32,6 +33,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate "
                    "(PEM; with --tls-key)")
     p.add_argument("--tls-key", metavar="FILE", help="the certificate's private key (PEM)")
+    p.add_argument("--client-ca", metavar="FILE", help="with HTTPS, accept only clients "
+                   "presenting a certificate this CA signed (kube-scheduler's "
+                   "tlsConfig.certFile/keyFile): nobody else can filter or bind")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY,
                    help=f"largest request accepted (default {DEFAULT_MAX_BODY})")
     p.add_argument("--reservation-timeout", type=float, default=DEFAULT_TIMEOUT,
@@ -47,6 +51,9 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     if bool(args.tls_cert) != bool(args.tls_key):
         print(f"{PROG}: give both --tls-cert and --tls-key, or neither", file=sys.stderr)
+        return 2
+    if args.client_ca and not args.tls_cert:
+        print(f"{PROG}: --client-ca needs HTTPS (--tls-cert and --tls-key)", file=sys.stderr)
         return 2
     if args.max_body_bytes < 1024:
         print(f"{PROG}: --max-body-bytes must be at least 1024", file=sys.stderr)
@@ -65,8 +72,8 @@ def main(argv: list[str]) -> int:
         print(f"{PROG}: cannot load the Kubernetes credentials: {e}", file=sys.stderr)
         return 1
     settings = Settings(addr=args.addr, port=args.port, tls_cert=args.tls_cert,
-                        tls_key=args.tls_key, max_body=args.max_body_bytes,
-                        reservation_timeout=args.reservation_timeout)
+                        tls_key=args.tls_key, client_ca=args.client_ca,
+                        max_body=args.max_body_bytes, reservation_timeout=args.reservation_timeout)
 
     def started(port: int) -> None:
         if args.port_file:

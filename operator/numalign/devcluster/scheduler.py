@@ -1,5 +1,5 @@
 """The dev cluster's kube-scheduler configuration: a ``KubeSchedulerConfiguration`` with
-numalign's scheduler extender (``numalign extender``, filter and prioritize, node names
+numalign's scheduler extender (``numalign extender``, filter, prioritize and bind, node names
 only, ignorable) when the cluster has one, written to ``<state>/scheduler-config.yaml``.
 
 With a configuration file kube-scheduler ignores its deprecated client flags
@@ -25,6 +25,7 @@ def extender_entry(url: str) -> dict[str, Any]:
         "urlPrefix": url,
         "filterVerb": "filter",
         "prioritizeVerb": "prioritize",
+        "bindVerb": "bind",
         "weight": 1,
         "nodeCacheCapable": True,
         "ignorable": True,

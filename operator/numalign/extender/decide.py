@@ -243,7 +243,7 @@ class NodeView:
                     if len(_WARNED) >= 4096:
                         _WARNED.clear()
                     _WARNED.add(seen)
-                    log.warning("node %s: reservation of pod %s/%s (%s) does not fit what "
+                    log.debug("node %s: reservation of pod %s/%s (%s) does not fit what "
                                 "the node publishes (%s); holding what of it is free",
                                 self.name, r.namespace, r.name, r.uid, e)
                 ledger.allocate_many(r.uid, _still_free(ledger, r), pod_name=r.name,

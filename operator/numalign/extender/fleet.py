@@ -5,10 +5,13 @@ prioritize; synchronous and free of I/O (the server runs it on one event loop).
 
 - A pod filter approved is counted on every node it was approved for while it is in
   flight (:class:`~.reservations.InFlight`: the scheduler filters the next pod before
-  this one's binding is seen).
-- A pod seen bound (``spec.nodeName`` set, not finished) that its node does not list yet
-  gets a reservation: what filter approved there, else what the node would give it now
-  (:meth:`Decider.hold`).
+  this one is bound).
+- A pod bound (by the bind verb, :meth:`Fleet.bind`, or seen with ``spec.nodeName`` on
+  the pod watch, not finished) that its node does not list yet gets a reservation: what
+  the node will give it, decided as the node decides it, after the pods bound there
+  before it (:meth:`Decider.hold`). Not what filter approved: that may have been decided
+  without a pod in flight that has landed there since, and the node, admitting that
+  pod first, gives this one other CPUs, even other NUMA nodes.
 - A NodeTopology update drops the reservations of the pods it lists.
 - A pod deleted or finished drops its reservation and, while its node still lists it,
   is decided as released (:meth:`Decider.release`): the scheduler retries parked pods
@@ -24,8 +27,6 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from numalign.api.nodestatus import HeldPod
-
 from .decide import Decider, Verdict
 from .reservations import InFlight, Reservation, Reservations
 
@@ -38,17 +39,6 @@ TERMINAL = ("Succeeded", "Failed")
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     meta = obj.get("metadata")
     return meta if isinstance(meta, Mapping) else {}
-
-
-def disjoint(held: HeldPod, others: Sequence[HeldPod]) -> bool:
-    """``held`` takes no CPU or device that one of ``others`` holds (an approval made
-    while other pods were in flight may name the same ids as one of them)."""
-    cpus = {c for h in others for _, a in h.containers for c in a.cpus}
-    devices = {(r, i) for h in others for _, a in h.containers
-               for r, ids in a.devices.items() for i in ids}
-    return not any(c in cpus for _, a in held.containers for c in a.cpus) and not any(
-        (r, i) in devices for _, a in held.containers for r, ids in a.devices.items()
-        for i in ids)
 
 
 def pod_uid(pod: Mapping[str, Any]) -> str:
@@ -126,16 +116,39 @@ class Fleet:
             return
         if node is None or self.bound.get(uid) == node:
             return
+        self.bound_to(pod, node)
+
+    def bound_to(self, pod: Mapping[str, Any], node: str) -> None:
+        """``pod`` is bound to ``node``: it is no longer in flight, and holds there, until
+        its node lists it, what the node will give it."""
+        uid = pod_uid(pod)
+        self.changes += 1
         self.bound[uid] = node
-        approved = self.in_flight.take(uid, node)
+        self.in_flight.drop(uid)
         view = self.decider.view(node)
         if view is None or uid in view.admitted:
             return
-        others = self.reservations.on_node(node, exclude=uid)
-        held = approved if approved is not None and disjoint(approved, others) else \
-            self.decider.hold(pod, node, others)
+        held = self.decider.hold(pod, node, self.reservations.on_node(node, exclude=uid))
         if held is not None:
             self.reservations.add(node, held)
+
+    def claim(self, uid: str, node: str) -> Mapping[str, Any] | None:
+        """The bind verb asks to bind the pod ``uid`` to ``node``: the pod as filter
+        approved it for that node (then it counts as bound there, :meth:`bound_to`),
+        or None when this process did not approve it there (lately): it binds only what
+        it approved."""
+        pod = self.in_flight.approved(uid, node)
+        if pod is not None:
+            self.bound_to(pod, node)
+        return pod
+
+    def unclaim(self, uid: str, node: str) -> None:
+        """The binding of a claimed pod failed: it holds nothing on ``node`` (the
+        scheduler retries it, or the pod watch shows where it went)."""
+        if self.bound.get(uid) == node:
+            self.changes += 1
+            del self.bound[uid]
+            self.reservations.drop(uid)
 
     def load_pods(self, items: Iterable[Mapping[str, Any]]) -> None:
         """A full listing of the pods (after the NodeTopology listing): reservations for
@@ -173,6 +186,6 @@ class Fleet:
         verdicts = self.decider.filter(pod, nodes, held, flying)
         if approve:
             holds = {v.node: h for v in verdicts if (h := v.held_by(pod)) is not None}
-            self.in_flight.approve(pod, uid, holds)
+            self.in_flight.approve(pod, uid, holds, (v.node for v in verdicts if v.fits))
             self._last = (seen, {v.node: v for v in verdicts})
         return verdicts

@@ -2,6 +2,11 @@
 
 - ``numalign_extender_filter_duration_seconds``: filter latency (histogram);
 - ``numalign_extender_prioritize_duration_seconds``: prioritize latency (histogram);
+- ``numalign_extender_bind_duration_seconds``: bind latency, the API call included
+  (histogram);
+- ``numalign_extender_binds_total{outcome}``: bind calls: ``bound``, ``not-approved``
+  (a pod this process did not approve for that node: left to the scheduler's binder),
+  ``error`` (the API server refused or did not answer);
 - ``numalign_extender_refusals_total{reason}``: nodes refused, by the kubelet's reason;
 - ``numalign_extender_reservations``: in-flight reservations held now (gauge).
 """
@@ -26,6 +31,13 @@ class Metrics:
             "numalign_extender_prioritize_duration_seconds",
             "Time the extender takes to answer a prioritize call", buckets=BUCKETS,
             registry=self.registry)
+        self.bind_seconds = Histogram(
+            "numalign_extender_bind_duration_seconds",
+            "Time the extender takes to answer a bind call (the binding created)",
+            buckets=BUCKETS, registry=self.registry)
+        self.binds = Counter(
+            "numalign_extender_binds", "Bind calls, by outcome (bound, not-approved, error)",
+            ["outcome"], registry=self.registry)
         self.refusals = Counter(
             "numalign_extender_refusals", "Nodes the extender refused for a pod, by the "
             "kubelet's reason", ["reason"], registry=self.registry)

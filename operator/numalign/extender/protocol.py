@@ -6,12 +6,15 @@ and ``HostPriorityList`` out. Pure: bytes and verdicts in, JSON out.
 [...]|null}``; with ``nodeCacheCapable: true`` the scheduler sends ``NodeNames`` only.
 ``ExtenderFilterResult``: ``{"Nodes", "NodeNames", "FailedNodes": {name: reason},
 "FailedAndUnresolvableNodes": {name: reason}, "Error"}``. ``HostPriorityList``:
-``[{"Host": name, "Score": 0..10}]``.
+``[{"Host": name, "Score": 0..10}]``. The bind verb: ``ExtenderBindingArgs``
+``{"PodName", "PodNamespace", "PodUID", "Node"}`` in, ``ExtenderBindingResult``
+``{"Error"}`` out.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -91,6 +94,61 @@ def _names(raw: Any) -> list[str]:
             raise ArgsError(f"ExtenderArgs.NodeNames[{i}]: must be a node name of at most "
                             f"{MAX_NAME} characters")
     return list(raw)
+
+
+@dataclass(frozen=True)
+class BindingArgs:
+    """``ExtenderBindingArgs``: bind the pod ``namespace/name`` (uid ``uid``) to ``node``."""
+
+    name: str
+    namespace: str
+    uid: str
+    node: str
+
+    @property
+    def pod_name(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def binding(self) -> JSON:
+        """The ``v1`` Binding object to create (``pods/<name>/binding``); the uid makes
+        the API server refuse it for another pod of the same name."""
+        return {"apiVersion": "v1", "kind": "Binding",
+                "metadata": {"name": self.name, "namespace": self.namespace, "uid": self.uid},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": self.node}}
+
+
+def parse_binding(body: bytes | str) -> BindingArgs:
+    """Decode and check an ``ExtenderBindingArgs`` body. Raises ArgsError."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError) as e:
+        raise ArgsError(f"ExtenderBindingArgs: the body is not JSON: {e}") from None
+    if not isinstance(doc, Mapping):
+        raise ArgsError(f"ExtenderBindingArgs: must be a JSON object, got "
+                        f"{type(doc).__name__}")
+    out = []
+    for field_, pattern, what in _BINDING_FIELDS:
+        value = doc.get(field_)
+        if not isinstance(value, str) or not pattern.fullmatch(value):
+            raise ArgsError(f"ExtenderBindingArgs.{field_}: required, {what}; got "
+                            f"{json.dumps(value)[:80]}")
+        out.append(value)
+    return BindingArgs(*out)
+
+
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+_BINDING_FIELDS = (
+    ("PodName", _SUBDOMAIN, "a pod name (a DNS subdomain)"),
+    ("PodNamespace", re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"),
+     "a namespace name (a DNS label)"),
+    ("PodUID", re.compile(r"[A-Za-z0-9][-A-Za-z0-9]{0,127}"), "the pod's uid"),
+    ("Node", _SUBDOMAIN, "a node name (a DNS subdomain)"),
+)
+
+
+def binding_result(error: str = "") -> JSON:
+    """``ExtenderBindingResult``: empty ``Error`` when bound."""
+    return {"Error": error}
 
 
 def filter_result(args: ExtenderArgs, verdicts: Sequence[Verdict]) -> JSON:

@@ -98,45 +98,48 @@ IN_FLIGHT_TTL = 5.0
 
 class InFlight:
     """What filter approved for pods not bound yet: each such pod is counted on every
-    node it was approved for, until it is seen bound (then its node's share becomes its
-    reservation), goes away, is filtered again, or ``ttl`` seconds pass.
+    node it was approved for, until it is bound (by the extender's bind verb, or seen
+    bound on the pod watch), goes away, is filtered again, or ``ttl`` seconds pass.
 
     The scheduler filters the next pod as soon as it has picked a node for the previous
-    one, before that pod's binding reaches the API server and the pod watch: without
-    this, two pods of a burst could be approved for the last room of one NUMA node."""
+    one, before that pod is bound: without this, two pods of a burst could be approved
+    for the last room of one NUMA node. Each approval also keeps the nodes the pod
+    passed (covered or not): the bind verb binds a pod only to one of them."""
 
     def __init__(self, ttl: float = IN_FLIGHT_TTL,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.ttl = ttl
         self.clock = clock
-        self._by_uid: dict[str, tuple[float, Mapping[str, Any], dict[str, HeldPod]]] = {}
+        self._by_uid: dict[str, Approval] = {}
         self._by_node: dict[str, dict[str, HeldPod]] = {}
 
     def __len__(self) -> int:
         return len(self._by_uid)
 
-    def approve(self, pod: Mapping[str, Any], uid: str, holds: dict[str, HeldPod]) -> None:
-        """``pod`` was approved for these nodes, to hold this there (replacing what it
-        had)."""
+    def approve(self, pod: Mapping[str, Any], uid: str, holds: dict[str, HeldPod],
+                passed: Iterable[str] = ()) -> None:
+        """``pod`` passed the nodes ``passed`` and would hold ``holds`` (by node) on those
+        of them that hold anything (replacing what it had)."""
         self.drop(uid)
-        if not holds:
+        nodes = frozenset(passed) | frozenset(holds)
+        if not nodes:
             return
-        self._by_uid[uid] = (self.clock(), pod, holds)
+        self._by_uid[uid] = Approval(self.clock(), pod, holds, nodes)
         for node, held in holds.items():
             self._by_node.setdefault(node, {})[uid] = held
 
-    def take(self, uid: str, node: str) -> HeldPod | None:
-        """``uid`` was bound to ``node``: what filter approved there (and forget it)."""
-        entry = self._by_uid.get(uid)
-        held = entry[2].get(node) if entry is not None else None
-        self.drop(uid)
-        return held
+    def approved(self, uid: str, node: str) -> Mapping[str, Any] | None:
+        """The pod ``uid`` as filter approved it for ``node`` (within ``ttl``), else None."""
+        a = self._by_uid.get(uid)
+        if a is None or node not in a.nodes or a.since < self.clock() - self.ttl:
+            return None
+        return a.pod
 
     def drop(self, uid: str) -> None:
         entry = self._by_uid.pop(uid, None)
         if entry is None:
             return
-        for node in entry[2]:
+        for node in entry.holds:
             per = self._by_node.get(node)
             if per is not None:
                 per.pop(uid, None)
@@ -153,14 +156,25 @@ class InFlight:
         limit = self.clock() - self.ttl
         out = []
         for uid, held in per.items():
-            since, pod, _ = self._by_uid[uid]
-            if uid != exclude and since >= limit:
-                out.append((pod, held))
+            a = self._by_uid[uid]
+            if uid != exclude and a.since >= limit:
+                out.append((a.pod, held))
         return out
 
     def expire(self) -> list[str]:
         limit = self.clock() - self.ttl
-        old = [uid for uid, (since, _, _) in self._by_uid.items() if since < limit]
+        old = [uid for uid, a in self._by_uid.items() if a.since < limit]
         for uid in old:
             self.drop(uid)
         return old
+
+
+@dataclass(frozen=True)
+class Approval:
+    """One pod in flight: when filter approved it, the pod, what it would hold on each
+    node that holds anything, and every node it passed."""
+
+    since: float
+    pod: Mapping[str, Any]
+    holds: dict[str, HeldPod]
+    nodes: frozenset[str]

@@ -1,8 +1,11 @@
 """The extender's HTTP(S) server and its watches.
 
 Routes: ``POST /filter`` and ``POST /prioritize`` (``ExtenderArgs`` in, see
-:mod:`.protocol`), ``GET /healthz`` (the process answers), ``GET /readyz`` (both
-listings done: NodeTopologies, then bound pods), ``GET /metrics`` (Prometheus).
+:mod:`.protocol`), ``POST /bind`` (``ExtenderBindingArgs``: creates the pod's Binding,
+only for a pod this process approved for that node, so it knows at once where each pod
+went and stops counting it in flight elsewhere), ``GET /healthz`` (the process answers),
+``GET /readyz`` (both listings done: NodeTopologies, then bound pods), ``GET /metrics``
+(Prometheus).
 
 Bad requests get a 400 (413 over ``max_body`` bytes) whose JSON ``Error`` names the
 field and the problem; until ready, 503: the scheduler then goes on without the
@@ -19,9 +22,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
-from numalign.api.kube import NT_BASE, Kube, KubeConfig
+from numalign.api.kube import NT_BASE, ApiError, Kube, KubeConfig
 from numalign.api.kube.listwatch import list_watch
 
 from .fleet import Fleet
@@ -29,9 +33,11 @@ from .metrics import CONTENT_TYPE, Metrics
 from .protocol import (
     ArgsError,
     ExtenderArgs,
+    binding_result,
     error_result,
     filter_result,
     parse_args,
+    parse_binding,
     priority_list,
 )
 from .reservations import Reservations
@@ -42,6 +48,7 @@ DEFAULT_PORT = 8890
 DEFAULT_MAX_BODY = 16 << 20  # ExtenderArgs with full Node objects of a large cluster
 BOUND_PODS = {"fieldSelector": "spec.nodeName!="}
 EXPIRE_EVERY = 5.0
+BIND_TIMEOUT = 4.0  # below the scheduler's httpTimeout (5s): it then binds without us
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -52,14 +59,16 @@ class Settings:
     port: int = DEFAULT_PORT
     tls_cert: str | None = None
     tls_key: str | None = None
+    client_ca: str | None = None
     max_body: int = DEFAULT_MAX_BODY
     reservation_timeout: float = 120.0
 
 
 class ExtenderServer:
     def __init__(self, fleet: Fleet, metrics: Metrics | None = None,
-                 max_body: int = DEFAULT_MAX_BODY) -> None:
+                 max_body: int = DEFAULT_MAX_BODY, kube: Kube | None = None) -> None:
         self.fleet = fleet
+        self.kube = kube  # the API server (for the bind verb)
         self.metrics = metrics if metrics is not None else Metrics()
         self.metrics.reservations.set_function(lambda: len(self.fleet.reservations))
         self.max_body = max_body
@@ -70,6 +79,7 @@ class ExtenderServer:
         app = web.Application(client_max_size=self.max_body)
         app.router.add_post("/filter", self.filter)
         app.router.add_post("/prioritize", self.prioritize)
+        app.router.add_post("/bind", self.bind)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.render_metrics)
@@ -123,6 +133,44 @@ class ExtenderServer:
     async def prioritize(self, request: web.Request) -> web.Response:
         return await self._verb(request, filtering=False)
 
+    async def bind(self, request: web.Request) -> web.Response:
+        """Bind a pod this process approved for the node, through the API server. Any
+        error (not ready, not approved here, the API server refusing) is answered as an
+        ``ExtenderBindingResult`` error: the scheduler (``ignorable: true``) then binds
+        the pod itself."""
+        t0 = time.perf_counter()
+        if not self.ready or self.kube is None:
+            return web.json_response(binding_result(
+                f"numalign extender not ready: waiting for {self.waiting_for}"), status=503)
+        try:
+            args = parse_binding(await request.read())
+        except web.HTTPRequestEntityTooLarge:
+            return web.json_response(binding_result(
+                f"ExtenderBindingArgs: the body is over {self.max_body} bytes"), status=413)
+        except ArgsError as e:
+            log.warning("%s %s: %s", request.method, request.path, e)
+            return web.json_response(binding_result(str(e)), status=400)
+        if self.fleet.claim(args.uid, args.node) is None:
+            self.metrics.binds.labels(outcome="not-approved").inc()
+            log.info("bind %s (%s) to %s: not approved there by this extender; left to the "
+                     "scheduler", args.pod_name, args.uid, args.node)
+            return web.json_response(binding_result(
+                f"numalign extender: pod {args.pod_name} ({args.uid}) was not approved for "
+                f"node {args.node} here"))
+        path = f"/api/v1/namespaces/{args.namespace}/pods/{args.name}/binding"
+        try:
+            await self.kube.request("POST", path, body=args.binding(), timeout=BIND_TIMEOUT,
+                                    decode=False)
+        except (ApiError, TimeoutError, aiohttp.ClientError) as e:
+            self.fleet.unclaim(args.uid, args.node)
+            self.metrics.binds.labels(outcome="error").inc()
+            log.warning("bind %s to %s: %s", args.pod_name, args.node, e)
+            return web.json_response(binding_result(
+                f"numalign extender: binding {args.pod_name} to {args.node}: {e}"))
+        self.metrics.binds.labels(outcome="bound").inc()
+        self.metrics.bind_seconds.observe(time.perf_counter() - t0)
+        return web.json_response(binding_result())
+
     async def healthz(self, _request: web.Request) -> web.Response:
         return web.Response(text="ok")
 
@@ -171,9 +219,14 @@ class ExtenderServer:
             pod_watch(), expire())
 
 
-def ssl_context(cert: str, key: str) -> ssl.SSLContext:
+def ssl_context(cert: str, key: str, client_ca: str | None = None) -> ssl.SSLContext:
+    """HTTPS with ``cert``/``key``; with ``client_ca``, only clients presenting a
+    certificate that CA signed (kube-scheduler's ``tlsConfig.certFile``/``keyFile``)."""
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.load_cert_chain(cert, key)
+    if client_ca:
+        ctx.load_verify_locations(cafile=client_ca)
+        ctx.verify_mode = ssl.CERT_REQUIRED
     return ctx
 
 
@@ -181,20 +234,21 @@ async def serve(settings: Settings, config: KubeConfig,
                 started: Callable[[int], None] | None = None) -> None:
     """Run the extender until cancelled. ``started(port)`` once it listens."""
     fleet = Fleet(reservations=Reservations(settings.reservation_timeout))
-    server = ExtenderServer(fleet, max_body=settings.max_body)
-    tls = (ssl_context(settings.tls_cert, settings.tls_key)
+    tls = (ssl_context(settings.tls_cert, settings.tls_key, settings.client_ca)
            if settings.tls_cert and settings.tls_key else None)
-    runner = web.AppRunner(server.app(), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, settings.addr, settings.port, ssl_context=tls)
-    await site.start()
-    port = int(runner.addresses[0][1]) if runner.addresses else settings.port
-    log.info("numalign extender on %s://%s:%d", "https" if tls else "http", settings.addr,
-             port)
-    if started is not None:
-        started(port)
-    try:
-        async with Kube(config, max_connections=4, user_agent="numalign-extender") as kube:
+    # the watches hold two connections; the rest are for bindings
+    async with Kube(config, max_connections=8, user_agent="numalign-extender") as kube:
+        server = ExtenderServer(fleet, max_body=settings.max_body, kube=kube)
+        runner = web.AppRunner(server.app(), access_log=None)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, settings.addr, settings.port, ssl_context=tls)
+            await site.start()
+            port = int(runner.addresses[0][1]) if runner.addresses else settings.port
+            log.info("numalign extender on %s://%s:%d", "https" if tls else "http",
+                     settings.addr, port)
+            if started is not None:
+                started(port)
             await server.watch(kube)
-    finally:
-        await runner.cleanup()
+        finally:
+            await runner.cleanup()

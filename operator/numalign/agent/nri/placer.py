@@ -43,7 +43,8 @@ from typing import Any
 
 from numalign.agent.nri.devices import Assigned, assigned_overrides
 from numalign.agent.nri.plugin import CpuSet, Placement, Rejected
-from numalign.agent.state import RESERVED, NodeState, PlacedPod
+from numalign.agent.state import NodeState, PlacedPod
+from numalign.api.nodestatus import RESERVED_UID
 from numalign.api.wire import REJECT_REASON, Allocation, Resolved
 from numalign.topology import quantity
 from numalign.topology.errors import TopologyError
@@ -155,7 +156,7 @@ class EnginePlacer:
     # -- views ----------------------------------------------------------------------------
 
     def pool(self) -> set[int]:
-        held = {c for c, (uid, _) in self.ledger.cpu_owner.items() if uid != RESERVED}
+        held = {c for c, (uid, _) in self.ledger.cpu_owner.items() if uid != RESERVED_UID}
         return set(self.machine.cpus) - held
 
     def mems_of(self, numa_nodes: Iterable[int]) -> str:
