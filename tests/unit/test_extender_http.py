@@ -136,7 +136,9 @@ async def test_metrics_names(client: TestClient[Any, Any]) -> None:
 
 
 async def test_https(tmp_path: Path) -> None:
-    """--tls-cert/--tls-key: the verbs over HTTPS, the certificate checked by the client."""
+    """--tls-cert/--tls-key: the verbs over HTTPS, the certificate checked by the client;
+    with --client-ca only a client with a certificate that CA signed (the scheduler's) is
+    answered."""
     import ssl
 
     import aiohttp
@@ -153,15 +155,41 @@ async def test_https(tmp_path: Path) -> None:
     server.ready = True
     runner = web.AppRunner(server.app())
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0,
-                       ssl_context=ssl_context(str(pki.apiserver.cert), str(pki.apiserver.key)))
-    await site.start()
+    tls = ssl_context(str(pki.apiserver.cert), str(pki.apiserver.key))
+    mutual = ssl_context(str(pki.apiserver.cert), str(pki.apiserver.key), str(pki.ca.cert))
+    sites = [web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ctx) for ctx in (tls, mutual)]
+    for site in sites:
+        await site.start()
     try:
-        port = runner.addresses[0][1]
+        port, mutual_port = (a[1] for a in runner.addresses)
         trust = ssl.create_default_context(cafile=str(pki.ca.cert))
         async with aiohttp.ClientSession() as session, session.post(
                 f"https://127.0.0.1:{port}/filter", ssl=trust, json=args(SIX, ["big"])) as r:
             assert r.status == 200
             assert (await r.json())["NodeNames"] == ["big"]
+        async with aiohttp.ClientSession() as session:
+            with pytest.raises(aiohttp.ClientError):  # no client certificate: refused
+                async with session.post(f"https://127.0.0.1:{mutual_port}/bind", ssl=trust,
+                                        json={}) as r:
+                    await r.read()
+            trust.load_cert_chain(str(pki.scheduler.cert), str(pki.scheduler.key))
+            async with session.post(f"https://127.0.0.1:{mutual_port}/filter", ssl=trust,
+                                    json=args(SIX, ["big"])) as r:
+                assert r.status == 200
+                assert (await r.json())["NodeNames"] == ["big"]
     finally:
         await runner.cleanup()
+
+
+async def test_bind_needs_the_api_server_and_well_formed_args(
+        client: TestClient[Any, Any]) -> None:
+    """Without an API server (not started with one) or not ready: 503, nothing bound (the
+    scheduler binds). Bound pods: tests/cluster/test_extender_bind.py."""
+    body = {"PodName": "six", "PodNamespace": "default", "PodUID": "uid-six", "Node": "big"}
+    await client.post("/filter", json=args(SIX, ["big"]))
+    r = await client.post("/bind", json=body)
+    assert r.status == 503 and "no API server" in (await r.json())["Error"]
+    SERVERS[id(client)].ready = False
+    r = await client.post("/bind", json=body)
+    assert r.status == 503 and "not ready" in (await r.json())["Error"]
+    assert SERVERS[id(client)].fleet.reservations.get("uid-six") is None

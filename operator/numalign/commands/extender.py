@@ -1,4 +1,4 @@
-"""``numalign extender``: the kube-scheduler extender (filter and prioritize by each pod's
+"""``numalign extender``: the kube-scheduler extender (filter, prioritize and bind by each pod's
 own topology policy). See :mod:`numalign.extender` and the README section "Scheduler
 extender"."""
 

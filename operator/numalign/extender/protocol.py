@@ -43,14 +43,20 @@ class ExtenderArgs:
         return f"{meta.get('namespace') or 'default'}/{meta.get('name') or '?'}"
 
 
-def parse_args(body: bytes | str) -> ExtenderArgs:
-    """Decode and check an ``ExtenderArgs`` body. Raises ArgsError."""
+def _object(body: bytes | str, what: str) -> Mapping[str, Any]:
+    """The body as a JSON object; ArgsError naming ``what`` when it is not one."""
     try:
         doc = json.loads(body)
     except (ValueError, RecursionError) as e:
-        raise ArgsError(f"ExtenderArgs: the body is not JSON: {e}") from None
+        raise ArgsError(f"{what}: the body is not JSON: {e}") from None
     if not isinstance(doc, Mapping):
-        raise ArgsError(f"ExtenderArgs: must be a JSON object, got {type(doc).__name__}")
+        raise ArgsError(f"{what}: must be a JSON object, got {type(doc).__name__}")
+    return doc
+
+
+def parse_args(body: bytes | str) -> ExtenderArgs:
+    """Decode and check an ``ExtenderArgs`` body. Raises ArgsError."""
+    doc = _object(body, "ExtenderArgs")
     pod = doc.get("Pod")
     if not isinstance(pod, Mapping):
         raise ArgsError("ExtenderArgs.Pod: required, a Pod object")
@@ -119,13 +125,7 @@ class BindingArgs:
 
 def parse_binding(body: bytes | str) -> BindingArgs:
     """Decode and check an ``ExtenderBindingArgs`` body. Raises ArgsError."""
-    try:
-        doc = json.loads(body)
-    except (ValueError, RecursionError) as e:
-        raise ArgsError(f"ExtenderBindingArgs: the body is not JSON: {e}") from None
-    if not isinstance(doc, Mapping):
-        raise ArgsError(f"ExtenderBindingArgs: must be a JSON object, got "
-                        f"{type(doc).__name__}")
+    doc = _object(body, "ExtenderBindingArgs")
     out = []
     for field_, pattern, what in _BINDING_FIELDS:
         value = doc.get(field_)

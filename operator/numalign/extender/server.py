@@ -140,8 +140,9 @@ class ExtenderServer:
         the pod itself."""
         t0 = time.perf_counter()
         if not self.ready or self.kube is None:
-            return web.json_response(binding_result(
-                f"numalign extender not ready: waiting for {self.waiting_for}"), status=503)
+            why = (f"not ready: waiting for {self.waiting_for}" if not self.ready
+                   else "no API server to bind with")
+            return web.json_response(binding_result(f"numalign extender {why}"), status=503)
         try:
             args = parse_binding(await request.read())
         except web.HTTPRequestEntityTooLarge:
