@@ -193,3 +193,30 @@ async def test_bind_needs_the_api_server_and_well_formed_args(
     r = await client.post("/bind", json=body)
     assert r.status == 503 and "not ready" in (await r.json())["Error"]
     assert SERVERS[id(client)].fleet.reservations.get("uid-six") is None
+
+
+def test_gc_pacer_freezes_survivors_and_collects_them_now_and_then() -> None:
+    """Between requests the survivors are frozen (full collections do not walk them);
+    a cycle that becomes garbage afterwards goes at the next rare full pass."""
+    import gc
+    import weakref
+
+    from numalign.extender.server import GcPacer
+
+    class Cycle:
+        me: object = None
+
+    pacer = GcPacer(full_every=3)
+    try:
+        a = Cycle()
+        a.me = a
+        ref = weakref.ref(a)
+        pacer.tick()
+        assert gc.get_freeze_count() > 0
+        del a
+        pacer.tick()  # the young generations only: the frozen cycle stays
+        assert ref() is not None
+        pacer.tick()  # the full pass
+        assert ref() is None
+    finally:
+        gc.unfreeze()

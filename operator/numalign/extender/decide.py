@@ -160,7 +160,7 @@ class NodeView:
     problem: str | None = None
     notes: tuple[str, ...] = ()
     machine_key: Hashable = None
-    held_key: Hashable = None
+    held_key: tuple[tuple[Any, ...], ...] = ()
     policy_id: str = ""  # the node's policy as text: nodes alike decide a pod alike
     _ledger: Ledger | None = field(default=None, repr=False)
 
@@ -293,7 +293,7 @@ def _container_key(a: ContainerAllocation) -> tuple[Any, ...]:
             a.memory_mask, tuple(sorted(a.devices.items())))
 
 
-def held_key(held: Iterable[HeldPod]) -> Hashable:
+def held_key(held: Iterable[HeldPod]) -> tuple[tuple[Any, ...], ...]:
     """What a set of held pods takes, independent of who holds it: two nodes of one
     machine holding equal keys decide every pod the same."""
     return tuple(sorted(tuple(sorted(_container_key(a) for _, a in p.containers))
@@ -459,7 +459,8 @@ class Decider:
     ``release(node, uid)`` drops a pod that left before the node says so,
     ``decide(pod, node, reservations)`` / ``filter(pod, nodes, reservations)`` give
     verdicts. Verdicts are cached by (machine, what the node holds, reservations, pod
-    shape, effective policy), at most ``max_cached`` of them (least recently used go)."""
+    shape, effective policy), at most ``max_cached`` of them (least recently used go);
+    what a node holds counts as one multiset, published and reserved alike."""
 
     def __init__(self, max_cached: int = 50_000) -> None:
         self.views: dict[str, NodeView] = {}
@@ -557,9 +558,14 @@ class Decider:
             return decide(pod, view, reservations, name=node)
         shape = shape if shape is not None else pod_shape(pod)
         eff = self._effective(pod, view, memo)
-        key = (view.machine_key, view.held_key, held_key(
-            r for r in reservations if not view.lists(r)), shape.key,
-            policy_key(eff.resolved), eff.origin, view.policy.kind)
+        # What the node holds, published or reserved, as one key: a node publishing a
+        # pod the extender had reserved as the node allocated it stays in the same state
+        # (its verdicts stay cached)
+        extra = [r for r in reservations if not view.lists(r)]
+        state = view.held_key if not extra else tuple(sorted(
+            (*view.held_key, *held_key(extra))))
+        key = (view.machine_key, state, shape.key, policy_key(eff.resolved), eff.origin,
+               view.policy.kind)
         hit = self._cache.get(key)
         if hit is not None:
             self.hits += 1
