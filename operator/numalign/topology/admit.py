@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import TopologyError
-from .fit import check_fit, fit_requests
+from .fit import check_fit_totals, fit_requests
 from .gpu.override import GpuAnnotationOverride
 from .gpu.requests import ANNOTATION as GPU_ANNOTATION
 from .hintgen import HintPlan, plan_hints
@@ -270,16 +270,15 @@ def admit_pod(machine: Machine, ledger: Ledger, pod: Pod, policy: str,
         return reject(UNEXPECTED_REASON, f"Allocate failed due to {e}, which is unexpected",
                       decisions[-1].hint if decisions else TopologyHint(None, False),
                       run.stage)
-    short = check_fit(machine, pod, ledger.pod_requests())
+    short = check_fit_totals(machine, pod, *ledger.requested())
     if short is not None:
         return reject(short.reason, short.message, hint)
     if commit:
         ledger.replace_with(run.work)
-        rec = ledger.pods.get(pod.uid)
-        if rec is not None:
-            rec.info.update({"policy": policy, "scope": scope, "hint": hint.to_json(),
-                             "gpus": run.gpus})
-            rec.requests = fit_requests(pod)
+        if pod.uid in ledger.pods:
+            ledger.annotate(pod.uid, {"policy": policy, "scope": scope,
+                                      "hint": hint.to_json(), "gpus": run.gpus},
+                            fit_requests(pod))
     return AdmitResult(pod, policy, scope, True, None, None, hint, containers, run.gpus,
                        decisions, time.perf_counter() - t0,
                        work=None if commit else run.work)
