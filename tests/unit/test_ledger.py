@@ -122,10 +122,16 @@ def test_copies_share_nothing_they_change() -> None:
         devices={"x.com/gpu": ("g0",)}, reusable=True))], info={"k": "v"})
     led.allocate("u2", "c", ContainerAllocation(cpus=(4,)))
     before = _state(led)
+    free = led.free_cpus()
     work = led.copy()
+    assert work.free_cpus() == free and work.requested() == led.requested() == (2, {})
     work.allocate("u1", "app", ContainerAllocation(cpus=(0,), devices={"x.com/gpu": ("g0",)}))
+    assert work.requested() == (2, {}) and 0 not in work.free_cpus()
     work.annotate("u1", {"k": "w"}, {"cpu": 1})
+    assert work.requested() == (2, {"cpu": 1})
     work.release("u2", "c")
+    assert work.free_cpus() == free | {4} and work.requested() == (1, {"cpu": 1})
+    assert led.free_cpus() == free and led.requested() == (2, {})
     with pytest.raises(LedgerError):
         work.allocate_many("u1", [("x", ContainerAllocation(cpus=(2,))),
                                   ("y", ContainerAllocation(cpus=(2,)))])
@@ -147,6 +153,7 @@ def test_copies_share_nothing_they_change() -> None:
     assert _state(led) == after
     led.release("u1")
     assert "u1" in work.pods and work.pods["u1"].info["k"] == "late"
+    assert 1 in led.free_cpus() and 1 not in work.free_cpus()
     with pytest.raises(LedgerError, match="not held"):
         led.annotate("u1", {})
 

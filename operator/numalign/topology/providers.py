@@ -233,27 +233,34 @@ def full_hints(d: Demand) -> list[TopologyHint]:
 
 
 def _walk(d: Demand) -> tuple[TopologyHint, ...]:
-    width = d.min_width()
     domain = tuple(d.domain)
-    masks = kubelet_masks(domain)
-    if len(d.request) == 1:
-        need, required, valid = d.request[0], d.required, d.valid
-        free1 = _subset_totals(domain, tuple(d.free.get(n, (0,))[0] for n in domain))
-        cap1 = _capacity_totals(domain, tuple(d.capacity.get(n, (0,))[0] for n in domain))
-        if d.bonus:
-            for m, extra in d.bonus.items():
-                if m in free1:
-                    free1[m] += extra[0]
-        return tuple(_hint(m, m.bit_count() == width) for m in masks
-                     if free1[m] >= need and cap1[m] >= need and not required & ~m
+    pairs = _mask_hints(domain, d.min_width())
+    if len(d.request) != 1:
+        return tuple(h for m, h in pairs if d.fits(m))
+    need, required, valid = d.request[0], d.required, d.valid
+    free = tuple(d.free.get(n, (0,))[0] for n in domain)
+    cap = tuple(d.capacity.get(n, (0,))[0] for n in domain)
+    free1 = _subset_totals(domain, free)
+    for m, extra in d.bonus.items():
+        if m in free1:
+            free1[m] += extra[0]
+    if not d.bonus and all(f <= c for f, c in zip(free, cap, strict=True)):
+        # free sums never pass capacity sums: capacity holds wherever free memory does
+        if valid is None and not required:
+            return tuple(h for m, h in pairs if free1[m] >= need)
+        return tuple(h for m, h in pairs if free1[m] >= need and not required & ~m
                      and (valid is None or valid(m)))
-    return tuple(_hint(m, m.bit_count() == width) for m in masks if d.fits(m))
+    cap1 = _capacity_totals(domain, cap)
+    return tuple(h for m, h in pairs if free1[m] >= need and cap1[m] >= need
+                 and not required & ~m and (valid is None or valid(m)))
 
 
-@functools.lru_cache(maxsize=8192)
-def _hint(mask: NumaMask, preferred: bool) -> TopologyHint:
-    """One object per hint (hints are immutable; cached lists share them)."""
-    return TopologyHint(mask, preferred)
+@functools.lru_cache(maxsize=256)
+def _mask_hints(domain: tuple[int, ...], width: int
+                ) -> tuple[tuple[NumaMask, TopologyHint], ...]:
+    """Every mask of ``domain`` in the kubelet's order with its hint (preferred iff
+    ``width`` wide); hints are immutable, the cached lists share them."""
+    return tuple((m, TopologyHint(m, m.bit_count() == width)) for m in kubelet_masks(domain))
 
 
 def _subset_totals(domain: Sequence[int], values: Sequence[int]) -> dict[NumaMask, int]:
