@@ -41,6 +41,8 @@ from .machine import Machine
 from .pod import QOS_GUARANTEED, Container, Pod, is_hugepages
 from .subsets import Vector, best_subset
 
+_UNSET: Hashable = object()
+
 
 @dataclass(frozen=True, slots=True)
 class GroupRule:
@@ -121,6 +123,7 @@ class Demand:
     # the memory grouping rule; when given, it is ``valid`` and ``reach``
     rule: GroupRule | None = None
     _min_width: int | None = field(default=None, repr=False)
+    _key: Hashable | None = field(default=_UNSET, init=False, repr=False, compare=False)
     _domain_mask: NumaMask = field(default=0, init=False, repr=False)
     _free: dict[int, Vector] = field(default_factory=dict, init=False, repr=False)
     _cap: dict[int, Vector] = field(default_factory=dict, init=False, repr=False)
@@ -188,13 +191,16 @@ class Demand:
     def key(self) -> Hashable | None:
         """Everything the kubelet's hint list of this demand depends on (None when an
         extra rule other than the memory grouping rule takes part)."""
-        if self.valid is not None and self.rule is None:
-            return None
-        zero = (0,) * len(self.request)
-        return (tuple(self.request), tuple(self.domain),
-                tuple(self.free.get(n, zero) for n in self.domain),
-                tuple(self.capacity.get(n, zero) for n in self.domain),
-                self.required, self.rule, tuple(sorted(self.bonus.items())))
+        if self._key is _UNSET:
+            if self.valid is not None and self.rule is None:
+                self._key = None
+            else:
+                zero = (0,) * len(self.request)
+                self._key = (tuple(self.request), tuple(self.domain),
+                             tuple(self.free.get(n, zero) for n in self.domain),
+                             tuple(self.capacity.get(n, zero) for n in self.domain),
+                             self.required, self.rule, tuple(sorted(self.bonus.items())))
+        return self._key
 
     def hint(self, mask: NumaMask) -> TopologyHint:
         return TopologyHint(mask, mask.bit_count() == self.min_width())
