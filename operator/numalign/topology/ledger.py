@@ -126,6 +126,7 @@ class Ledger:
         self._owned: set[str] = set()  # uids of records no other ledger shares
         self._cpu_numa = {c.id: c.numa for c in machine.cpus.values()}
         self._devices = {(d.resource, d.id): d for d in machine.devices}
+        self._numa_mask = mask_of(machine.numa_ids)
         self._capacity: dict[tuple[int, str], int] = {}
         for n in machine.numa_nodes:
             self._capacity[(n.id, MEMORY)] = n.memory
@@ -259,12 +260,13 @@ class Ledger:
         rec = self.pods.get(uid)
         if rec is not None and name in rec.containers:
             raise LedgerError(where, "already holds an allocation")
-        if len(set(a.cpus)) != len(a.cpus):
+        cpus, cpu_numa, cpu_owner = a.cpus, self._cpu_numa, self.cpu_owner
+        if len(set(cpus)) != len(cpus):
             raise LedgerError(where, "lists a CPU twice")
-        for c in a.cpus:
-            if c not in self._cpu_numa:
+        for c in cpus:
+            if c not in cpu_numa:
                 raise LedgerError(where, f"cpu {c} is not on this machine")
-            owner = self.cpu_owner.get(c)
+            owner = cpu_owner.get(c)
             if owner is not None and not self._reusable_by(owner, uid):
                 raise LedgerError(where, f"cpu {c} is already held by {owner[0]}/{owner[1]}")
         for res, ids in a.devices.items():
@@ -286,7 +288,7 @@ class Ledger:
                 left = self.free_memory(node, t) - pending.get((node, t), 0) - b
                 if left < 0:
                     raise LedgerError(where, f"{t} on NUMA node {node}: {-left} bytes short")
-        if a.memory_mask is not None:
+        if a.memory_mask is not None and a.memory_mask & ~self._numa_mask:
             bad = [n for n in mask_ids(a.memory_mask) if n not in self.machine.numa_ids]
             if bad:
                 raise LedgerError(where, f"memory affinity names unknown NUMA nodes {bad}")
@@ -399,6 +401,7 @@ class Ledger:
         new._cpu_numa = self._cpu_numa
         new._devices = self._devices
         new._capacity = self._capacity
+        new._numa_mask = self._numa_mask
         new._share(self)
         return new
 

@@ -261,7 +261,7 @@ def _walk(d: Demand) -> tuple[TopologyHint, ...]:
                  and not required & ~m and (valid is None or valid(m)))
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=64)
 def _mask_hints(domain: tuple[int, ...], width: int
                 ) -> tuple[tuple[NumaMask, TopologyHint], ...]:
     """Every mask of ``domain`` in the kubelet's order with its hint (preferred iff
@@ -279,7 +279,7 @@ def _subset_totals(domain: Sequence[int], values: Sequence[int]) -> dict[NumaMas
     return out
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=32)
 def _capacity_totals(domain: tuple[int, ...], values: tuple[int, ...]) -> dict[NumaMask, int]:
     """:func:`_subset_totals` kept (a machine's capacities repeat on every decision; the
     answer is read, never changed)."""
