@@ -155,6 +155,19 @@ def test_same_free_amounts_other_hints() -> None:
     assert full_hints(cpu_demand(m, reusing, "u", 1)) == _hints([([0], True), ([0, 1], False)])
 
 
+def test_a_ledger_keeps_one_demand_for_all_pods_it_does_not_hold() -> None:
+    """Deciding many pods against one unchanged ledger (an agent refusing pod after pod)
+    keeps what it derives bounded: one CPU entry for every pod it does not hold."""
+    m = _load("seed-figure1.yaml")
+    led = Ledger(m)
+    led.allocate("held", "init", ContainerAllocation(cpus=(0,), reusable=True))
+    for i in range(50):
+        assert cpu_demand(m, led, f"u{i}", 1).required == 0
+        memory_demand(m, led, {"memory": GI})
+    assert cpu_demand(m, led, "held", 1).required == 1
+    assert len(led._memo) <= 5
+
+
 def test_kept_hint_lists_are_the_kubelet_walk() -> None:
     """On random machines, states and requests (with reusable CPUs and memory), every
     hint list, made or kept, is the plain walk over every mask with the narrowest width

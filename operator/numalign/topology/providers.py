@@ -349,7 +349,9 @@ def cpu_demand(machine: Machine, ledger: Ledger, uid: str, request: int) -> Dema
     def parts() -> tuple[tuple[int, ...], dict[int, Vector], dict[int, Vector], NumaMask]:
         return _cpu_counts(machine, ledger, uid)
 
-    domain, free, cap, required = (ledger.derived(("cpu", uid), parts)
+    # kept per holder: a pod the ledger does not hold reuses nothing (one entry for all)
+    holder = uid if uid in ledger.pods else None
+    domain, free, cap, required = (ledger.derived(("cpu", holder), parts)
                                    if machine is ledger.machine else parts())
     return Demand("cpu", ("cpu",), (request,), domain, free, cap, required)
 
