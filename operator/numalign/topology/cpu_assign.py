@@ -185,11 +185,14 @@ def allocate_cpus(machine: Machine, available: Iterable[int], n: int,
         return None
     result: list[int] = []
     if affinity is not None:
-        aligned = {c for c in avail if affinity >> machine.cpus[c].numa & 1}
+        numa_of = _topo(machine).numa_of
+        aligned = {c for c in avail if affinity >> numa_of[c] & 1}
         got = take_by_topology(machine, aligned, min(n, len(aligned)))
         if got is None:  # pragma: no cover
             return None
         result = got
+        if len(result) == n:
+            return sorted(result)
     rest = take_by_topology(machine, avail.difference(result), n - len(result))
     if rest is None:
         return None
