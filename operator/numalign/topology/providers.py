@@ -125,15 +125,29 @@ class Demand:
     _min_width: int | None = field(default=None, repr=False)
     _key: Hashable | None = field(default=_UNSET, init=False, repr=False, compare=False)
     _domain_mask: NumaMask = field(default=0, init=False, repr=False)
-    _free: dict[int, Vector] = field(default_factory=dict, init=False, repr=False)
-    _cap: dict[int, Vector] = field(default_factory=dict, init=False, repr=False)
+    _tables: tuple[dict[int, Vector], dict[int, Vector]] | None = field(
+        default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.rule is not None:
             self.valid, self.reach = self.rule.valid, self.rule.reach
         self._domain_mask = mask_of(self.domain)
-        self._free = {n: v for n, v in self.free.items() if any(v)}
-        self._cap = {n: v for n, v in self.capacity.items() if any(v)}
+
+    @property
+    def _free(self) -> dict[int, Vector]:
+        """``free`` less its zero vectors (made when first asked: a kept hint list needs
+        none of the per-mask sums)."""
+        return self._nonzero()[0]
+
+    @property
+    def _cap(self) -> dict[int, Vector]:
+        return self._nonzero()[1]
+
+    def _nonzero(self) -> tuple[dict[int, Vector], dict[int, Vector]]:
+        if self._tables is None:
+            self._tables = ({n: v for n, v in self.free.items() if any(v)},
+                            {n: v for n, v in self.capacity.items() if any(v)})
+        return self._tables
 
     @property
     def domain_mask(self) -> NumaMask:
