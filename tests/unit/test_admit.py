@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 import testdata
-from numalign.topology.admit import UNEXPECTED_REASON, AdmitResult, admit_pod
+from numalign.topology.admit import UNEXPECTED_REASON, AdmitResult, admit_pod, default_overrides
 from numalign.topology.errors import TopologyError
 from numalign.topology.hints import TopologyHint, mask_of
 from numalign.topology.ledger import ContainerAllocation, Ledger
@@ -306,3 +306,32 @@ def test_pod_scope_memory_request_has_the_app_containers_types_only() -> None:
     assert not r.admit and r.reason == UNEXPECTED_REASON
     assert r.message == ("Allocate failed due to [memorymanager] failed to find the extended "
                          "preferred hint, which is unexpected")
+
+
+def test_decisions_without_demands_follow_the_override_hints() -> None:
+    """A pod no manager aligns (Burstable) with GPU groups: the merge follows the GPU
+    hints of each node's state (decisions without demands are kept by what they depend
+    on, the override's hints among them)."""
+    m = _machine("group4-gpu.yaml")
+    gpus = {d.id: d.numa_node for d in m.devices_of("nvidia.com/gpu")}
+    on = {n: sorted(i for i, nn in gpus.items() if nn == n) for n in (0, 1)}
+    pod = pod_from_dict({
+        "metadata": {"name": "g", "annotations": {"numalign.io/gpus": '[{"count": 2}]'}},
+        "spec": {"containers": [{"name": "app", "resources": {
+            "requests": {"cpu": "1", "nvidia.com/gpu": "2"},
+            "limits": {"nvidia.com/gpu": "2"}}}]}})
+    assert pod.qos != "Guaranteed"
+
+    def admit(taken: list[str]) -> AdmitResult:
+        led = Ledger(m)
+        if taken:
+            led.allocate("x", "c", ContainerAllocation(devices={"nvidia.com/gpu": tuple(taken)}))
+        return admit_pod(m, led, pod, "single-numa-node", "pod",
+                         overrides=default_overrides(m, pod), commit=False)
+
+    first, second = admit([]), admit(on[0][:1])
+    assert first.admit and first.hint == TopologyHint(mask_of([0]), True)
+    assert second.admit and second.hint == TopologyHint(mask_of([1]), True)
+    assert sorted(_c(second)["devices"]["nvidia.com/gpu"]) == on[1]
+    third = admit([on[0][0], on[1][0]])
+    assert not third.admit and third.reason == REJECT_REASON

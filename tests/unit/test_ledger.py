@@ -106,6 +106,58 @@ def test_copy_is_independent() -> None:
     assert 3 not in led.free_cpus()
 
 
+def _state(led: Ledger) -> str:
+    return json.dumps([led.to_json(), sorted(led.cpu_owner.items()),
+                       sorted(led.device_owner.items()), sorted(led.memory_used.items()),
+                       sorted(led.assignments.items()), sorted(led.cells.items())],
+                      sort_keys=True)
+
+
+def test_copies_share_nothing_they_change() -> None:
+    """Copies share records until one writes: a hand-over, a release, new info or a
+    refused batch in one never shows in the other, whichever way round."""
+    led = Ledger(_machine())
+    led.allocate_many("u1", [("init", ContainerAllocation(
+        cpus=(0, 1), memory={"memory": {0: MI}}, memory_mask=1,
+        devices={"x.com/gpu": ("g0",)}, reusable=True))], info={"k": "v"})
+    led.allocate("u2", "c", ContainerAllocation(cpus=(4,)))
+    before = _state(led)
+    free = led.free_cpus()
+    work = led.copy()
+    assert work.free_cpus() == free and work.requested() == led.requested() == (2, {})
+    work.allocate("u1", "app", ContainerAllocation(cpus=(0,), devices={"x.com/gpu": ("g0",)}))
+    assert work.requested() == (2, {}) and 0 not in work.free_cpus()
+    work.annotate("u1", {"k": "w"}, {"cpu": 1})
+    assert work.requested() == (2, {"cpu": 1})
+    work.release("u2", "c")
+    assert work.free_cpus() == free | {4} and work.requested() == (1, {"cpu": 1})
+    assert led.free_cpus() == free and led.requested() == (2, {})
+    with pytest.raises(LedgerError):
+        work.allocate_many("u1", [("x", ContainerAllocation(cpus=(2,))),
+                                  ("y", ContainerAllocation(cpus=(2,)))])
+    assert _state(led) == before
+    assert work.pods["u1"].containers["init"].cpus == (1,)
+    assert work.pods["u1"].containers["init"].devices == {"x.com/gpu": ()}
+    assert work.cpu_owner[0] == ("u1", "app") and "u2" not in work.pods
+    # the other way round: the source changes, a copy taken before does not
+    after = _state(work)
+    led.allocate("u1", "app", ContainerAllocation(cpus=(1,)))
+    led.annotate("u1", {"k": "x"})
+    led.release("u1", "init")
+    assert _state(work) == after
+    # a commit of a copy, then changes to either: independent again
+    led.replace_with(work)
+    assert _state(led) == after
+    work.allocate("u1", "late", ContainerAllocation(cpus=(1,)))
+    work.annotate("u1", {"k": "late"})
+    assert _state(led) == after
+    led.release("u1")
+    assert "u1" in work.pods and work.pods["u1"].info["k"] == "late"
+    assert 1 in led.free_cpus() and 1 not in work.free_cpus()
+    with pytest.raises(LedgerError, match="not held"):
+        led.annotate("u1", {})
+
+
 def test_cpu_less_nodes_have_memory_only() -> None:
     path = MACHINES / "gb200-like-34numa.yaml"
     led = Ledger(load_machine(path))

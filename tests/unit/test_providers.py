@@ -19,6 +19,7 @@ from numalign.topology.providers import (
     cpu_demand,
     device_hints_or_demand,
     full_hints,
+    iterate_masks,
     memory_demand,
 )
 
@@ -131,6 +132,68 @@ def test_memory_group_rule() -> None:
     assert full_hints(memory_demand(m, led, {"memory": GI})) == _hints(
         [([0], True), ([1], True)])
     assert full_hints(memory_demand(m, led, {"memory": 40 * GI})) == []
+
+
+def test_same_free_amounts_other_hints() -> None:
+    """Hint lists are kept by what they depend on: the same free amounts per node under
+    another grouping of the node's memory, or with other nodes pinned, give other hints."""
+    m = _load("seed-figure1.yaml")
+    grouped, single = Ledger(m), Ledger(m)
+    grouped.allocate("x", "c", ContainerAllocation(memory={"memory": {0: GI}},
+                                                   memory_mask=mask_of([0, 1])))
+    single.allocate("x", "c", ContainerAllocation(memory={"memory": {0: GI}}, memory_mask=1))
+    assert grouped.free_view() == single.free_view()
+    assert full_hints(memory_demand(m, grouped, {"memory": GI})) == _hints([([0, 1], False)])
+    assert full_hints(memory_demand(m, single, {"memory": GI})) == _hints(
+        [([0], True), ([1], True)])
+    # the same usable CPUs per node, one of them the pod's own (reusable): it pins node 0
+    reusing = Ledger(m)
+    reusing.allocate("u", "init", ContainerAllocation(cpus=(min(m.node(0).cpus),),
+                                                      reusable=True))
+    assert full_hints(cpu_demand(m, Ledger(m), "u", 1)) == _hints(
+        [([0], True), ([1], True), ([0, 1], False)])
+    assert full_hints(cpu_demand(m, reusing, "u", 1)) == _hints([([0], True), ([0, 1], False)])
+
+
+def test_a_ledger_keeps_one_demand_for_all_pods_it_does_not_hold() -> None:
+    """Deciding many pods against one unchanged ledger (an agent refusing pod after pod)
+    keeps what it derives bounded: one CPU entry for every pod it does not hold."""
+    m = _load("seed-figure1.yaml")
+    led = Ledger(m)
+    led.allocate("held", "init", ContainerAllocation(cpus=(0,), reusable=True))
+    for i in range(50):
+        assert cpu_demand(m, led, f"u{i}", 1).required == 0
+        memory_demand(m, led, {"memory": GI})
+    assert cpu_demand(m, led, "held", 1).required == 1
+    assert len(led._memo) <= 5
+
+
+def test_kept_hint_lists_are_the_kubelet_walk() -> None:
+    """On random machines, states and requests (with reusable CPUs and memory), every
+    hint list, made or kept, is the plain walk over every mask with the narrowest width
+    by capacity."""
+    rng = random.Random(20261201)
+    walked = 0
+    for _ in range(150):
+        m = _random_machine(rng, rng.randrange(3, 9))
+        led = _random_state(rng, m)
+        free = sorted(led.free_cpus())
+        if free and rng.random() < 0.5:
+            led.allocate("u", "init", ContainerAllocation(
+                cpus=tuple(rng.sample(free, rng.randrange(1, len(free) + 1))), reusable=True))
+        items = [d for d in _demands(rng, m, led) if isinstance(d, Demand)]
+        mask = mask_of(rng.sample(m.numa_ids, rng.randrange(1, len(m.numa_ids) + 1)))
+        items.append(memory_demand(m, led, {"memory": rng.randrange(1, 6) * GI // 2},
+                                   {mask: {"memory": rng.randrange(0, 3) * GI}}))
+        for d in items:
+            width = min((k.bit_count() for k in iterate_masks(d.domain)
+                         if d.fits_capacity(k)), default=len(d.domain))
+            want = [TopologyHint(k, k.bit_count() == width) for k in iterate_masks(d.domain)
+                    if d.fits(k)]
+            assert full_hints(d) == want
+            assert full_hints(d) == want  # kept
+            walked += 1
+    assert walked > 300
 
 
 # ------------------------------------------------------------------ reduced == full

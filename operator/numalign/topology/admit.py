@@ -22,19 +22,19 @@ resource (GPU groups plug in here).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import TopologyError
-from .fit import check_fit, fit_requests
+from .fit import check_fit_totals, fit_requests
 from .gpu.override import GpuAnnotationOverride
 from .gpu.requests import ANNOTATION as GPU_ANNOTATION
 from .hintgen import HintPlan, plan_hints
 from .hints import NumaMask, ProviderHints, TopologyHint, mask_ids
 from .ledger import MEMORY, ContainerAllocation, Ledger
 from .machine import Machine
-from .managers.base import Admission, AllocationFailed, HintProvider
+from .managers.base import Admission, AllocationFailed, Ask, HintProvider
 from .managers.cpu import CpuProvider
 from .managers.devices import (
     DeviceOverride,
@@ -55,6 +55,13 @@ __all__ = ["UNEXPECTED_REASON", "AdmitResult", "AllocationFailed", "DeviceOverri
            "OverrideAllocation", "OverrideRequest", "admit_pod", "default_overrides"]
 
 OverrideFactory = Callable[[Machine, Pod], Sequence[DeviceOverride]]
+
+# Decisions without demands by what they depend on (_Run._key): a scheduler extender
+# decides one pod on many nodes. Bounded, oldest out first; what it keeps is read, never
+# changed.
+_Merged = tuple[HintPlan, tuple[ProviderHints, ...], MergeResult]
+DECISION_CACHE_SIZE = 256
+_DECISIONS: dict[Hashable, _Merged] = {}
 
 
 # ---------------------------------------------------------------- results
@@ -184,6 +191,19 @@ class _Run:
             return UnitDecision(name, [], [], None, TopologyHint(None, False), True,
                             seconds=time.perf_counter() - t0)
         asks = [p.ask(unit) for p in self.providers]
+        key = self._key(asks)
+        got = None if key is None else _DECISIONS.get(key)
+        if got is None:
+            got = self._merge(asks)
+            if key is not None:
+                if len(_DECISIONS) >= DECISION_CACHE_SIZE:
+                    _DECISIONS.pop(next(iter(_DECISIONS)), None)
+                _DECISIONS[key] = got
+        plan, providers, result = got
+        return UnitDecision(name, list(providers), [p.name for p in self.providers], result,
+                            result.hint, result.admit, plan, time.perf_counter() - t0)
+
+    def _merge(self, asks: Sequence[Ask]) -> _Merged:
         demands = [d for a in asks for d in a.demands]
         fixed = [hints for a in asks for hints in a.fixed.values()]
         machine = self.machine
@@ -197,8 +217,20 @@ class _Run:
             providers.append(p.hints(a, lists) or None)
         result = merge(self.policy, providers, machine.numa_ids, machine.distances,
                        self.options)
-        return UnitDecision(name, providers, [p.name for p in self.providers], result,
-                        result.hint, result.admit, plan, time.perf_counter() - t0)
+        return plan, tuple(providers), result
+
+    def _key(self, asks: Sequence[Ask]) -> Hashable | None:
+        """Everything the merge of a decision without demands depends on (a pod whose
+        resources no manager aligns, the commonest kind): the policy and its options, the
+        NUMA nodes and the lists the providers give as they are. None (decide afresh) for
+        a decision with demands (kept per demand by ``full_hints``; a key for all of them
+        costs about what the merge does) or one that needs NUMA distances."""
+        if self.options.prefer_closest_numa_nodes or any(a.demands for a in asks):
+            return None
+        fixed = tuple((p.name, tuple((r, None if h is None else tuple(h))
+                                     for r, h in a.fixed.items()))
+                      for p, a in zip(self.providers, asks, strict=True))
+        return (self.policy, self.options, tuple(self.machine.numa_ids), fixed)
 
     def allocate(self, c: Container, hint: TopologyHint) -> ContainerResult:
         """Allocate one container inside the merged hint, the kubelet's providers in the
@@ -270,16 +302,15 @@ def admit_pod(machine: Machine, ledger: Ledger, pod: Pod, policy: str,
         return reject(UNEXPECTED_REASON, f"Allocate failed due to {e}, which is unexpected",
                       decisions[-1].hint if decisions else TopologyHint(None, False),
                       run.stage)
-    short = check_fit(machine, pod, ledger.pod_requests())
+    short = check_fit_totals(machine, pod, *ledger.requested())
     if short is not None:
         return reject(short.reason, short.message, hint)
     if commit:
         ledger.replace_with(run.work)
-        rec = ledger.pods.get(pod.uid)
-        if rec is not None:
-            rec.info.update({"policy": policy, "scope": scope, "hint": hint.to_json(),
-                             "gpus": run.gpus})
-            rec.requests = fit_requests(pod)
+        if pod.uid in ledger.pods:
+            ledger.annotate(pod.uid, {"policy": policy, "scope": scope,
+                                      "hint": hint.to_json(), "gpus": run.gpus},
+                            fit_requests(pod))
     return AdmitResult(pod, policy, scope, True, None, None, hint, containers, run.gpus,
                        decisions, time.perf_counter() - t0,
                        work=None if commit else run.work)

@@ -10,6 +10,7 @@ affinity first, the rest (if the affinity cannot hold the request) from anywhere
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable
 
 from .hints import NumaMask
@@ -37,15 +38,27 @@ class _Topo:
         self.numa_first = len(self.by_socket) >= len(self.by_numa)
 
 
-_TOPO_CACHE: dict[int, tuple[Machine, _Topo]] = {}
+# A machine's _Topo (read, never changed), by live Machine object (an entry goes with
+# its machine) and by CPU layout (machines read from separate documents of the same
+# hardware share one; bounded, oldest out first).
+_BY_MACHINE: dict[int, _Topo] = {}
+_BY_LAYOUT: dict[tuple[tuple[int, int, int, int], ...], _Topo] = {}
+LAYOUT_CACHE_SIZE = 64
 
 
 def _topo(machine: Machine) -> _Topo:
-    hit = _TOPO_CACHE.get(id(machine))
-    if hit is not None and hit[0] is machine:
-        return hit[1]
-    t = _Topo(machine)
-    _TOPO_CACHE[id(machine)] = (machine, t)
+    t = _BY_MACHINE.get(id(machine))
+    if t is not None:
+        return t
+    layout = tuple((c.id, c.core, c.socket, c.numa) for c in machine.cpus.values())
+    t = _BY_LAYOUT.get(layout)
+    if t is None:
+        t = _Topo(machine)
+        if len(_BY_LAYOUT) >= LAYOUT_CACHE_SIZE:
+            _BY_LAYOUT.pop(next(iter(_BY_LAYOUT)), None)
+        _BY_LAYOUT[layout] = t
+    _BY_MACHINE[id(machine)] = t
+    weakref.finalize(machine, _BY_MACHINE.pop, id(machine), None)
     return t
 
 
@@ -172,11 +185,14 @@ def allocate_cpus(machine: Machine, available: Iterable[int], n: int,
         return None
     result: list[int] = []
     if affinity is not None:
-        aligned = {c for c in avail if affinity >> machine.cpus[c].numa & 1}
+        numa_of = _topo(machine).numa_of
+        aligned = {c for c in avail if affinity >> numa_of[c] & 1}
         got = take_by_topology(machine, aligned, min(n, len(aligned)))
         if got is None:  # pragma: no cover
             return None
         result = got
+        if len(result) == n:
+            return sorted(result)
     rest = take_by_topology(machine, avail.difference(result), n - len(result))
     if rest is None:
         return None

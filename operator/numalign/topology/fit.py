@@ -16,6 +16,7 @@ An emulated node reserves nothing: allocatable is the machine's capacity.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
@@ -71,6 +72,20 @@ def _units(resource: str, q: Decimal) -> int:
     return math.ceil(q)
 
 
+# fit_requests of live Pod objects (a pod is immutable; an entry goes with its pod): a
+# scheduler extender checks one pod on many nodes
+_BY_POD: dict[int, Mapping[str, int]] = {}
+
+
+def _pod_fit_requests(pod: Pod) -> Mapping[str, int]:
+    """:func:`fit_requests`, kept while ``pod`` lives (read, never changed)."""
+    got = _BY_POD.get(id(pod))
+    if got is None:
+        got = _BY_POD[id(pod)] = fit_requests(pod)
+        weakref.finalize(pod, _BY_POD.pop, id(pod), None)
+    return got
+
+
 def fit_requests(pod: Pod) -> dict[str, int]:
     """The pod's requests as the fit check counts them (zero requests left out)."""
     out: dict[str, int] = {}
@@ -86,18 +101,30 @@ def check_fit(machine: Machine, pod: Pod, others: Iterable[Mapping[str, int]],
               max_pods: int = DEFAULT_MAX_PODS) -> FitFailure | None:
     """The first resource ``pod`` does not fit in, given the requests of the pods
     already admitted (``others``), or None if it fits."""
+    count = 0
+    used: dict[str, int] = {}
+    for o in others:
+        count += 1
+        for res, v in o.items():
+            used[res] = used.get(res, 0) + v
+    return check_fit_totals(machine, pod, count, used, max_pods)
+
+
+def check_fit_totals(machine: Machine, pod: Pod, count: int, used: Mapping[str, int],
+                     max_pods: int = DEFAULT_MAX_PODS) -> FitFailure | None:
+    """:func:`check_fit` given how many pods are admitted (``count``) and the sum of
+    their requests per resource (``used``)."""
     alloc = allocatable(machine, max_pods)
-    others = list(others)
-    if len(others) + 1 > alloc[PODS]:
-        return FitFailure(PODS, 1, len(others), alloc[PODS])
-    req = fit_requests(pod)
+    if count + 1 > alloc[PODS]:
+        return FitFailure(PODS, 1, count, alloc[PODS])
+    req = _pod_fit_requests(pod)
     scalars = sorted(r for r in req if r not in (CPU, MEMORY, EPHEMERAL_STORAGE))
     for res in (CPU, MEMORY, EPHEMERAL_STORAGE, *scalars):
         want = req.get(res, 0)
         if not want or (is_extended(res) and res not in alloc):
             continue
-        used = sum(o.get(res, 0) for o in others)
+        have = used.get(res, 0)
         cap = alloc.get(res, 0)
-        if want > cap - used:
-            return FitFailure(res, want, used, cap)
+        if want > cap - have:
+            return FitFailure(res, want, have, cap)
     return None

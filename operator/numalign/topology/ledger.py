@@ -11,13 +11,20 @@ containers, which have finished by then.
 The memory manager's grouping rule is derived from the records: every NUMA node in a
 container's memory affinity counts one assignment per memory type and belongs to that
 affinity's group (``cells``).
+
+Copies are cheap (every admission works on one): a copy shares the pod records and copies
+only the record map and the indexes. A record is written through its ledger only, which
+first takes a private copy of a record it shares (copy on write), and a
+``ContainerAllocation`` a ledger holds is never changed in place but replaced; so what a
+copy does never shows in its source, nor the other way round. Records read from ``pods``
+are for reading.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar, cast
 
 from .errors import TopologyError
 from .hints import NumaMask, mask_ids, mask_of
@@ -25,6 +32,8 @@ from .machine import Machine
 from .pod import HUGEPAGES_PREFIX
 
 MEMORY = "memory"
+
+T = TypeVar("T")
 
 
 class LedgerError(TopologyError):
@@ -92,19 +101,20 @@ Owner = tuple[str, str]  # (pod uid, container name)
 
 
 def _copy_container(a: ContainerAllocation) -> ContainerAllocation:
+    """A ledger's own copy of a caller's allocation (the caller may go on changing its
+    object; the ledger never changes its copy in place)."""
     return ContainerAllocation(cpus=a.cpus, memory={t: dict(per) for t, per in a.memory.items()},
                                memory_mask=a.memory_mask, devices=dict(a.devices),
                                reusable=a.reusable)
 
 
-def _copy_pods(pods: Mapping[str, PodRecord]) -> dict[str, PodRecord]:
-    """An independent copy of the records (what deepcopy gives, without its cost: the
-    tuples and masks inside are immutable; only the dicts are copied, and ``info``, whose
-    values are replaced, never changed in place, one level deep)."""
-    return {uid: PodRecord(uid=r.uid, name=r.name, namespace=r.namespace,
-                           containers={n: _copy_container(a) for n, a in r.containers.items()},
-                           info=dict(r.info), requests=dict(r.requests))
-            for uid, r in pods.items()}
+def _copy_record(r: PodRecord) -> PodRecord:
+    """A record another ledger may share, for writing: its maps are copied, the
+    allocations in them (never changed in place) are shared, ``info``'s values too (they
+    are replaced, never changed in place)."""
+    return PodRecord(uid=r.uid, name=r.name, namespace=r.namespace,
+                     containers=dict(r.containers), info=dict(r.info),
+                     requests=dict(r.requests))
 
 
 class Ledger:
@@ -113,8 +123,10 @@ class Ledger:
     def __init__(self, machine: Machine) -> None:
         self.machine = machine
         self.pods: dict[str, PodRecord] = {}
+        self._owned: set[str] = set()  # uids of records no other ledger shares
         self._cpu_numa = {c.id: c.numa for c in machine.cpus.values()}
         self._devices = {(d.resource, d.id): d for d in machine.devices}
+        self._numa_mask = mask_of(machine.numa_ids)
         self._capacity: dict[tuple[int, str], int] = {}
         for n in machine.numa_nodes:
             self._capacity[(n.id, MEMORY)] = n.memory
@@ -125,6 +137,7 @@ class Ledger:
     # ------------------------------------------------------------ indexes
 
     def _reindex(self) -> None:
+        self._memo: dict[Hashable, Any] = {}
         self.cpu_owner: dict[int, Owner] = {}
         self.device_owner: dict[tuple[str, str], Owner] = {}
         self.memory_used: dict[tuple[int, str], int] = {}
@@ -133,6 +146,27 @@ class Ledger:
         for uid, rec in self.pods.items():
             for name, a in rec.containers.items():
                 self._index(uid, name, a)
+
+    def _own(self, uid: str) -> PodRecord:
+        """The ledger's record of ``uid``, to write to (copied first while shared)."""
+        rec = self.pods[uid]
+        if uid not in self._owned:
+            rec = self.pods[uid] = _copy_record(rec)
+            self._owned.add(uid)
+        return rec
+
+    def _share(self, other: Ledger) -> None:
+        """Take ``other``'s state, sharing its records (neither may write them in place
+        from now on)."""
+        self.pods = dict(other.pods)
+        self.cpu_owner = dict(other.cpu_owner)
+        self.device_owner = dict(other.device_owner)
+        self.memory_used = dict(other.memory_used)
+        self.assignments = dict(other.assignments)
+        self.cells = dict(other.cells)
+        self._memo = other._memo  # the same state: the same derived values
+        self._owned = set()
+        other._owned = set()
 
     def _index(self, uid: str, name: str, a: ContainerAllocation) -> None:
         for c in a.cpus:
@@ -150,6 +184,16 @@ class Ledger:
 
     # ------------------------------------------------------------ views
 
+    def derived(self, key: Hashable, make: Callable[[], T]) -> T:
+        """``make()``, made once per state of the ledger (copies share it until one of
+        them changes): ``make`` must depend on the ledger's state and ``key`` alone, and
+        its value is read, never changed."""
+        memo = self._memo
+        if key in memo:
+            return cast(T, memo[key])
+        value = memo[key] = make()
+        return value
+
     def capacity(self, node: int, kind: str) -> int:
         return self._capacity.get((node, kind), 0)
 
@@ -157,7 +201,8 @@ class Ledger:
         return self.capacity(node, kind) - self.memory_used.get((node, kind), 0)
 
     def free_cpus(self) -> set[int]:
-        return {c for c in self._cpu_numa if c not in self.cpu_owner}
+        return set(self.derived("free_cpus", lambda: frozenset(
+            c for c in self._cpu_numa if c not in self.cpu_owner)))
 
     def free_devices(self, resource: str) -> list[str]:
         return [d.id for d in self.machine.devices_of(resource)
@@ -180,6 +225,17 @@ class Ledger:
     def pod_requests(self) -> list[dict[str, int]]:
         """The requests of every pod the ledger holds (for the resource-fit check)."""
         return [r.requests for r in self.pods.values()]
+
+    def requested(self) -> tuple[int, Mapping[str, int]]:
+        """How many pods the ledger holds and the sum of their requests per resource."""
+        def total() -> tuple[int, Mapping[str, int]]:
+            out: dict[str, int] = {}
+            for r in self.pods.values():
+                for res, v in r.requests.items():
+                    out[res] = out.get(res, 0) + v
+            return len(self.pods), out
+
+        return self.derived("requested", total)
 
     def free_view(self) -> dict[str, dict[str, Any]]:
         """Free resources per NUMA node: cpus, memory and hugepages (bytes), devices."""
@@ -204,12 +260,13 @@ class Ledger:
         rec = self.pods.get(uid)
         if rec is not None and name in rec.containers:
             raise LedgerError(where, "already holds an allocation")
-        if len(set(a.cpus)) != len(a.cpus):
+        cpus, cpu_numa, cpu_owner = a.cpus, self._cpu_numa, self.cpu_owner
+        if len(set(cpus)) != len(cpus):
             raise LedgerError(where, "lists a CPU twice")
-        for c in a.cpus:
-            if c not in self._cpu_numa:
+        for c in cpus:
+            if c not in cpu_numa:
                 raise LedgerError(where, f"cpu {c} is not on this machine")
-            owner = self.cpu_owner.get(c)
+            owner = cpu_owner.get(c)
             if owner is not None and not self._reusable_by(owner, uid):
                 raise LedgerError(where, f"cpu {c} is already held by {owner[0]}/{owner[1]}")
         for res, ids in a.devices.items():
@@ -231,7 +288,7 @@ class Ledger:
                 left = self.free_memory(node, t) - pending.get((node, t), 0) - b
                 if left < 0:
                     raise LedgerError(where, f"{t} on NUMA node {node}: {-left} bytes short")
-        if a.memory_mask is not None:
+        if a.memory_mask is not None and a.memory_mask & ~self._numa_mask:
             bad = [n for n in mask_ids(a.memory_mask) if n not in self.machine.numa_ids]
             if bad:
                 raise LedgerError(where, f"memory affinity names unknown NUMA nodes {bad}")
@@ -274,38 +331,51 @@ class Ledger:
                 for node, b in per.items():
                     pending[(node, t)] = pending.get((node, t), 0) + b
         # all checked: apply
-        rec = self.pods.get(uid)
-        if rec is None:
-            rec = PodRecord(uid=uid, name=pod_name or uid, namespace=namespace)
-            self.pods[uid] = rec
+        self._memo = {}
+        if uid in self.pods:
+            rec = self._own(uid)
+        else:
+            rec = self.pods[uid] = PodRecord(uid=uid, name=pod_name or uid,
+                                             namespace=namespace)
+            self._owned.add(uid)
         if info:
             rec.info.update(info)
         if requests is not None:
             rec.requests = dict(requests)
-        if rec.containers:  # CPUs or devices may pass from its init containers: reindex
-            for name, a in items:
-                self._hand_over(uid, a)
-                rec.containers[name] = _copy_container(a)
-            self._reindex()
-            return
-        for name, a in items:  # a new pod takes only what nobody holds
-            rec.containers[name] = _copy_container(a)
-            self._index(uid, name, rec.containers[name])
+        for name, a in items:
+            if rec.containers:  # CPUs or devices may pass from its init containers
+                self._hand_over(rec, a)
+            rec.containers[name] = held = _copy_container(a)
+            self._index(uid, name, held)  # (a handed-over item changes owner here)
 
-    def _hand_over(self, uid: str, a: ContainerAllocation) -> None:
-        """Take reused CPUs and devices away from the pod's finished init containers."""
-        rec = self.pods[uid]
+    def _hand_over(self, rec: PodRecord, a: ContainerAllocation) -> None:
+        """Take reused CPUs and devices away from the pod's finished init containers (the
+        indexes keep them until the taker is indexed; memory is not handed over)."""
         for c in a.cpus:
             owner = self.cpu_owner.get(c)
             if owner is not None:
                 held = rec.containers[owner[1]]
-                held.cpus = tuple(x for x in held.cpus if x != c)
+                rec.containers[owner[1]] = replace(
+                    held, cpus=tuple(x for x in held.cpus if x != c))
         for res, ids in a.devices.items():
             for i in ids:
                 owner = self.device_owner.get((res, i))
                 if owner is not None:
                     held = rec.containers[owner[1]]
-                    held.devices[res] = tuple(x for x in held.devices.get(res, ()) if x != i)
+                    kept = tuple(x for x in held.devices.get(res, ()) if x != i)
+                    rec.containers[owner[1]] = replace(held, devices={**held.devices,
+                                                                      res: kept})
+
+    def annotate(self, uid: str, info: Mapping[str, Any],
+                 requests: Mapping[str, int] | None = None) -> None:
+        """Add ``info`` to a held pod's record (and set its requests, when given)."""
+        if uid not in self.pods:
+            raise LedgerError(f"pod {uid}", "is not held")
+        self._memo = {}
+        rec = self._own(uid)
+        rec.info.update(info)
+        if requests is not None:
+            rec.requests = dict(requests)
 
     def release(self, uid: str, container: str | None = None) -> bool:
         """Release a pod (or one of its containers). Returns whether anything was held."""
@@ -317,6 +387,7 @@ class Ledger:
         else:
             if container not in rec.containers:
                 return False
+            rec = self._own(uid)
             del rec.containers[container]
             if not rec.containers:
                 del self.pods[uid]
@@ -330,16 +401,16 @@ class Ledger:
         new._cpu_numa = self._cpu_numa
         new._devices = self._devices
         new._capacity = self._capacity
-        new.pods = _copy_pods(self.pods)
-        new._reindex()
+        new._numa_mask = self._numa_mask
+        new._share(self)
         return new
 
     def replace_with(self, other: Ledger) -> None:
-        """Take over another ledger's state (commit of a trial copy)."""
+        """Take over another ledger's state (commit of a trial copy); the two stay
+        independent."""
         if other.machine is not self.machine:
             raise LedgerError("", "ledgers of different machines")
-        self.pods = _copy_pods(other.pods)
-        self._reindex()
+        self._share(other)
 
     # ------------------------------------------------------------ persistence
 

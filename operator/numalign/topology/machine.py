@@ -5,6 +5,7 @@ hugepages, distances and devices. Loaded from a machine file (see
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 from collections.abc import Mapping
@@ -71,12 +72,20 @@ class Machine:
                 return n
         raise KeyError(numa_id)
 
+    @functools.cached_property
+    def _by_resource(self) -> dict[str, tuple[Device, ...]]:
+        """The devices per resource, resources sorted (kept: a machine never changes)."""
+        out: dict[str, list[Device]] = {}
+        for d in self.devices:
+            out.setdefault(d.resource, []).append(d)
+        return {r: tuple(out[r]) for r in sorted(out)}
+
     def devices_of(self, resource: str) -> list[Device]:
-        return [d for d in self.devices if d.resource == resource]
+        return list(self._by_resource.get(resource, ()))
 
     @property
     def device_resources(self) -> list[str]:
-        return sorted({d.resource for d in self.devices})
+        return list(self._by_resource)
 
     @property
     def hugepage_sizes(self) -> list[str]:

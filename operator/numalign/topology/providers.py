@@ -31,7 +31,7 @@ What each provider does, as in the kubelet:
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
 
@@ -40,6 +40,65 @@ from .ledger import MEMORY, Ledger
 from .machine import Machine
 from .pod import QOS_GUARANTEED, Container, Pod, is_hugepages
 from .subsets import Vector, best_subset
+
+_UNSET: Hashable = object()
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRule:
+    """The memory manager's grouping rule over a node's memory assignments: ``assigned``,
+    the NUMA nodes holding memory assignments; ``singles``, those used by single-node
+    allocations; ``groups``, (node, its multi-node group) for the others."""
+
+    assigned: NumaMask = 0
+    singles: NumaMask = 0
+    groups: tuple[tuple[int, NumaMask], ...] = ()
+    _group_of: dict[int, NumaMask] = field(default_factory=dict, init=False, repr=False,
+                                           compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_group_of", dict(self.groups))
+
+    @staticmethod
+    def of(ledger: Ledger) -> GroupRule:
+        assigned = singles = 0
+        groups: list[tuple[int, NumaMask]] = []
+        for n, count in sorted(ledger.assignments.items()):
+            if count > 0:
+                assigned |= 1 << n
+                group = ledger.cells.get(n, 1 << n)
+                if group.bit_count() <= 1:
+                    singles |= 1 << n
+                else:
+                    groups.append((n, group))
+        return GroupRule(assigned, singles, tuple(groups))
+
+    def _in_groups(self, mask: NumaMask, exact: bool) -> bool:
+        a = mask & self.assigned
+        if a & self.singles:
+            return False
+        group_of = self._group_of
+        while a:
+            low = a & -a
+            group = group_of[low.bit_length() - 1]
+            if (group != mask) if exact else bool(mask & ~group):
+                return False
+            a ^= low
+        return True
+
+    def valid(self, mask: NumaMask) -> bool:
+        """The memory manager's grouping rule for a hint mask."""
+        if mask.bit_count() == 1:
+            return not mask & self.assigned or bool(mask & self.singles)
+        if not mask & self.assigned:
+            return True
+        return self._in_groups(mask, exact=True)
+
+    def reach(self, mask: NumaMask) -> bool:
+        """Could a valid multi-node mask contain ``mask``?"""
+        if mask.bit_count() < 2:
+            return True
+        return self._in_groups(mask, exact=False)
 
 
 @dataclass
@@ -61,15 +120,34 @@ class Demand:
     # that affinity, which its later containers reuse (the memory manager's
     # getPodReusableMemory). Exact below hintgen.FULL_LIMIT NUMA nodes (a full walk).
     bonus: Mapping[NumaMask, Vector] = field(default_factory=dict)
+    # the memory grouping rule; when given, it is ``valid`` and ``reach``
+    rule: GroupRule | None = None
     _min_width: int | None = field(default=None, repr=False)
+    _key: Hashable | None = field(default=_UNSET, init=False, repr=False, compare=False)
     _domain_mask: NumaMask = field(default=0, init=False, repr=False)
-    _free: dict[int, Vector] = field(default_factory=dict, init=False, repr=False)
-    _cap: dict[int, Vector] = field(default_factory=dict, init=False, repr=False)
+    _tables: tuple[dict[int, Vector], dict[int, Vector]] | None = field(
+        default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.rule is not None:
+            self.valid, self.reach = self.rule.valid, self.rule.reach
         self._domain_mask = mask_of(self.domain)
-        self._free = {n: v for n, v in self.free.items() if any(v)}
-        self._cap = {n: v for n, v in self.capacity.items() if any(v)}
+
+    @property
+    def _free(self) -> dict[int, Vector]:
+        """``free`` less its zero vectors (made when first asked: a kept hint list needs
+        none of the per-mask sums)."""
+        return self._nonzero()[0]
+
+    @property
+    def _cap(self) -> dict[int, Vector]:
+        return self._nonzero()[1]
+
+    def _nonzero(self) -> tuple[dict[int, Vector], dict[int, Vector]]:
+        if self._tables is None:
+            self._tables = ({n: v for n, v in self.free.items() if any(v)},
+                            {n: v for n, v in self.capacity.items() if any(v)})
+        return self._tables
 
     @property
     def domain_mask(self) -> NumaMask:
@@ -118,15 +196,25 @@ class Demand:
         """The kubelet's minAffinitySize: narrowest width whose capacity holds the request
         (the number of nodes when none does)."""
         if self._min_width is None:
-            found = len(self.domain)
-            for k in range(1, len(self.domain) + 1):
-                m = best_subset(list(self.domain), k, self.fits_capacity,
-                                tables=[(self.capacity, self.request)], budget=200_000)
-                if m is not None:
-                    found = k
-                    break
-            self._min_width = found
+            zero = (0,) * len(self.request)
+            self._min_width = _min_width(
+                tuple(self.domain), tuple(self.capacity.get(n, zero) for n in self.domain),
+                tuple(self.request))
         return self._min_width
+
+    def key(self) -> Hashable | None:
+        """Everything the kubelet's hint list of this demand depends on (None when an
+        extra rule other than the memory grouping rule takes part)."""
+        if self._key is _UNSET:
+            if self.valid is not None and self.rule is None:
+                self._key = None
+            else:
+                zero = (0,) * len(self.request)
+                self._key = (tuple(self.request), tuple(self.domain),
+                             tuple(self.free.get(n, zero) for n in self.domain),
+                             tuple(self.capacity.get(n, zero) for n in self.domain),
+                             self.required, self.rule, tuple(sorted(self.bonus.items())))
+        return self._key
 
     def hint(self, mask: NumaMask) -> TopologyHint:
         return TopologyHint(mask, mask.bit_count() == self.min_width())
@@ -139,36 +227,98 @@ def iterate_masks(ids: Sequence[int]) -> Iterator[NumaMask]:
             yield mask_of(combo)
 
 
+# Hint lists by Demand.key(): a scheduler extender walks the same free counts on many
+# nodes (and again for every new pod shape asking the same). Bounded, oldest out first.
+HINT_CACHE_SIZE = 2048
+_hint_cache: dict[Hashable, tuple[TopologyHint, ...]] = {}
+
+
 def full_hints(d: Demand) -> list[TopologyHint]:
     """The kubelet's hint list for a demand: every fitting mask (2^n walk), in its order.
 
     :meth:`Demand.fits` for every mask, with the free and capacity sums of all the
     domain's subsets built first, one addition per subset (the walk is what a scheduler
     extender pays for every node, so it is kept tight: one-dimensional requests, CPUs
-    or plain memory, add numbers rather than vectors)."""
-    width = d.min_width()
-    masks = kubelet_masks(tuple(d.domain))
-    if len(d.request) == 1:
-        need, required, valid = d.request[0], d.required, d.valid
-        free1 = _subset_totals(d.domain, {n: v[0] for n, v in d.free.items()})
-        cap1 = _subset_totals(d.domain, {n: v[0] for n, v in d.capacity.items()})
-        for m, extra in d.bonus.items():
-            if m in free1:
-                free1[m] += extra[0]
-        return [TopologyHint(m, m.bit_count() == width) for m in masks
-                if cap1[m] >= need and free1[m] >= need and not required & ~m
-                and (valid is None or valid(m))]
-    return [TopologyHint(m, m.bit_count() == width) for m in masks if d.fits(m)]
+    or plain memory, add numbers rather than vectors), and kept by what it depends on
+    (:meth:`Demand.key`)."""
+    key = d.key()
+    got = None if key is None else _hint_cache.get(key)
+    if got is None:
+        got = _walk(d)
+        if key is not None:
+            if len(_hint_cache) >= HINT_CACHE_SIZE:
+                _hint_cache.pop(next(iter(_hint_cache)), None)
+            _hint_cache[key] = got
+    return list(got)
 
 
-def _subset_totals(domain: Sequence[int], table: Mapping[int, int]) -> dict[NumaMask, int]:
-    """The sum of ``table`` over every subset of ``domain``, by mask."""
+def _walk(d: Demand) -> tuple[TopologyHint, ...]:
+    domain = tuple(d.domain)
+    pairs = _mask_hints(domain, d.min_width())
+    if len(d.request) != 1:
+        return tuple(h for m, h in pairs if d.fits(m))
+    need, required, valid = d.request[0], d.required, d.valid
+    free = tuple(d.free.get(n, (0,))[0] for n in domain)
+    cap = tuple(d.capacity.get(n, (0,))[0] for n in domain)
+    free1 = _subset_totals(domain, free)
+    for m, extra in d.bonus.items():
+        if m in free1:
+            free1[m] += extra[0]
+    if not d.bonus and all(f <= c for f, c in zip(free, cap, strict=True)):
+        # free sums never pass capacity sums: capacity holds wherever free memory does
+        if valid is None and not required:
+            return tuple(h for m, h in pairs if free1[m] >= need)
+        return tuple(h for m, h in pairs if free1[m] >= need and not required & ~m
+                     and (valid is None or valid(m)))
+    cap1 = _capacity_totals(domain, cap)
+    return tuple(h for m, h in pairs if free1[m] >= need and cap1[m] >= need
+                 and not required & ~m and (valid is None or valid(m)))
+
+
+@functools.lru_cache(maxsize=64)
+def _mask_hints(domain: tuple[int, ...], width: int
+                ) -> tuple[tuple[NumaMask, TopologyHint], ...]:
+    """Every mask of ``domain`` in the kubelet's order with its hint (preferred iff
+    ``width`` wide); hints are immutable, the cached lists share them."""
+    return tuple((m, TopologyHint(m, m.bit_count() == width)) for m in kubelet_masks(domain))
+
+
+def _subset_totals(domain: Sequence[int], values: Sequence[int]) -> dict[NumaMask, int]:
+    """The sum of ``values`` (one per node of ``domain``) over every subset of
+    ``domain``, by mask."""
     out: dict[NumaMask, int] = {0: 0}
-    for n in domain:
-        v = table.get(n, 0)
+    for n, v in zip(domain, values, strict=True):
         bit = 1 << n
         out.update([(m | bit, t + v) for m, t in out.items()])
     return out
+
+
+@functools.lru_cache(maxsize=32)
+def _capacity_totals(domain: tuple[int, ...], values: tuple[int, ...]) -> dict[NumaMask, int]:
+    """:func:`_subset_totals` kept (a machine's capacities repeat on every decision; the
+    answer is read, never changed)."""
+    return _subset_totals(domain, values)
+
+
+@functools.lru_cache(maxsize=1024)
+def _min_width(domain: tuple[int, ...], capacity: tuple[Vector, ...], request: Vector) -> int:
+    """The narrowest width whose capacity holds ``request`` (the number of nodes when
+    none does); ``capacity`` per node of ``domain``."""
+    table = dict(zip(domain, capacity, strict=True))
+
+    def holds(mask: NumaMask) -> bool:
+        tot = [0] * len(request)
+        for n in domain:
+            if mask >> n & 1:
+                for i, x in enumerate(table[n]):
+                    tot[i] += x
+        return all(t >= r for t, r in zip(tot, request, strict=True))
+
+    for k in range(1, len(domain) + 1):
+        if best_subset(list(domain), k, holds, tables=[(table, request)],
+                       budget=200_000) is not None:
+            return k
+    return len(domain)
 
 
 @functools.lru_cache(maxsize=256)
@@ -210,9 +360,22 @@ def device_request(c: Container, machine: Machine) -> dict[str, int]:
 
 
 def cpu_demand(machine: Machine, ledger: Ledger, uid: str, request: int) -> Demand:
-    free_cpus = ledger.free_cpus()
+    def parts() -> tuple[tuple[int, ...], dict[int, Vector], dict[int, Vector], NumaMask]:
+        return _cpu_counts(machine, ledger, uid)
+
+    # kept per holder: a pod the ledger does not hold reuses nothing (one entry for all)
+    holder = uid if uid in ledger.pods else None
+    domain, free, cap, required = (ledger.derived(("cpu", holder), parts)
+                                   if machine is ledger.machine else parts())
+    return Demand("cpu", ("cpu",), (request,), domain, free, cap, required)
+
+
+def _cpu_counts(machine: Machine, ledger: Ledger, uid: str
+                ) -> tuple[tuple[int, ...], dict[int, Vector], dict[int, Vector], NumaMask]:
+    """CPU demand parts: the domain, CPUs usable by ``uid`` and all CPUs per NUMA node,
+    and the nodes of its reusable CPUs."""
     reusable = ledger.reusable_cpus(uid)
-    usable = free_cpus | reusable
+    usable = ledger.free_cpus() | reusable
     domain = tuple(sorted({c.numa for c in machine.cpus.values()}))
     free: dict[int, Vector] = {n: (0,) for n in domain}
     cap: dict[int, Vector] = {n: (0,) for n in domain}
@@ -221,7 +384,7 @@ def cpu_demand(machine: Machine, ledger: Ledger, uid: str, request: int) -> Dema
         if c.id in usable:
             free[c.numa] = (free[c.numa][0] + 1,)
     required = mask_of({machine.cpus[c].numa for c in reusable})
-    return Demand("cpu", ("cpu",), (request,), domain, free, cap, required)
+    return domain, free, cap, required
 
 
 def memory_demand(machine: Machine, ledger: Ledger, request: Mapping[str, int],
@@ -229,49 +392,25 @@ def memory_demand(machine: Machine, ledger: Ledger, request: Mapping[str, int],
     """The memory manager's request; ``reusable``: bytes per memory type the pod's init
     containers hold per exact NUMA affinity (counted as free for that mask only)."""
     kinds = tuple(sorted(request, key=lambda k: (k != MEMORY, k)))
-    domain = tuple(sorted(machine.numa_ids))
-    free = {n: tuple(max(0, ledger.free_memory(n, k)) for k in kinds) for n in domain}
-    cap = {n: tuple(ledger.capacity(n, k) for k in kinds) for n in domain}
-    assigned = 0  # nodes with memory assignments
-    singles = 0  # nodes used by single-node allocations
-    group_of: dict[int, NumaMask] = {}
-    for n, count in ledger.assignments.items():
-        if count > 0:
-            assigned |= 1 << n
-            group = ledger.cells.get(n, 1 << n)
-            if group.bit_count() <= 1:
-                singles |= 1 << n
-            else:
-                group_of[n] = group
+    def parts() -> tuple[tuple[int, ...], dict[int, Vector], dict[int, Vector], GroupRule]:
+        return _memory_parts(machine, ledger, kinds)
 
-    def _in_groups(mask: NumaMask, exact: bool) -> bool:
-        a = mask & assigned
-        if a & singles:
-            return False
-        while a:
-            low = a & -a
-            group = group_of[low.bit_length() - 1]
-            if (group != mask) if exact else bool(mask & ~group):
-                return False
-            a ^= low
-        return True
-
-    def valid(mask: NumaMask) -> bool:
-        """The memory manager's grouping rule for a hint mask."""
-        if mask.bit_count() == 1:
-            return not mask & assigned or bool(mask & singles)
-        return _in_groups(mask, exact=True)
-
-    def reach(mask: NumaMask) -> bool:
-        """Could a valid multi-node mask contain ``mask``?"""
-        if mask.bit_count() < 2:
-            return True
-        return _in_groups(mask, exact=False)
-
+    domain, free, cap, rule = (ledger.derived(("memory", kinds), parts)
+                               if machine is ledger.machine else parts())
     bonus = {m: tuple(per.get(k, 0) for k in kinds)
              for m, per in (reusable or {}).items() if any(per.get(k, 0) for k in kinds)}
     return Demand("memory", kinds, tuple(request[k] for k in kinds), domain, free, cap,
-                  valid=valid, reach=reach, bonus=bonus)
+                  bonus=bonus, rule=rule)
+
+
+def _memory_parts(machine: Machine, ledger: Ledger, kinds: tuple[str, ...]
+                  ) -> tuple[tuple[int, ...], dict[int, Vector], dict[int, Vector], GroupRule]:
+    """Memory demand parts: the domain, free and allocatable bytes of ``kinds`` per NUMA
+    node, the grouping rule."""
+    domain = tuple(sorted(machine.numa_ids))
+    free = {n: tuple(max(0, ledger.free_memory(n, k)) for k in kinds) for n in domain}
+    cap = {n: tuple(ledger.capacity(n, k) for k in kinds) for n in domain}
+    return domain, free, cap, GroupRule.of(ledger)
 
 
 def device_hints_or_demand(machine: Machine, ledger: Ledger, uid: str, resource: str,

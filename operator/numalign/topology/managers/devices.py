@@ -81,12 +81,13 @@ class DeviceProvider:
                 ask.demands.append(got)
             else:
                 ask.fixed[res] = got
-        free_sets = a.free_sets()
+        free_sets: dict[str, frozenset[str]] | None = None
         seen: set[int] = set()
         for res, ov in self.overrides.items():
             if id(ov) in seen or not any(r in c.requests for c in unit for r in ov.resources):
                 continue
             seen.add(id(ov))
+            free_sets = a.free_sets() if free_sets is None else free_sets
             req = OverrideRequest(a.machine, a.pod, res, tuple(unit),
                                   a.unit_value(unit, _count_of(res)),
                                   free_sets.get(res, frozenset()), free_sets)
@@ -103,7 +104,7 @@ class DeviceProvider:
     def allocate(self, c: Container, hint: TopologyHint, alloc: ContainerAllocation) -> None:
         a = self.a
         mask = hint.mask
-        free_sets = a.free_sets()
+        free_sets: dict[str, frozenset[str]] | None = None
         for res, count in device_request(c, a.machine).items():
             if res in self.overrides:
                 continue
@@ -113,6 +114,7 @@ class DeviceProvider:
                 continue
             if not getattr(ov, "per_container", False):  # GPU groups: all to the first
                 self.done.add(id(ov))
+            free_sets = a.free_sets() if free_sets is None else free_sets
             req = OverrideRequest(a.machine, a.pod, res, (c,), int(c.request(res)),
                                   free_sets.get(res, frozenset()), free_sets)
             try:
