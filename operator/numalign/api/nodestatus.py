@@ -28,6 +28,20 @@ def _mapping(v: Any, where: str) -> Mapping[str, Any]:
     return v
 
 
+_ZONE_MACHINE_FIELDS = ("id", "cpus", "memory", "hugepages")  # not what is free
+
+
+def machine_source(status: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What of a NodeTopology status :func:`machine_from_status` reads (the zones less
+    their free and allocatable amounts, which change with every pod): two statuses with
+    equal sources describe one machine."""
+    zones = status.get("zones")
+    if isinstance(zones, list):
+        zones = [{k: z.get(k) for k in _ZONE_MACHINE_FIELDS} if isinstance(z, Mapping) else z
+                 for z in zones]
+    return (zones, status.get("distances"), status.get("devices"), status.get("cpuTopology"))
+
+
 def machine_from_status(status: Mapping[str, Any], name: str = "node") -> Machine:
     """The machine a NodeTopology status describes (zones, CPU topology, distances,
     devices).

@@ -44,6 +44,7 @@ from numalign.api.nodestatus import (
     held_from_status,
     ledger_from_held,
     machine_from_status,
+    machine_source,
 )
 from numalign.api.wire import (
     ANN_GPUS,
@@ -75,8 +76,6 @@ log = logging.getLogger("numalign.extender")
 CANDIDATE_UID = "numalign.io/extender-candidate"  # the uid a pod is decided under
 UNREADABLE_POD_REASON = "InvalidPod"
 
-# The status fields a machine is read from (the same machine shares one Machine object).
-_MACHINE_FIELDS = ("zones", "distances", "devices", "cpuTopology")
 
 
 @dataclass(frozen=True)
@@ -159,17 +158,22 @@ class NodeView:
     admitted: frozenset[str] = frozenset()
     problem: str | None = None
     notes: tuple[str, ...] = ()
-    machine_key: Hashable = None
+    machine_key: str = ""
     held_key: tuple[tuple[Any, ...], ...] = ()
     policy_id: str = ""  # the node's policy as text: nodes alike decide a pod alike
     _ledger: Ledger | None = field(default=None, repr=False)
 
+    raw_machine: tuple[Any, ...] = field(default=(), repr=False)  # the fields it came from
+
     @classmethod
     def from_nodetopology(cls, nt: Mapping[str, Any],
-                          machines: dict[str, Machine] | None = None) -> NodeView:
+                          machines: dict[str, Machine] | None = None,
+                          previous: NodeView | None = None) -> NodeView:
         """Read a NodeTopology object (never raises: an unusable one gives a view with
         ``machine`` None). ``machines``: a table shared between views so that nodes of
-        the same machine share one Machine object (and their verdicts)."""
+        the same machine share one Machine object (and their verdicts); ``previous``:
+        the node's last view, whose machine is kept when the fields it came from are
+        unchanged (they are, but for a new agent: what changes is what it holds)."""
         meta = nt.get("metadata") if isinstance(nt, Mapping) else None
         meta = meta if isinstance(meta, Mapping) else {}
         name = str(meta.get("name") or "")
@@ -178,9 +182,14 @@ class NodeView:
         status = nt.get("status") if isinstance(nt, Mapping) else None
         if not isinstance(status, Mapping):
             return cls(name, rv, policy, None, problem="NodeTopology has no status yet")
-        key = json.dumps({k: status.get(k) for k in _MACHINE_FIELDS}, sort_keys=True,
-                         default=str)
-        machine = machines.get(key) if machines is not None else None
+        raw = machine_source(status)
+        machine: Machine | None
+        key: str
+        if previous is not None and previous.machine is not None and previous.raw_machine == raw:
+            machine, key = previous.machine, previous.machine_key
+        else:
+            key = json.dumps(raw, sort_keys=True, default=str)
+            machine = machines.get(key) if machines is not None else None
         if machine is None:
             try:
                 machine = machine_from_status(status, name="node")
@@ -194,7 +203,8 @@ class NodeView:
         policy_id = "|".join((policy.kind, policy.default.annotation(),
                               policy.kubelet.annotation() if policy.kubelet else "-"))
         return cls(name, rv, policy, machine, tuple(held), admitted, None, tuple(notes),
-                   machine_key=key, held_key=held_key(held), policy_id=policy_id)
+                   machine_key=key, held_key=held_key(held), policy_id=policy_id,
+                   raw_machine=raw)
 
     def without(self, uids: Collection[str]) -> NodeView:
         """This view less the pods ``uids`` (gone, or finished, before the node publishes
@@ -296,8 +306,23 @@ def _container_key(a: ContainerAllocation) -> tuple[Any, ...]:
 def held_key(held: Iterable[HeldPod]) -> tuple[tuple[Any, ...], ...]:
     """What a set of held pods takes, independent of who holds it: two nodes of one
     machine holding equal keys decide every pod the same."""
-    return tuple(sorted(tuple(sorted(_container_key(a) for _, a in p.containers))
-                        for p in held))
+    return tuple(sorted(_pod_key(p) for p in held))
+
+
+_POD_KEYS: OrderedDict[int, tuple[HeldPod, tuple[Any, ...]]] = OrderedDict()
+
+
+def _pod_key(p: HeldPod) -> tuple[Any, ...]:
+    """What one held pod takes (kept for the last pods asked: a reservation is keyed
+    again on every filter until its node lists it)."""
+    hit = _POD_KEYS.get(id(p))
+    if hit is not None and hit[0] is p:
+        return hit[1]
+    key = tuple(sorted(_container_key(a) for _, a in p.containers))
+    _POD_KEYS[id(p)] = (p, key)
+    if len(_POD_KEYS) > 8192:
+        _POD_KEYS.popitem(last=False)
+    return key
 
 
 # ---------------------------------------------------------------- the pod
@@ -314,8 +339,23 @@ class PodShape:
     problem: str | None = None
 
 
+_SHAPES: OrderedDict[int, tuple[Mapping[str, Any], PodShape]] = OrderedDict()
+
+
 def pod_shape(pod: Mapping[str, Any]) -> PodShape:
-    """The pod's shape (never raises: an unreadable pod gives ``model`` None)."""
+    """The pod's shape (never raises: an unreadable pod gives ``model`` None); kept for
+    the last pod objects asked (a pod in flight is decided again on many nodes)."""
+    hit = _SHAPES.get(id(pod))
+    if hit is not None and hit[0] is pod:
+        return hit[1]
+    shape = _pod_shape(pod)
+    _SHAPES[id(pod)] = (pod, shape)
+    if len(_SHAPES) > 1024:
+        _SHAPES.popitem(last=False)
+    return shape
+
+
+def _pod_shape(pod: Mapping[str, Any]) -> PodShape:
     meta = pod.get("metadata") if isinstance(pod, Mapping) else None
     meta = meta if isinstance(meta, Mapping) else {}
     ann = meta.get("annotations")
@@ -428,8 +468,11 @@ def room_left(view: NodeView, reserved: Sequence[HeldPod], flying: Sequence[Held
     if len(ledger.pods) + len(reserved) + len(flying) + 1 > DEFAULT_MAX_PODS:
         return False
     numa = set(verdict.numa_nodes) or set(machine.numa_ids)
+    free_set, by_numa = ledger.derived("extender-free-cpus-by-numa", lambda: _free_by_numa(
+        ledger))
     taken = {c for a in held for c in a.cpus}
-    free = sum(1 for c in ledger.free_cpus() - taken if machine.cpus[c].numa in numa)
+    free = sum(by_numa.get(n, 0) for n in numa) - sum(
+        1 for c in taken if c in free_set and machine.cpus[c].numa in numa)
     if free - sum(len(a.cpus) for a in asked) < len({c for a in mine for c in a.cpus}):
         return False
     for kind in {k for a in mine for k in a.memory}:
@@ -446,6 +489,15 @@ def room_left(view: NodeView, reserved: Sequence[HeldPod], flying: Sequence[Held
         if len((set(ledger.free_devices(res)) & near) - gone) < want:
             return False
     return True
+
+
+def _free_by_numa(ledger: Ledger) -> tuple[frozenset[int], dict[int, int]]:
+    free = frozenset(ledger.free_cpus())
+    by_numa: dict[int, int] = {}
+    for c in free:
+        n = ledger.machine.cpus[c].numa
+        by_numa[n] = by_numa.get(n, 0) + 1
+    return free, by_numa
 
 
 # ---------------------------------------------------------------- the fleet
@@ -480,7 +532,7 @@ class Decider:
         old = self.published.get(name)
         if old is not None and rv and old.resource_version == rv:
             return self.views[name]
-        view = NodeView.from_nodetopology(nt, self.machines)
+        view = NodeView.from_nodetopology(nt, self.machines, old)
         self.published[name] = view
         gone = self.released.get(name)
         if gone:
