@@ -537,8 +537,12 @@ class Decider:
         gone = self.released.get(name)
         if gone:
             gone &= view.admitted  # the node published their release: nothing to do
-        self.views[name] = view.without(gone) if gone else view
-        return self.views[name]
+        view = self.views[name] = view.without(gone) if gone else view
+        if view.usable:
+            # built now, on the watch, rather than in the next filter call (the first
+            # filter over many nodes would build all their ledgers)
+            view.ledger()
+        return view
 
     def release(self, node: str, uid: str) -> bool:
         """``uid`` left ``node`` (deleted or finished): decide as if the node had released
