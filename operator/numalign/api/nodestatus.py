@@ -5,7 +5,7 @@ mappings in, no API objects."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -239,10 +239,14 @@ def reserved_cpus(settings: Mapping[str, Any]) -> HeldPod | None:
     return reserved_holder(cpus)
 
 
-def held_from_status(status: Mapping[str, Any], node: str) -> tuple[list[HeldPod], list[str]]:
+def held_from_status(status: Mapping[str, Any], node: str,
+                     parse: Callable[[Mapping[str, Any], str], HeldPod] | None = None
+                     ) -> tuple[list[HeldPod], list[str]]:
     """What a NodeTopology status says the node holds: the kubelet's reserved CPUs (a
     real node) first, then every ``status.admitted`` pod; also one note per entry that
-    cannot be read (it is left out)."""
+    cannot be read (it is left out). ``parse``: reads one entry (default
+    :func:`held_from_admitted`; a reader of many updates may keep what it read)."""
+    parse = parse or held_from_admitted
     held: list[HeldPod] = []
     notes: list[str] = []
     settings = kubelet_settings(status)
@@ -255,7 +259,7 @@ def held_from_status(status: Mapping[str, Any], node: str) -> tuple[list[HeldPod
         if not isinstance(entry, Mapping):
             continue
         try:
-            held.append(held_from_admitted(entry, f"NodeTopology {node} status.admitted[{i}]"))
+            held.append(parse(entry, f"NodeTopology {node} status.admitted[{i}]"))
         except TopologyError as e:
             notes.append(f"ignored: {e}")
     return held, notes

@@ -9,8 +9,8 @@ reads them: :mod:`numalign.api.nodestatus`, the kubelet's reserved CPUs held), p
 extender's in-flight reservations, and the engine's admission
 (:func:`numalign.api.admission.admit_resolved`, as the agent runs it) decides.
 
-- :class:`NodeView`: one node as its NodeTopology describes it (built once per
-  ``resourceVersion``).
+- :class:`~.view.NodeView` (:mod:`.view`): one node as its NodeTopology describes it
+  (built once per ``resourceVersion``).
 - :func:`decide`: a pod on one view (plus reservations) -> :class:`Verdict`.
 - :class:`Decider`: the views of a fleet, kept per ``resourceVersion``, with a cache of
   verdicts: nodes in the same state (same machine, same allocations held, same
@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -36,16 +36,9 @@ from numalign.api.effective import (
     EMULATED,
     NUMALIGN_MANAGED,
     EffectivePolicy,
-    NodePolicy,
     effective_policy,
 )
-from numalign.api.nodestatus import (
-    HeldPod,
-    held_from_status,
-    ledger_from_held,
-    machine_from_status,
-    machine_source,
-)
+from numalign.api.nodestatus import HeldPod
 from numalign.api.wire import (
     ANN_GPUS,
     REJECT_REASON,
@@ -62,6 +55,7 @@ from numalign.topology.machine import Machine
 from numalign.topology.pod import Pod, pod_from_dict
 
 from .score import MAX_SCORE, MIN_SCORE, NEUTRAL_SCORE, SCORE_WEIGHTS, pod_numa, score_admission
+from .view import EntryReader, NodeView, held_key
 
 __all__ = [  # what the extender's server, explain and the benchmarks use
     "CANDIDATE_UID", "MAX_SCORE", "MIN_SCORE", "NEUTRAL_SCORE", "SCORE_WEIGHTS", "Decider",
@@ -141,188 +135,6 @@ class Verdict:
         if self.note:
             out["note"] = self.note
         return out
-
-
-@dataclass
-class NodeView:
-    """One node as its NodeTopology describes it: the policy that decides there, the
-    machine, what it holds (``status.admitted`` and the kubelet's reserved CPUs), the
-    pods it has admitted (uids, or ``namespace/name`` where an entry has no uid).
-    ``machine`` None: unusable (``problem`` says why)."""
-
-    name: str
-    resource_version: str
-    policy: NodePolicy
-    machine: Machine | None
-    held: tuple[HeldPod, ...] = ()
-    admitted: frozenset[str] = frozenset()
-    problem: str | None = None
-    notes: tuple[str, ...] = ()
-    machine_key: str = ""
-    held_key: tuple[tuple[Any, ...], ...] = ()
-    policy_id: str = ""  # the node's policy as text: nodes alike decide a pod alike
-    _ledger: Ledger | None = field(default=None, repr=False)
-
-    raw_machine: tuple[Any, ...] = field(default=(), repr=False)  # the fields it came from
-
-    @classmethod
-    def from_nodetopology(cls, nt: Mapping[str, Any],
-                          machines: dict[str, Machine] | None = None,
-                          previous: NodeView | None = None) -> NodeView:
-        """Read a NodeTopology object (never raises: an unusable one gives a view with
-        ``machine`` None). ``machines``: a table shared between views so that nodes of
-        the same machine share one Machine object (and their verdicts); ``previous``:
-        the node's last view, whose machine is kept when the fields it came from are
-        unchanged (they are, but for a new agent: what changes is what it holds)."""
-        meta = nt.get("metadata") if isinstance(nt, Mapping) else None
-        meta = meta if isinstance(meta, Mapping) else {}
-        name = str(meta.get("name") or "")
-        rv = str(meta.get("resourceVersion") or "")
-        policy = NodePolicy.from_nodetopology(nt)
-        status = nt.get("status") if isinstance(nt, Mapping) else None
-        if not isinstance(status, Mapping):
-            return cls(name, rv, policy, None, problem="NodeTopology has no status yet")
-        raw = machine_source(status)
-        machine: Machine | None
-        key: str
-        if previous is not None and previous.machine is not None and previous.raw_machine == raw:
-            machine, key = previous.machine, previous.machine_key
-        else:
-            key = json.dumps(raw, sort_keys=True, default=str)
-            machine = machines.get(key) if machines is not None else None
-        if machine is None:
-            try:
-                machine = machine_from_status(status, name="node")
-            except (TopologyError, ValueError, TypeError) as e:
-                return cls(name, rv, policy, None, problem=f"NodeTopology {name}: {e}")
-            if machines is not None:
-                machines[key] = machine
-        held, notes = held_from_status(status, name)
-        admitted = frozenset(_admitted_key(e) for e in status.get("admitted") or ()
-                             if isinstance(e, Mapping))
-        policy_id = "|".join((policy.kind, policy.default.annotation(),
-                              policy.kubelet.annotation() if policy.kubelet else "-"))
-        return cls(name, rv, policy, machine, tuple(held), admitted, None, tuple(notes),
-                   machine_key=key, held_key=held_key(held), policy_id=policy_id,
-                   raw_machine=raw)
-
-    def without(self, uids: Collection[str]) -> NodeView:
-        """This view less the pods ``uids`` (gone, or finished, before the node publishes
-        that it released them)."""
-        held = tuple(p for p in self.held if p.uid not in uids)
-        if len(held) == len(self.held):
-            return self
-        return replace(self, held=held, held_key=held_key(held), _ledger=None)
-
-    def lists(self, held: HeldPod) -> bool:
-        """The node's NodeTopology lists this pod (by uid, or by namespace and name)."""
-        return held.uid in self.admitted or f"{held.namespace}/{held.name}" in self.admitted
-
-    @property
-    def usable(self) -> bool:
-        return self.machine is not None
-
-    def ledger(self) -> Ledger:
-        """The node's ledger as published (built once; callers work on copies)."""
-        if self.machine is None:
-            raise ValueError(f"node {self.name}: {self.problem}")
-        if self._ledger is None:
-            ledger, more = ledger_from_held(self.machine, self.held)
-            self._ledger = ledger
-            self.notes = (*self.notes, *more)
-        return self._ledger
-
-    def ledger_with(self, reservations: Sequence[HeldPod]) -> Ledger:
-        """The published ledger plus ``reservations`` (those it shows already, or that
-        no longer fit, are left out); a copy when there are any."""
-        base = self.ledger()
-        extra = [r for r in reservations if not self.lists(r) and r.uid not in base.pods]
-        if not extra:
-            return base
-        ledger = base.copy()
-        for r in extra:
-            try:
-                ledger.allocate_many(r.uid, list(r.containers), pod_name=r.name,
-                                     namespace=r.namespace)
-            except TopologyError as e:
-                # The node moved on (it shows other pods on some of it): hold what of it
-                # is still free rather than nothing, so no room appears that the pod,
-                # once admitted, takes.
-                seen = (self.name, self.resource_version, r.uid)
-                if seen not in _WARNED:  # once per node state
-                    if len(_WARNED) >= 4096:
-                        _WARNED.clear()
-                    _WARNED.add(seen)
-                    log.debug("node %s: reservation of pod %s/%s (%s) does not fit what "
-                                "the node publishes (%s); holding what of it is free",
-                                self.name, r.namespace, r.name, r.uid, e)
-                ledger.allocate_many(r.uid, _still_free(ledger, r), pod_name=r.name,
-                                     namespace=r.namespace)
-        return ledger
-
-
-_WARNED: set[tuple[str, str, str]] = set()  # (node, its resourceVersion, pod uid) logged
-
-
-def _still_free(ledger: Ledger, held: HeldPod) -> list[tuple[str, ContainerAllocation]]:
-    """What of ``held`` ``ledger`` has free: its CPUs and devices nobody holds, its memory
-    up to what each NUMA node has left."""
-    used: dict[tuple[int, str], int] = {}
-    taken: set[int] = set(ledger.cpu_owner)
-    gone: set[tuple[str, str]] = set(ledger.device_owner)
-    out = []
-    for name, a in held.containers:
-        memory: dict[str, dict[int, int]] = {}
-        for kind, per in a.memory.items():
-            for numa, b in per.items():
-                left = max(0, min(b, ledger.free_memory(numa, kind) - used.get((numa, kind), 0)))
-                used[(numa, kind)] = used.get((numa, kind), 0) + left
-                if left:
-                    memory.setdefault(kind, {})[numa] = left
-        devices = {res: kept for res, ids in a.devices.items()
-                   if (kept := tuple(dict.fromkeys(i for i in ids if (res, i) not in gone)))}
-        gone.update((res, i) for res, ids in devices.items() for i in ids)
-        cpus = tuple(dict.fromkeys(c for c in a.cpus if c not in taken))
-        taken.update(cpus)
-        out.append((name, ContainerAllocation(
-            cpus=cpus, memory=memory,
-            memory_mask=a.memory_mask, devices=devices, reusable=a.reusable)))
-    return out
-
-
-def _admitted_key(entry: Mapping[str, Any]) -> str:
-    """A ``status.admitted`` entry's pod: its uid, else ``namespace/name`` (a real node's
-    kubelet may list a pod the agent cannot name by uid)."""
-    uid = entry.get("uid")
-    return str(uid) if uid else f"{entry.get('namespace') or 'default'}/{entry.get('pod')}"
-
-
-def _container_key(a: ContainerAllocation) -> tuple[Any, ...]:
-    return (tuple(sorted(a.cpus)),
-            tuple(sorted((t, tuple(sorted(per.items()))) for t, per in a.memory.items())),
-            a.memory_mask, tuple(sorted(a.devices.items())))
-
-
-def held_key(held: Iterable[HeldPod]) -> tuple[tuple[Any, ...], ...]:
-    """What a set of held pods takes, independent of who holds it: two nodes of one
-    machine holding equal keys decide every pod the same."""
-    return tuple(sorted(_pod_key(p) for p in held))
-
-
-_POD_KEYS: OrderedDict[int, tuple[HeldPod, tuple[Any, ...]]] = OrderedDict()
-
-
-def _pod_key(p: HeldPod) -> tuple[Any, ...]:
-    """What one held pod takes (kept for the last pods asked: a reservation is keyed
-    again on every filter until its node lists it)."""
-    hit = _POD_KEYS.get(id(p))
-    if hit is not None and hit[0] is p:
-        return hit[1]
-    key = tuple(sorted(_container_key(a) for _, a in p.containers))
-    _POD_KEYS[id(p)] = (p, key)
-    if len(_POD_KEYS) > 8192:
-        _POD_KEYS.popitem(last=False)
-    return key
 
 
 # ---------------------------------------------------------------- the pod
@@ -519,6 +331,7 @@ class Decider:
         self.published: dict[str, NodeView] = {}  # as the NodeTopology says, before release()
         self.released: dict[str, set[str]] = {}  # node -> uids gone but still published
         self.machines: dict[str, Machine] = {}
+        self.entries = EntryReader()
         self.max_cached = max_cached
         self._cache: OrderedDict[Hashable, Verdict] = OrderedDict()
         self.hits = 0
@@ -532,7 +345,7 @@ class Decider:
         old = self.published.get(name)
         if old is not None and rv and old.resource_version == rv:
             return self.views[name]
-        view = NodeView.from_nodetopology(nt, self.machines, old)
+        view = NodeView.from_nodetopology(nt, self.machines, old, self.entries)
         self.published[name] = view
         gone = self.released.get(name)
         if gone:
