@@ -54,6 +54,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
 from bench_agent import agent_argv, pct, stop, wait_nodes
 from bench_operator import _free_port, _webhook_ready
 from numalign.api.kube import ApiError, Kube, load_config
@@ -396,19 +399,19 @@ class Extender:
 
     async def latency(self) -> dict[str, Any]:
         text = await asyncio.to_thread(_http_get, self.metrics_url)
+        samples = [s for fam in text_string_to_metric_families(text) for s in fam.samples]
         out: dict[str, Any] = {}
         for verb, metric in (("filter", FILTER_METRIC), ("prioritize", PRIORITIZE_METRIC)):
-            buckets = histogram(text, metric)
-            out[f"extender_{verb}_calls"] = int(buckets[-1][1]) if buckets else 0
-            total = re.search(rf"^{metric}_sum (\S+)$", text, re.MULTILINE)
-            out[f"extender_{verb}_mean_ms"] = (
-                round(1000 * float(total.group(1)) / buckets[-1][1], 2)
-                if total and buckets and buckets[-1][1] else None)
+            buckets = histogram(samples, metric)
+            calls = buckets[-1][1] if buckets else 0.0
+            total = sum(s.value for s in samples if s.name == f"{metric}_sum")
+            out[f"extender_{verb}_calls"] = int(calls)
+            out[f"extender_{verb}_mean_ms"] = round(1000 * total / calls, 2) if calls else None
             for p in (50, 99):
                 out[f"extender_{verb}_p{p}_ms"] = round(1000 * bucket_quantile(buckets, p), 2)
-        refused = re.findall(r'^numalign_extender_refusals_total\{reason="([^"]*)"\} (\S+)$',
-                             text, re.MULTILINE)
-        out["extender_refusals"] = {r: int(float(n)) for r, n in refused}
+        out["extender_refusals"] = {
+            s.labels["reason"]: int(s.value) for s in samples
+            if s.name == "numalign_extender_refusals_total"}
         return out
 
 
@@ -423,16 +426,14 @@ def _http_get(url: str) -> str:
         return str(resp.read().decode())
 
 
-def histogram(text: str, metric: str) -> list[tuple[float, float]]:
+def histogram(samples: list[Sample], metric: str) -> list[tuple[float, float]]:
     """The cumulative buckets (upper bound, count) of a Prometheus histogram, summed over
     its label sets."""
     acc: dict[float, float] = {}
-    pat = re.compile(rf'^{re.escape(metric)}_bucket\{{(?:.*,)?le="([^"]+)".*\}} (\S+)$')
-    for line in text.splitlines():
-        m = pat.match(line)
-        if m:
-            le = math.inf if m.group(1) == "+Inf" else float(m.group(1))
-            acc[le] = acc.get(le, 0.0) + float(m.group(2))
+    for s in samples:
+        if s.name == f"{metric}_bucket":
+            le = float(s.labels["le"])  # "+Inf" reads as inf
+            acc[le] = acc.get(le, 0.0) + s.value
     return sorted(acc.items())
 
 

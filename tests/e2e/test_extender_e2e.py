@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from e2e_helpers import (
     AgentProcess,
@@ -106,8 +107,8 @@ def _binds(cluster: DevCluster) -> float:
     url = f"{cluster.extender_url}/metrics"
     with urllib.request.urlopen(url, timeout=10) as r:
         text = r.read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith('numalign_extender_binds_total{outcome="bound"}'))
+    return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+               if s.name == "numalign_extender_binds_total" and s.labels == {"outcome": "bound"})
 
 
 def _story(core: Any, ns: str, cluster: DevCluster) -> str:

@@ -44,7 +44,6 @@ log = logging.getLogger(__name__)
 JSON = dict[str, Any]
 
 
-
 @dataclass
 class PlacedPod:
     namespace: str

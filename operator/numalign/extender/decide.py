@@ -55,7 +55,7 @@ from numalign.topology.machine import Machine
 from numalign.topology.pod import Pod, pod_from_dict
 
 from .score import MAX_SCORE, MIN_SCORE, NEUTRAL_SCORE, SCORE_WEIGHTS, pod_numa, score_admission
-from .view import EntryReader, NodeView, held_key
+from .view import EntryReader, KeptByIdentity, NodeView, held_key
 
 __all__ = [  # what the extender's server, explain and the benchmarks use
     "CANDIDATE_UID", "MAX_SCORE", "MIN_SCORE", "NEUTRAL_SCORE", "SCORE_WEIGHTS", "Decider",
@@ -151,20 +151,10 @@ class PodShape:
     problem: str | None = None
 
 
-_SHAPES: OrderedDict[int, tuple[Mapping[str, Any], PodShape]] = OrderedDict()
-
-
 def pod_shape(pod: Mapping[str, Any]) -> PodShape:
     """The pod's shape (never raises: an unreadable pod gives ``model`` None); kept for
     the last pod objects asked (a pod in flight is decided again on many nodes)."""
-    hit = _SHAPES.get(id(pod))
-    if hit is not None and hit[0] is pod:
-        return hit[1]
-    shape = _pod_shape(pod)
-    _SHAPES[id(pod)] = (pod, shape)
-    if len(_SHAPES) > 1024:
-        _SHAPES.popitem(last=False)
-    return shape
+    return _shapes(pod)
 
 
 def _pod_shape(pod: Mapping[str, Any]) -> PodShape:
@@ -190,6 +180,9 @@ def _pod_shape(pod: Mapping[str, Any]) -> PodShape:
         return PodShape(key, pod_from_dict(doc))
     except TopologyError as e:
         return PodShape(key, None, str(e))
+
+
+_shapes = KeptByIdentity[Mapping[str, Any], PodShape](_pod_shape, 1024)
 
 
 def policy_key(r: Resolved) -> Hashable:

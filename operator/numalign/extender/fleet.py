@@ -6,7 +6,7 @@ prioritize; synchronous and free of I/O (the server runs it on one event loop).
 - A pod filter approved is counted on every node it was approved for while it is in
   flight (:class:`~.reservations.InFlight`: the scheduler filters the next pod before
   this one is bound).
-- A pod bound (by the bind verb, :meth:`Fleet.bind`, or seen with ``spec.nodeName`` on
+- A pod bound (by the bind verb, :meth:`Fleet.claim`, or seen with ``spec.nodeName`` on
   the pod watch, not finished) that its node does not list yet gets a reservation: what
   the node will give it, decided as the node decides it, after the pods bound there
   before it (:meth:`Decider.hold`). Not what filter approved: that may have been decided

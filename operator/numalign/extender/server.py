@@ -19,9 +19,9 @@ import gc
 import logging
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 from aiohttp import web
@@ -33,7 +33,6 @@ from .fleet import Fleet
 from .metrics import CONTENT_TYPE, Metrics
 from .protocol import (
     ArgsError,
-    ExtenderArgs,
     binding_result,
     error_result,
     filter_result,
@@ -51,7 +50,7 @@ BOUND_PODS = {"fieldSelector": "spec.nodeName!="}
 EXPIRE_EVERY = 5.0
 BIND_TIMEOUT = 4.0  # below the scheduler's httpTimeout (5s): it then binds without us
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+T = TypeVar("T")
 
 
 @dataclass
@@ -86,25 +85,29 @@ class ExtenderServer:
         app.router.add_get("/metrics", self.render_metrics)
         return app
 
-    async def _args(self, request: web.Request) -> ExtenderArgs | web.Response:
+    async def _read(self, request: web.Request, parse: Callable[[bytes], T],
+                    answer: Callable[[str], Any], what: str) -> T | web.Response:
+        """The request's body, read by ``parse``; else the verb's error answer
+        (``answer(message)``): 503 until ready, 413 over ``max_body``, 400 naming the
+        field of ``what`` that is wrong."""
         if not self.ready:
-            return web.json_response(error_result(
+            return web.json_response(answer(
                 f"numalign extender not ready: waiting for {self.waiting_for}"), status=503)
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            return web.json_response(error_result(
-                f"ExtenderArgs: the body is over {self.max_body} bytes"), status=413)
+            return web.json_response(answer(
+                f"{what}: the body is over {self.max_body} bytes"), status=413)
         try:
-            return parse_args(body)
+            return parse(body)
         except ArgsError as e:
             log.warning("%s %s: %s", request.method, request.path, e)
-            return web.json_response(error_result(str(e)), status=400)
+            return web.json_response(answer(str(e)), status=400)
 
     async def _verb(self, request: web.Request, filtering: bool) -> web.Response:
         """Filter (``filtering``) or prioritize: the verdicts, as the verb's answer."""
         t0 = time.perf_counter()
-        args = await self._args(request)
+        args = await self._read(request, parse_args, error_result, "ExtenderArgs")
         if isinstance(args, web.Response):
             return args
         try:
@@ -140,18 +143,12 @@ class ExtenderServer:
         ``ExtenderBindingResult`` error: the scheduler (``ignorable: true``) then binds
         the pod itself."""
         t0 = time.perf_counter()
-        if not self.ready or self.kube is None:
-            why = (f"not ready: waiting for {self.waiting_for}" if not self.ready
-                   else "no API server to bind with")
-            return web.json_response(binding_result(f"numalign extender {why}"), status=503)
-        try:
-            args = parse_binding(await request.read())
-        except web.HTTPRequestEntityTooLarge:
+        args = await self._read(request, parse_binding, binding_result, "ExtenderBindingArgs")
+        if isinstance(args, web.Response):
+            return args
+        if self.kube is None:
             return web.json_response(binding_result(
-                f"ExtenderBindingArgs: the body is over {self.max_body} bytes"), status=413)
-        except ArgsError as e:
-            log.warning("%s %s: %s", request.method, request.path, e)
-            return web.json_response(binding_result(str(e)), status=400)
+                "numalign extender: no API server to bind with"), status=503)
         if self.fleet.claim(args.uid, args.node) is None:
             self.metrics.binds.labels(outcome="not-approved").inc()
             log.info("bind %s (%s) to %s: not approved there by this extender; left to the "

@@ -11,7 +11,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from numalign.api.effective import NodePolicy
 from numalign.api.nodestatus import (
@@ -26,7 +26,10 @@ from numalign.topology.errors import TopologyError
 from numalign.topology.ledger import ContainerAllocation, Ledger
 from numalign.topology.machine import Machine
 
-__all__ = ["EntryReader", "NodeView", "held_key"]
+__all__ = ["EntryReader", "KeptByIdentity", "NodeView", "held_key"]
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 log = logging.getLogger("numalign.extender")
 
@@ -49,9 +52,8 @@ class NodeView:
     machine_key: str = ""
     held_key: tuple[tuple[Any, ...], ...] = ()
     policy_id: str = ""  # the node's policy as text: nodes alike decide a pod alike
+    raw_machine: tuple[Any, ...] = field(default=(), repr=False)  # what machine came from
     _ledger: Ledger | None = field(default=None, repr=False)
-
-    raw_machine: tuple[Any, ...] = field(default=(), repr=False)  # the fields it came from
 
     @classmethod
     def from_nodetopology(cls, nt: Mapping[str, Any],
@@ -139,20 +141,12 @@ class NodeView:
                 # The node moved on (it shows other pods on some of it): hold what of it
                 # is still free rather than nothing, so no room appears that the pod,
                 # once admitted, takes.
-                seen = (self.name, self.resource_version, r.uid)
-                if seen not in _WARNED:  # once per node state
-                    if len(_WARNED) >= 4096:
-                        _WARNED.clear()
-                    _WARNED.add(seen)
-                    log.debug("node %s: reservation of pod %s/%s (%s) does not fit what "
-                                "the node publishes (%s); holding what of it is free",
-                                self.name, r.namespace, r.name, r.uid, e)
+                log.debug("node %s: reservation of pod %s/%s (%s) does not fit what the "
+                          "node publishes (%s); holding what of it is free",
+                          self.name, r.namespace, r.name, r.uid, e)
                 ledger.allocate_many(r.uid, _still_free(ledger, r), pod_name=r.name,
                                      namespace=r.namespace)
         return ledger
-
-
-_WARNED: set[tuple[str, str, str]] = set()  # (node, its resourceVersion, pod uid) logged
 
 
 def _still_free(ledger: Ledger, held: HeldPod) -> list[tuple[str, ContainerAllocation]]:
@@ -200,20 +194,31 @@ def held_key(held: Iterable[HeldPod]) -> tuple[tuple[Any, ...], ...]:
     return tuple(sorted(_pod_key(p) for p in held))
 
 
-_POD_KEYS: OrderedDict[int, tuple[HeldPod, tuple[Any, ...]]] = OrderedDict()
+class KeptByIdentity(Generic[K, V]):
+    """``make(obj)`` kept for the last ``size`` objects asked, by identity (each kept
+    object is held, so its id cannot be reused while kept): for values of objects that
+    are asked again and again but cannot be hashed (a pod mapping, a held pod)."""
+
+    def __init__(self, make: Callable[[K], V], size: int) -> None:
+        self.make = make
+        self.size = size
+        self._kept: OrderedDict[int, tuple[K, V]] = OrderedDict()
+
+    def __call__(self, obj: K) -> V:
+        hit = self._kept.get(id(obj))
+        if hit is not None and hit[0] is obj:
+            return hit[1]
+        value = self.make(obj)
+        self._kept[id(obj)] = (obj, value)
+        if len(self._kept) > self.size:
+            self._kept.popitem(last=False)
+        return value
 
 
-def _pod_key(p: HeldPod) -> tuple[Any, ...]:
-    """What one held pod takes (kept for the last pods asked: a reservation is keyed
-    again on every filter until its node lists it)."""
-    hit = _POD_KEYS.get(id(p))
-    if hit is not None and hit[0] is p:
-        return hit[1]
-    key = tuple(sorted(_container_key(a) for _, a in p.containers))
-    _POD_KEYS[id(p)] = (p, key)
-    if len(_POD_KEYS) > 8192:
-        _POD_KEYS.popitem(last=False)
-    return key
+# what one held pod takes (a reservation is keyed again on every filter until its node
+# lists it)
+_pod_key = KeptByIdentity[HeldPod, tuple[Any, ...]](
+    lambda p: tuple(sorted(_container_key(a) for _, a in p.containers)), 8192)
 
 
 class EntryReader:
