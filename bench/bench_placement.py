@@ -673,7 +673,9 @@ def start_cluster(mode: str, workdir: Path) -> tuple[Any, str, Extender | None]:
     on = mode == "with"
     cluster.up(scheduler_extender=on, extender=on,
                log=lambda m: print(f"[devcluster {mode}] {m}", file=sys.stderr))
-    url = cluster.extender_url
+    # /metrics on the extender's probe port (plain HTTP; its verbs are HTTPS and answer
+    # kube-scheduler's client certificate only)
+    url = cluster.extender_probe_url
     if on and url is None:
         raise SystemExit("the dev cluster did not configure the scheduler extender")
     return cluster, str(cluster.kubeconfig), Extender(f"{url}/metrics") if on else None

@@ -27,6 +27,9 @@ BENCHMARKS: dict[str, str] = {
                  "p50/p99, extender filter latency, in-process filter at 1,000 nodes",
     "realnode-nri": "pod start and container creation on the NRI-managed real node, with "
                     "and without numalign's plugin (p50/p99)",
+    "hostile": "the scheduler extender under a hostile client on loopback (forged pods, "
+               "bodies at the limits, slow connections): filter p50/p99, RSS and /healthz "
+               "beside the same calls without it",
     "nrt": "NodeResourceTopology freshness: pod admission to the NRT update that includes "
            "it (fingerprint-checked), p50/p99, 20 nodes, 400 pods at 20/s",
 }

@@ -1,4 +1,5 @@
-"""The ``numalign`` command: one subcommand per module in ``numalign.commands``."""
+"""The ``numalign`` command: one subcommand per module in ``numalign.commands`` (``-`` in a
+command's name is ``_`` in its module's)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,15 @@ SUBCOMMANDS: dict[str, str] = {
     "agent": "run the node agent (real node or emulated nodes)",
     "operator": "run the operator (Kopf)",
     "extender": "run the kube-scheduler extender (places pods by their own policy)",
+    "extender-certs": "write the extender's and kube-scheduler's TLS certificates",
     "dev": "local control plane for the demo and the tests (up, down, kubeconfig)",
 }
 
 
 def usage() -> str:
     lines = ["usage: numalign COMMAND [ARGS...]", "", "commands:"]
-    lines += [f"  {name:<10} {text}" for name, text in SUBCOMMANDS.items()]
+    width = max(len(name) for name in SUBCOMMANDS)
+    lines += [f"  {name:<{width}} {text}" for name, text in SUBCOMMANDS.items()]
     lines += ["", "'numalign COMMAND --help' shows a command's options."]
     return "\n".join(lines)
 
@@ -38,10 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     if name not in SUBCOMMANDS:
         print(f"numalign: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
+    module_name = f"numalign.commands.{name.replace('-', '_')}"
     try:
-        module = importlib.import_module(f"numalign.commands.{name}")
+        module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
-        if e.name == f"numalign.commands.{name}":
+        if e.name == module_name:
             print(f"numalign: command {name!r} is not available in this build", file=sys.stderr)
             return 2
         raise

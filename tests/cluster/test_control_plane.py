@@ -3,18 +3,24 @@ and CEL rules, the controller manager and scheduler run their controllers."""
 
 from __future__ import annotations
 
+import http.client
 import json
+import ssl
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
 
 from numalign.api import NodeTopologyStatus, summarize
+from numalign.api.kube import KubeConfig, SyncKube
+from numalign.devcluster import DevCluster
 from numalign.devcluster.build import KUBERNETES_VERSION
+from numalign.devcluster.certs import KeyPair
 
 pytestmark = pytest.mark.cluster
 
@@ -333,3 +339,92 @@ def test_namespace_deletion(k8s_client: Any, wait: Wait) -> None:
             raise
 
     wait(gone, 90, f"namespace {name} to be deleted")
+
+
+def _tls(ca: Path, client: KeyPair | None = None) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=ca)
+    if client is not None:
+        ctx.load_cert_chain(client.cert, client.key)
+    return ctx
+
+
+def _answer(url: str, path: str, tls: ssl.SSLContext | None = None, method: str = "GET",
+            body: str | None = None) -> int | str:
+    """The HTTP status of ``method url+path`` (``tls``: over HTTPS with that context), or,
+    when no answer came, why."""
+    u = urlsplit(url)
+    host, port = u.hostname or "127.0.0.1", u.port
+    conn = (http.client.HTTPSConnection(host, port, context=tls, timeout=10) if tls
+            else http.client.HTTPConnection(host, port, timeout=10))
+    try:
+        conn.request(method, path, body=body, headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    except (OSError, http.client.HTTPException) as e:  # ssl.SSLError included
+        return f"{type(e).__name__}: {e}"
+    finally:
+        conn.close()
+
+
+def test_etcd_answers_only_its_client_certificate(dev_cluster: DevCluster) -> None:
+    """Issue 26, finding 11: etcd is HTTPS only and requires a client certificate of its
+    own CA (the API server's); neither plain HTTP, nor TLS without a certificate, nor the
+    cluster admin's certificate (cluster CA, system:masters) reaches it. Its peer port
+    likewise asks for a peer certificate."""
+    p = dev_cluster.pki
+    ports = dev_cluster.state()["ports"]
+    client, peer = (f"https://127.0.0.1:{ports[k]}" for k in ("etcd", "etcdPeer"))
+    assert _answer(client.replace("https:", "http:"), "/health") != 200
+    assert isinstance(_answer(client, "/health", _tls(p.etcd_ca)), str)
+    assert isinstance(_answer(client, "/health", _tls(p.etcd_ca, p.admin)), str)
+    assert _answer(client, "/health", _tls(p.etcd_ca, p.apiserver_etcd_client)) == 200
+    assert _answer(peer.replace("https:", "http:"), "/version") != 200
+    assert isinstance(_answer(peer, "/version", _tls(p.etcd_ca)), str)
+    assert _answer(peer, "/version", _tls(p.etcd_ca, p.etcd_peer)) == 200
+
+
+def test_extender_answers_only_the_scheduler_and_is_no_admin(dev_cluster: DevCluster) -> None:
+    """Issue 26, finding 11: the extender's verbs are HTTPS and refuse any client but one
+    with kube-scheduler's certificate (the admin's included); its probes are plain HTTP
+    on their own port; towards the API server it is numalign-extender with the
+    extender's RBAC, not the admin."""
+    was_running = dev_cluster.processes().get("extender", False)
+    dev_cluster.start_extender()
+    try:
+        p = dev_cluster.pki
+        url = dev_cluster.extender_url
+        assert url is not None and url.startswith("https://127.0.0.1:")
+        probe = dev_cluster.extender_probe_url
+        assert probe is not None and probe.startswith("http://127.0.0.1:")
+        assert _answer(url.replace("https:", "http:"), "/healthz") != 200
+        for tls in (_tls(p.extender_ca), _tls(p.extender_ca, p.admin)):
+            assert isinstance(_answer(url, "/bind", tls, "POST", "{}"), str)
+            assert isinstance(_answer(url, "/healthz", tls), str)
+        assert _answer(url, "/readyz", _tls(p.extender_ca, p.scheduler_extender_client)) == 200
+        assert _answer(probe, "/readyz") == 200
+        assert _answer(probe, "/bind", method="POST", body="{}") in (404, 405)
+
+        argv = dev_cluster.state()["addons"]["extender"]
+        assert argv[argv.index("--kubeconfig") + 1] == str(dev_cluster.extender_kubeconfig)
+        assert str(dev_cluster.kubeconfig) not in argv
+        with SyncKube(KubeConfig.from_files(dev_cluster.server or "", p.ca.cert,
+                                            p.extender_client.cert,
+                                            p.extender_client.key)) as kube:
+            def may(verb: str, resource: str, group: str = "", sub: str = "") -> bool:
+                review = kube.create(
+                    "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+                    {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                     "spec": {"resourceAttributes": {"verb": verb, "resource": resource,
+                                                     "group": group, "subresource": sub}}})
+                return bool(review["status"].get("allowed"))
+
+            assert may("list", "pods") and may("watch", "pods")
+            assert may("create", "pods", sub="binding")
+            assert may("list", "nodetopologies", "numalign.io")
+            assert not may("create", "pods") and not may("delete", "pods")
+            assert not may("get", "secrets") and not may("list", "nodes")
+            assert not may("patch", "nodetopologies", "numalign.io")
+    finally:
+        if not was_running:
+            dev_cluster.stop_extender()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -89,11 +90,15 @@ def test_dev_status_prints_metrics_urls_the_agent_serves(up: tuple[Path, str]) -
         elif words[:1] == ["metrics"]:
             urls[component] = words[1]
     assert set(urls) == {"etcd", "kube-apiserver", "kube-controller-manager",
-                         "kube-scheduler", "agent"}, status.stdout
+                         "kube-scheduler", "agent", "extender"}, status.stdout
     assert urls["kube-apiserver"].startswith("https://127.0.0.1:")
     agent = urls["agent"]
     assert agent.startswith("http://127.0.0.1:") and agent.endswith("/metrics")
-    with urllib.request.urlopen(urls["etcd"], timeout=10) as r:
+    # etcd answers only a client certificate of its own CA (the API server's)
+    pki = state / "pki"
+    etcd = ssl.create_default_context(cafile=pki / "etcd-ca.crt")
+    etcd.load_cert_chain(pki / "apiserver-etcd-client.crt", pki / "apiserver-etcd-client.key")
+    with urllib.request.urlopen(urls["etcd"], timeout=10, context=etcd) as r:
         assert b"etcd_server_has_leader" in r.read()
 
     got = _scrape(agent)

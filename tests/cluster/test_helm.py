@@ -1,6 +1,7 @@
 """The chart's lifecycle on the real API server: ``helm install`` creates every object
 the chart renders (and the CRDs of its crds/), ``helm upgrade`` with changed values
-changes them (and adds the extender and the Grafana dashboard), ``helm uninstall``
+changes them (and adds the extender, with the TLS Secrets the chart generates and keeps
+across later upgrades, and the Grafana dashboard), ``helm uninstall``
 removes everything but what README "Install with Helm" says stays: the CRDs. No kubelet
 runs, so the pods stay Pending: the objects are what is checked here (the pods'
 behaviour is the in-cluster e2e's)."""
@@ -34,7 +35,9 @@ NRT_CRD = "noderesourcetopologies.topology.node.k8s.io"
 Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 Obj = dict[str, Any]
 # What the upgrade turns on besides nrt: components whose objects need no CRDs of others.
-UPGRADED = ("operator.replicas=3", "extender.enabled=true", "grafana.dashboard.enabled=true")
+UPGRADED = ("operator.replicas=3", "extender.enabled=true", "extender.tls.generate=true",
+            "grafana.dashboard.enabled=true")
+EXTENDER_SECRETS = ("numalign-extender-tls", "numalign-extender-scheduler")
 
 
 def _ref(obj: Obj) -> list[str]:
@@ -162,6 +165,18 @@ def test_install_upgrade_uninstall(kubectl: Kubectl, kubeconfig: Path,
         "namespace"] == release_ns
     dashboard = _get(kubectl, "configmap", "numalign-dashboard", "-n", release_ns)
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    # The generated certificates stay what they are on later upgrades (kube-scheduler's
+    # copy of its client certificate stays valid), and so does the extender's pod.
+    certs = {n: _get(kubectl, "secret", n, "-n", release_ns)["data"] for n in EXTENDER_SECRETS}
+    assert set(certs["numalign-extender-tls"]) == {"tls.crt", "tls.key", "ca.crt"}
+    assert (certs["numalign-extender-tls"]["ca.crt"]
+            == certs["numalign-extender-scheduler"]["ca.crt"])
+    template = ext["spec"]["template"]
+    helm("upgrade", RELEASE, str(CHART), "--reuse-values", "--set", "operator.replicas=2")
+    assert {n: _get(kubectl, "secret", n, "-n", release_ns)["data"]
+            for n in EXTENDER_SECRETS} == certs
+    assert _get(kubectl, "deployment", "numalign-extender", "-n", release_ns)["spec"][
+        "template"] == template
 
     helm("uninstall", RELEASE)
     crds = [o for o in upgraded if o["kind"] == "CustomResourceDefinition"]

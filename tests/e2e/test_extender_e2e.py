@@ -103,8 +103,9 @@ def _extender_refusals(core: Any, ns: str) -> list[str]:
 
 
 def _binds(cluster: DevCluster) -> float:
-    """Pods the extender bound (its bind verb: the scheduler's configuration has it)."""
-    url = f"{cluster.extender_url}/metrics"
+    """Pods the extender bound (its bind verb: the scheduler's configuration has it), from
+    /metrics on its probe port (its verbs' port answers kube-scheduler's certificate only)."""
+    url = f"{cluster.extender_probe_url}/metrics"
     with urllib.request.urlopen(url, timeout=10) as r:
         text = r.read().decode()
     return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples

@@ -1,27 +1,36 @@
 """The Helm chart (charts/numalign) installs what config/ installs: ``helm template`` with
-the defaults renders every object of ``kubectl kustomize config/default``, field for field
+the defaults (and the placeholder addresses config/ ships for the API server's and
+kube-scheduler's sources, which the chart leaves empty: nobody admitted) renders every
+object of ``kubectl kustomize config/default``, field for field
 (images, args, ports, probes, securityContext, volumes, RBAC rules, webhooks, admission
 policies: the whole object but the labels Helm adds); each optional component's values
 block renders what config/default with that kustomize component renders. Any object added
 to config/ fails this test until the chart has it too. ``helm lint --strict`` passes, the
 values schema refuses unknown and ill-typed values, and the chart follows its release
 namespace where config/ hard-codes numalign-system. Beyond config/: the Grafana dashboard's
-ConfigMap carries config/grafana's dashboard, and the install notes config/extender's
-KubeSchedulerConfiguration entry.
+ConfigMap carries config/grafana's dashboard, the install notes config/extender's
+KubeSchedulerConfiguration entry, empty source lists render NetworkPolicies that admit
+nobody to those ports, and the TLS the chart generates for the extender lets the
+scheduler's client certificate, and only it, through a mutual-TLS handshake.
 
 helm is built by ``numalign dev build`` (numalign.devcluster.helmbuild)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import socket
+import ssl
 import subprocess
 import textwrap
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from cryptography import x509
 from test_config_static import CONFIG, REPO, kustomize
 
 from numalign.devcluster.helmbuild import helm_path, is_helm_built
@@ -38,10 +47,14 @@ NAMESPACED = {"ServiceAccount", "Role", "RoleBinding", "Service", "StatefulSet",
 # config/default creates its namespace; a Helm release lives in one that exists already
 # (helm install --create-namespace): README "Install with Helm" says how to label it.
 NOT_IN_CHART = {("Namespace", NAMESPACE)}
+# config/ ships a placeholder CIDR (TEST-NET-1: admits nobody) where the user lists the
+# API server's (and kube-scheduler's) addresses; the chart's values are empty lists.
+PLACEHOLDER = "192.0.2.0/24"
+PLACEHOLDERS = [f"operator.apiServerSources={{{PLACEHOLDER}}}"]
 # The kustomize components of config/ and the chart's values that enable the same thing,
 # in the order the chart appends their arguments and volumes.
 COMPONENTS = {
-    "extender": ["extender.enabled=true"],
+    "extender": ["extender.enabled=true", f"extender.schedulerSources={{{PLACEHOLDER}}}"],
     "kubelet-resources": ["kubeletResources.enabled=true"],
     "nri": ["nri.enabled=true"],
     "nrt": ["nrt.enabled=true"],
@@ -137,7 +150,7 @@ def test_helm_lint_strict() -> None:
 
 
 def test_defaults_render_config_default() -> None:
-    assert_chart_renders(kustomize(CONFIG / "default"), template())
+    assert_chart_renders(kustomize(CONFIG / "default"), template(*PLACEHOLDERS))
 
 
 @pytest.mark.parametrize("components", [
@@ -145,7 +158,7 @@ def test_defaults_render_config_default() -> None:
     ["prometheus"], ["recreate-bare-pods"], list(COMPONENTS)], ids="+".join)
 def test_values_render_each_component(components: list[str], tmp_path: Path) -> None:
     sets = [s for c in components for s in COMPONENTS[c]]
-    assert_chart_renders(overlay(tmp_path, components), template(*sets))
+    assert_chart_renders(overlay(tmp_path, components), template(*PLACEHOLDERS, *sets))
 
 
 def test_chart_follows_its_release_namespace() -> None:
@@ -160,7 +173,7 @@ def test_chart_follows_its_release_namespace() -> None:
             [expr] = hook["namespaceSelector"]["matchExpressions"]
             assert expr["values"] == ["kube-system", "numalign"]
     for (kind, name), obj in objs.items():
-        if kind == "ValidatingAdmissionPolicyBinding":
+        if kind in ("ValidatingAdmissionPolicyBinding", "MutatingAdmissionPolicyBinding"):
             assert obj["spec"]["paramRef"]["namespace"] == "numalign", name
         if kind.endswith("RoleBinding"):
             assert {s["namespace"] for s in obj["subjects"]} == {"numalign"}, name
@@ -190,6 +203,13 @@ def test_values_reach_the_workloads() -> None:
     ("agent.ports.metrics=70000", "metrics"),
     ("extender.replicas=2", "replicas"),            # one replica only: not a value
     ("grafana.dashboard.namespace=Monitoring", "namespace"),
+    ("extender.schedulerSources={10.0.0.10}", "schedulerSources"),  # no prefix length
+    ("operator.apiServerSources={control-plane}", "apiServerSources"),
+    ("extender.tls.secretName=Extender_TLS", "secretName"),
+    ("extender.tls.days=0", "days"),
+    ("extender.tls.generated=true", "generated"),  # a typo: not a property
+    ("extender.probePort=0", "probePort"),
+    ("extender.networkPolicy.probesFrom[0].ipBlock.cidr=0.0.0.0/0", "ipBlock"),
 ])
 def test_schema_refuses_bad_values(value: str, complaint: str) -> None:
     proc = helm("template", "numalign", str(CHART), "--kube-version", KUBE_VERSION,
@@ -231,3 +251,106 @@ def test_notes_give_the_extenders_entry() -> None:
     fragment = yaml.safe_load((CONFIG / "extender" / "scheduler-config.yaml").read_text())
     assert entry() == fragment["extenders"][0]
     assert entry("extender.port=9999")["urlPrefix"].endswith(":9999")
+    # The generated serving certificate names the Service, not its ClusterIP.
+    generated = entry("extender.tls.generate=true")
+    assert generated["tlsConfig"] == {**fragment["extenders"][0]["tlsConfig"],
+                                      "serverName": "numalign-extender.numalign-system.svc"}
+
+
+def _ingress(objs: list[Obj], name: str) -> dict[str, Any]:
+    [policy] = [o for o in objs if _key(o) == ("NetworkPolicy", name)]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    return {p["port"]: rule.get("from") for rule in policy["spec"].get("ingress") or []
+            for p in rule["ports"]}
+
+
+def test_empty_sources_admit_nobody_to_the_webhooks_and_the_verbs() -> None:
+    """The chart's defaults fail closed: with no addresses given, the NetworkPolicies
+    have no rule for the webhook and verbs ports at all (a rule without `from` would
+    admit every source); the addresses given become the only ipBlocks."""
+    objs = template("extender.enabled=true")
+    assert _ingress(objs, "numalign-operator").keys() == {"metrics"}
+    assert _ingress(objs, "numalign-extender").keys() == {"probes"}
+    objs = template("extender.enabled=true", "extender.networkPolicy.probesFrom=null",
+                    "operator.apiServerSources={10.0.0.10/32,fd00::10/128}",
+                    "extender.schedulerSources={10.0.0.11/32}")
+    assert _ingress(objs, "numalign-operator")["webhook"] == [
+        {"ipBlock": {"cidr": "10.0.0.10/32"}}, {"ipBlock": {"cidr": "fd00::10/128"}}]
+    assert _ingress(objs, "numalign-extender") == {
+        "https": [{"ipBlock": {"cidr": "10.0.0.11/32"}}]}
+    objs = template("extender.enabled=true",
+                    "extender.networkPolicy.probesFrom[0].podSelector.matchLabels.app=prom")
+    assert _ingress(objs, "numalign-extender")["probes"] == [
+        {"podSelector": {"matchLabels": {"app": "prom"}}}]
+
+
+def _data(secret: Obj) -> dict[str, bytes]:
+    return {k: base64.b64decode(v) for k, v in secret["data"].items()}
+
+
+def _handshake(server: dict[str, bytes], client: dict[str, bytes] | None,
+               server_name: str, tmp_path: Path) -> str | None:
+    """A TLS handshake between a server with the extender's Secret (serving certificate,
+    client certificates verified against its ca.crt, as --client-ca does) and a client
+    with kube-scheduler's files (or none); the failure, or None."""
+    tmp_path.mkdir(parents=True)
+    for name, data in {**{f"s-{k}": v for k, v in server.items()},
+                       **{f"c-{k}": v for k, v in (client or {}).items()}}.items():
+        (tmp_path / name).write_bytes(data)
+    srv = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    srv.load_cert_chain(tmp_path / "s-tls.crt", tmp_path / "s-tls.key")
+    srv.load_verify_locations(tmp_path / "s-ca.crt")
+    srv.verify_mode = ssl.CERT_REQUIRED
+    cli = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    cli.load_verify_locations(tmp_path / "c-ca.crt" if client else tmp_path / "s-ca.crt")
+    if client:
+        cli.load_cert_chain(tmp_path / "c-scheduler.crt", tmp_path / "c-scheduler.key")
+    listener = socket.create_server(("127.0.0.1", 0))
+    errors: list[str] = []
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        try:
+            with srv.wrap_socket(conn, server_side=True) as s:
+                s.recv(1)
+        except (ssl.SSLError, OSError) as e:
+            errors.append(f"server: {e}")
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        with socket.create_connection(listener.getsockname(), timeout=10) as raw, \
+                cli.wrap_socket(raw, server_hostname=server_name) as s:
+            s.sendall(b"x")
+            s.recv(1)  # TLS 1.3: the server's verdict on the client certificate
+    except (ssl.SSLError, OSError) as e:
+        errors.append(f"client: {e}")
+    thread.join(10)
+    listener.close()
+    return "; ".join(errors) or None
+
+
+def test_generated_tls_authenticates_the_scheduler_and_only_it(tmp_path: Path) -> None:
+    """extender.tls.generate: the extender's Secret (tls.crt, tls.key, ca.crt) and the
+    scheduler's (ca.crt, scheduler.crt, scheduler.key) complete a mutual-TLS handshake
+    for the name the install notes give as tlsConfig.serverName; a client without a
+    certificate is refused. The Deployment mounts the Secret it names."""
+    objs = {_key(o): o for o in template("extender.enabled=true",
+                                         "extender.tls.generate=true", namespace="numa")}
+    server = objs["Secret", "numalign-extender-tls"]
+    client = objs["Secret", "numalign-extender-scheduler"]
+    assert server["type"] == "kubernetes.io/tls"
+    assert set(server["data"]) == {"tls.crt", "tls.key", "ca.crt"}
+    assert set(client["data"]) == {"ca.crt", "scheduler.crt", "scheduler.key"}
+    s, c = _data(server), _data(client)
+    cert = x509.load_pem_x509_certificate(s["tls.crt"])
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "numalign-extender.numa.svc" in names.get_values_for_type(x509.DNSName)
+    assert _handshake(s, c, "numalign-extender.numa.svc", tmp_path / "ok") is None
+    refused = _handshake(s, None, "numalign-extender.numa.svc", tmp_path / "none")
+    assert refused is not None and "certificate" in refused.lower(), refused
+    [dep] = [o for k, o in objs.items() if k == ("Deployment", "numalign-extender")]
+    [vol] = [v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls"]
+    assert vol["secret"]["secretName"] == "numalign-extender-tls"
+    # Not generated: the chart renders no Secret (the user's, from numalign extender-certs).
+    assert not [o for o in template("extender.enabled=true") if o["kind"] == "Secret"]

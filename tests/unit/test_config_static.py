@@ -97,7 +97,9 @@ def test_prometheus_component_renders_a_service_monitor(tmp_path: Path) -> None:
     assert {e["port"] for e in sm["spec"]["endpoints"]} <= {p["name"] for p in
                                                             svc["spec"]["ports"]}
     # the agents: their pods, on their metrics port
-    [pm] = of_kind(objs, "PodMonitor")
+    monitors = {m["metadata"]["name"]: m for m in of_kind(objs, "PodMonitor")}
+    assert set(monitors) == {"numalign-agent", "numalign-extender"}
+    pm = monitors["numalign-agent"]
     [ds] = of_kind(objs, "DaemonSet")
     pod_labels = ds["spec"]["template"]["metadata"]["labels"]
     assert all(pod_labels.get(k) == v for k, v in pm["spec"]["selector"]["matchLabels"].items())
@@ -280,17 +282,38 @@ def _cel_names(policy: Obj, prefix: str = "numalign.io/") -> set[str]:
     return set(re.findall(re.escape(prefix) + r"[a-z0-9][a-z0-9.-]*[a-z0-9]", text))
 
 
+# The mark numalign-resolved-at-creation puts on a pod whose creator brought its own
+# numalign.io/resolved (config/tenancy/resolved_at_creation.yaml); nothing in numalign
+# reads it: the pod-annotation guard refuses a marked pod.
+CREATOR_MARK = "numalign.io/resolved-set-by-creator"
+
+
 def test_pod_annotation_guard_names_wires_annotations(default: list[Obj]) -> None:
-    """No drift: the policy guards exactly the annotations numalign.api.wire names."""
+    """No drift: the policy guards exactly the annotations numalign.api.wire names (and
+    the mark of the mutating policy that runs before the webhooks), on pod writes and on
+    Bindings, whose annotations the API server merges into the pod."""
     vap = _named(default, "ValidatingAdmissionPolicy", "numalign-pod-annotations")
     assert _cel_names(vap) == {ANN_RESOLVED, ANN_ALLOCATION, ANN_REJECTION,
-                               ANN_TOLERATE_UNPLACED}
+                               ANN_TOLERATE_UNPLACED, CREATOR_MARK}
     binding = _named(default, "ValidatingAdmissionPolicyBinding", "numalign-pod-annotations")
     assert binding["spec"]["validationActions"] == ["Deny"]
     assert vap["spec"]["failurePolicy"] == "Fail"
-    rule = vap["spec"]["matchConstraints"]["resourceRules"][0]
-    assert set(rule["operations"]) == {"CREATE", "UPDATE"}
-    assert set(rule["resources"]) == {"pods", "pods/status"}
+    pods, bindings = vap["spec"]["matchConstraints"]["resourceRules"]
+    assert set(pods["operations"]) == {"CREATE", "UPDATE"}
+    assert set(pods["resources"]) == {"pods", "pods/status"}
+    assert bindings["operations"] == ["CREATE"]
+    assert set(bindings["resources"]) == {"pods/binding", "bindings"}
+    # The mark is set in the API server, before the webhooks, from the same parameter.
+    map_ = _named(default, "MutatingAdmissionPolicy", "numalign-resolved-at-creation")
+    assert _cel_names(map_) == {ANN_RESOLVED, CREATOR_MARK}
+    assert map_["spec"]["failurePolicy"] == "Fail"
+    assert map_["spec"]["reinvocationPolicy"] == "Never"
+    assert map_["spec"]["paramKind"] == vap["spec"]["paramKind"]
+    [rule] = map_["spec"]["matchConstraints"]["resourceRules"]
+    assert (rule["operations"], rule["resources"]) == (["CREATE"], ["pods"])
+    map_binding = _named(default, "MutatingAdmissionPolicyBinding",
+                         "numalign-resolved-at-creation")
+    assert map_binding["spec"]["paramRef"] == binding["spec"]["paramRef"]
     param = _named(default, "ConfigMap", "numalign-pod-annotations")
     assert param["data"]["tolerate-unplaced-namespaces"] == "kube-system"
     assert param["data"]["trusted-groups"] == "system:masters"
@@ -381,6 +404,12 @@ def test_admission_policies_bind_the_exact_identities_in_any_overlay(
     assert ref["namespace"] == param["metadata"]["namespace"] == runs_as["StatefulSet"][0]
     assert policies[guard["spec"]["policyName"]]["spec"]["paramKind"] == {
         "apiVersion": "v1", "kind": "ConfigMap"}
+    # The mutating policy that marks a creator's own numalign.io/resolved reads the same.
+    [marker] = of_kind(objs, "MutatingAdmissionPolicyBinding")
+    assert marker["spec"]["policyName"] == f"{prefix}numalign-resolved-at-creation"
+    assert marker["spec"]["policyName"] in {
+        o["metadata"]["name"] for o in of_kind(objs, "MutatingAdmissionPolicy")}
+    assert marker["spec"]["paramRef"] == ref
     for b in bindings:
         policy = policies[b["spec"]["policyName"]]
         ref = b["spec"]["paramRef"]
@@ -513,6 +542,11 @@ def test_default_follows_its_namespace(tmp_path: Path) -> None:
             assert sorted(expr["values"]) == ["kube-system", "numa-b"]
 
 
+# The placeholder address config/ ships for the API server's and kube-scheduler's
+# sources (TEST-NET-1, RFC 5737: no host has it, so unedited it admits nobody).
+PLACEHOLDER_SOURCES = [{"ipBlock": {"cidr": "192.0.2.0/24"}}]
+
+
 def test_network_policies_guard_the_webhook_and_metrics_ports(default: list[Obj]) -> None:
     [sts] = of_kind(default, "StatefulSet")
     ports = {p["name"] for p in pod_spec(sts)["containers"][0]["ports"]}
@@ -524,7 +558,9 @@ def test_network_policies_guard_the_webhook_and_metrics_ports(default: list[Obj]
     allowed = {p["port"]: rule.get("from") for rule in op["spec"]["ingress"]
                for p in rule["ports"]}
     assert set(allowed) == {"webhook", "metrics"} and set(allowed) <= ports
-    assert allowed["webhook"] is None  # the API server, wherever it runs
+    # The webhooks only from the API server's addresses, to be set by the user: no pod
+    # may send them reviews (a rule without `from` would admit every source).
+    assert allowed["webhook"] == PLACEHOLDER_SOURCES
     assert allowed["metrics"], "metrics open to every pod"
     # the agents: only their /metrics, only from labelled namespaces
     [ds] = of_kind(default, "DaemonSet")

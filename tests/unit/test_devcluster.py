@@ -157,8 +157,9 @@ def test_metrics_urls_of_the_components(tmp_path: Path) -> None:
         "addons": {"operator": ["-m", "numalign.cli", "operator", "--metrics-addr",
                                 "127.0.0.1", "--metrics-port", "9090"],
                    "agent": ["-m", "numalign.cli", "agent", "--machine", "m.yaml=1"]}}))
-    assert cluster.metrics_url("etcd") == "http://127.0.0.1:2379/metrics"
+    assert cluster.metrics_url("etcd") == "https://127.0.0.1:2379/metrics"  # client cert
     assert cluster.metrics_url("kube-apiserver") == "https://127.0.0.1:6443/metrics"
     assert cluster.metrics_url("kube-scheduler") == "https://127.0.0.1:10259/metrics"
     assert cluster.metrics_url("operator") == "http://127.0.0.1:9090/metrics"
     assert cluster.metrics_url("agent") is None  # started without --metrics-port
+    assert cluster.metrics_url("extender") is None  # no extender configured

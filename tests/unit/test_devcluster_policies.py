@@ -50,22 +50,31 @@ class Api:
 
 
 def test_the_files_are_config_tenancys() -> None:
-    assert POLICY_FILES == (REPO / "config" / "tenancy" / "pod_annotations.yaml",)
+    assert POLICY_FILES == (REPO / "config" / "tenancy" / "pod_annotations.yaml",
+                            REPO / "config" / "tenancy" / "resolved_at_creation.yaml")
     kinds = sorted(d["kind"] for d in load_policies())
-    assert kinds == ["ConfigMap", "ValidatingAdmissionPolicy",
-                     "ValidatingAdmissionPolicyBinding"]
+    assert kinds == ["ConfigMap", "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding",
+                     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
 
 
 def test_installs_the_parameter_in_the_bindings_namespace_and_replaces_on_reuse() -> None:
     api = Api()
-    assert install_policies(api) == ["numalign-pod-annotations"]  # type: ignore[arg-type]
+    assert install_policies(api) == [  # type: ignore[arg-type]
+        "numalign-pod-annotations", "numalign-resolved-at-creation"]
     assert set(api.objects) == {
         "/api/v1/namespaces/numalign-system",
         "/api/v1/namespaces/numalign-system/configmaps/numalign-pod-annotations",
         "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/"
         "numalign-pod-annotations",
         "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings/"
-        "numalign-pod-annotations"}
+        "numalign-pod-annotations",
+        "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicies/"
+        "numalign-resolved-at-creation",
+        "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicybindings/"
+        "numalign-resolved-at-creation"}
+    mutating = api.objects["/apis/admissionregistration.k8s.io/v1/"
+                           "mutatingadmissionpolicybindings/numalign-resolved-at-creation"]
+    assert mutating["spec"]["paramRef"]["namespace"] == "numalign-system"
     cm = api.objects["/api/v1/namespaces/numalign-system/configmaps/numalign-pod-annotations"]
     assert cm["metadata"]["namespace"] == "numalign-system"
     assert cm["data"]["trusted-groups"] == "system:masters"
@@ -73,7 +82,7 @@ def test_installs_the_parameter_in_the_bindings_namespace_and_replaces_on_reuse(
                           "validatingadmissionpolicybindings/numalign-pod-annotations"]
     assert binding["spec"]["paramRef"]["namespace"] == "numalign-system"
     install_policies(api)  # type: ignore[arg-type]
-    assert len(api.objects) == 4
+    assert len(api.objects) == 6
 
 
 def test_a_kind_it_does_not_install_is_an_error(tmp_path: Path) -> None:

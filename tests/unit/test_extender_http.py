@@ -15,11 +15,12 @@ from aiohttp.test_utils import TestClient, TestServer
 from test_extender_decide import node, pod, published, resolved_of
 
 from numalign.extender.fleet import Fleet
+from numalign.extender.pending import PendingPods
 from numalign.extender.server import ExtenderServer
 
 SMALL = node("fragmented-8numa", "small")
 BIG = node("dual-16core", "big")
-MAX_BODY = 64 << 10
+MAX_BODY = 128 << 10
 SERVERS: dict[int, ExtenderServer] = {}
 
 
@@ -28,7 +29,9 @@ async def client() -> AsyncIterator[TestClient[Any, Any]]:
     fleet = Fleet()
     fleet.load_nodetopologies([published(SMALL, 1), published(BIG, 1)])
     fleet.load_pods([])
-    server = ExtenderServer(fleet, max_body=MAX_BODY)
+    pending = PendingPods()
+    pending.load([SIX, SPREAD])  # the pods the API server has, unbound
+    server = ExtenderServer(fleet, max_body=MAX_BODY, pending=pending)
     server.ready = True
     async with TestClient(TestServer(server.app())) as c:
         SERVERS[id(c)] = server
@@ -41,6 +44,7 @@ def args(p: dict[str, Any], names: list[str]) -> dict[str, Any]:
 
 
 SIX = pod("six", {"cpu": "6", "memory": "1Gi"})
+SPREAD = pod("spread", {"cpu": "8", "memory": "1Gi"}, policy="best-effort")
 
 
 async def test_filter_refuses_with_the_kubelets_reason(client: TestClient[Any, Any]) -> None:
@@ -70,8 +74,7 @@ async def test_filter_with_node_objects_when_not_cache_capable(
 
 
 async def test_prioritize_scores_alignment(client: TestClient[Any, Any]) -> None:
-    spread = pod("spread", {"cpu": "8", "memory": "1Gi"}, policy="best-effort")
-    r = await client.post("/prioritize", json=args(spread, ["small", "big", "other"]))
+    r = await client.post("/prioritize", json=args(SPREAD, ["small", "big", "other"]))
     assert r.status == 200
     scores = {h["Host"]: h["Score"] for h in await r.json()}
     assert scores["big"] == 10 > scores["small"] and scores["other"] == 5
@@ -95,7 +98,8 @@ async def test_prioritize_scores_alignment(client: TestClient[Any, Any]) -> None
     (json.dumps({"Pod": SIX, "Nodes": {"items": [{"metadata": {}}]}}).encode(), 400,
      "ExtenderArgs.Nodes.items[0].metadata.name: required"),
     (b"[" * 100_000 + b"]" * 100_000, 413, "over"),
-    (b"[" * 30_000 + b"]" * 30_000, 400, "ExtenderArgs: the body is not JSON"),
+    (b"[" * 30_000 + b"]" * 30_000, 413, "JSON values"),
+    (b"[" * 2_000 + b"]" * 2_000, 400, "ExtenderArgs: the body is not JSON"),
     (json.dumps({"Pod": SIX, "NodeNames": ["n"] * 5000 + ["x" * 300]}).encode(), 400,
      "ExtenderArgs.NodeNames[5000]: must be a node name of at most 253 characters"),
 ])
@@ -151,7 +155,9 @@ async def test_https(tmp_path: Path) -> None:
     fleet = Fleet()
     fleet.load_nodetopologies([published(BIG, 1)])
     fleet.load_pods([])
-    server = ExtenderServer(fleet)
+    pending = PendingPods()
+    pending.load([SIX])
+    server = ExtenderServer(fleet, pending=pending)
     server.ready = True
     runner = web.AppRunner(server.app())
     await runner.setup()

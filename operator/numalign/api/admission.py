@@ -11,6 +11,7 @@ from numalign.topology.errors import TopologyError
 from numalign.topology.ledger import Ledger
 from numalign.topology.machine import Machine
 from numalign.topology.pod import Pod
+from numalign.topology.text import printable
 
 from .wire import EVENT_INVALID_GPU, Resolved
 
@@ -33,8 +34,8 @@ def admit_resolved(machine: Machine, ledger: Ledger, model: Pod, resolved: Resol
     and TopologyError for an unknown policy or scope, or options this machine refuses."""
     try:
         overrides = [*devices, *default_overrides(machine, model)]
-    except TopologyError as e:
-        raise InvalidGpuRequest(e.field, e.problem) from None
+    except TopologyError as e:  # the refusal's message: escaped, whoever raised it
+        raise InvalidGpuRequest(printable(e.field), printable(e.problem)) from None
     return admit_pod(machine, ledger, model, resolved.policy or "none",
                      resolved.scope or "container", resolved.options.engine,
                      overrides=overrides, commit=commit)

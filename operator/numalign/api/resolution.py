@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from numalign.topology.policy import POLICIES, SCOPES
+from numalign.topology.text import clip, printable, quote
 
 from .selectors import selector_size, selectors_disjoint
 from .topologypolicy import RedeployPolicy, TopologyPolicySpec
@@ -85,8 +86,8 @@ def _str_map(value: Any) -> dict[str, str]:
 
 
 def _problem(err: Any) -> str:
-    loc = ".".join(str(p) for p in ("spec", *err["loc"]) if p != "")
-    return f"{loc}: {str(err['msg']).removeprefix('Value error, ')}"
+    loc = ".".join(clip(p) for p in ("spec", *err["loc"]) if p != "")
+    return f"{loc}: {printable(str(err['msg']).removeprefix('Value error, '))}"
 
 
 def parse_spec(spec: Any) -> tuple[TopologyPolicySpec | None, tuple[str, ...]]:
@@ -239,10 +240,10 @@ def _override_problems(pod: PodMeta, winner: PolicyRef | None) -> tuple[
     if pol is not None and pol not in allowed_policies:
         what = "is not a policy" if pol not in POLICIES else (
             f"is not allowed by TopologyPolicy/{winner.name if winner else '?'}")
-        problems.append(f"{ANN_POLICY}: {raw_pol!r} {what}; allowed values: "
+        problems.append(f"{ANN_POLICY}: {quote(raw_pol)} {what}; allowed values: "
                         f"{', '.join(allowed_policies)}")
     if scope is not None and scope not in SCOPES:
-        problems.append(f"{ANN_SCOPE}: {raw_scope!r} is not a scope; allowed values: "
+        problems.append(f"{ANN_SCOPE}: {quote(raw_scope)} is not a scope; allowed values: "
                         f"{', '.join(SCOPES)}")
     if problems:
         return None, None, problems

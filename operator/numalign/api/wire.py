@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,7 @@ from numalign.topology.policy import (
     parse_policy_options,
 )
 from numalign.topology.quantity import MAX_CPU_ID, format_cpulist, parse_cpulist, quantity_bytes
+from numalign.topology.text import clip, quote
 
 JSON = dict[str, Any]
 
@@ -151,7 +153,7 @@ def parse_options(raw: Any, where: str = "options") -> Options:
     for k, v in raw.items():
         name = _OPTION_NAMES.get(str(k))
         if name is None:
-            raise WireError(f"{where}: unknown option {k!r}")
+            raise WireError(f"{where}: unknown option {quote(k)}")
         if v is None:
             continue
         if isinstance(v, bool):
@@ -159,7 +161,7 @@ def parse_options(raw: Any, where: str = "options") -> Options:
         elif isinstance(v, int | str):
             given[name] = str(v).lower() if isinstance(v, str) else str(v)
         else:
-            raise WireError(f"{where}: option {k!r} must be a boolean, integer or string")
+            raise WireError(f"{where}: option {quote(k)} must be a boolean, integer or string")
     if OPTION_MAX_ALLOWABLE_NUMA_NODES in given:
         try:
             n = int(given[OPTION_MAX_ALLOWABLE_NUMA_NODES])
@@ -219,9 +221,14 @@ NONE = Resolved()
 DEFERRED = Resolved(None, None, NO_OPTIONS, SOURCE_NODE_DEFAULT)
 
 
+# a TopologyPolicy's name: a DNS-1123 subdomain, as the API server requires
+_OBJECT_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+
+
 def _known_source(source: str) -> bool:
     return source in (SOURCE_POD, SOURCE_NODE_DEFAULT, SOURCE_NONE) or (
-        source.startswith(SOURCE_POLICY_PREFIX) and len(source) > len(SOURCE_POLICY_PREFIX))
+        source.startswith(SOURCE_POLICY_PREFIX)
+        and _OBJECT_NAME.fullmatch(source[len(SOURCE_POLICY_PREFIX):]) is not None)
 
 
 @functools.lru_cache(maxsize=256)
@@ -240,15 +247,15 @@ def parse_resolved(value: str) -> Resolved:
     policy, scope, source = doc.get("policy"), doc.get("scope"), doc.get("source", SOURCE_POD)
     if not isinstance(source, str) or not _known_source(source):
         raise WireError(f"{where}: source must be pod, node-default, none or "
-                        f"TopologyPolicy/NAME, got {source!r}")
+                        f"TopologyPolicy/NAME, got {quote(source)}")
     if policy is None and scope is None and source == SOURCE_NODE_DEFAULT:
         return DEFERRED
     if policy not in POLICIES:
         raise WireError(f"{where}: policy must be one of {', '.join(POLICIES)}, "
-                        f"got {policy!r}")
+                        f"got {quote(policy)}")
     scope = DEFAULT_SCOPE if scope is None else scope
     if scope not in SCOPES:
-        raise WireError(f"{where}: scope must be container or pod, got {scope!r}")
+        raise WireError(f"{where}: scope must be container or pod, got {quote(scope)}")
     options = parse_options(doc.get("options"), where)
     return Resolved(str(policy), str(scope), options, source)
 
@@ -397,9 +404,10 @@ def _str_lists(v: Any, where: str) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for k, ids in v.items():
         if not isinstance(ids, list):
-            raise WireError(f"{where}.{k} must be a list of ids")
+            raise WireError(f"{where}.{clip(k)} must be a list of ids")
         if len(ids) > MAX_ALLOCATION_ITEMS:
-            raise WireError(f"{where}.{k}: {len(ids)} ids, at most {MAX_ALLOCATION_ITEMS}")
+            raise WireError(f"{where}.{clip(k)}: {len(ids)} ids, at most "
+                            f"{MAX_ALLOCATION_ITEMS}")
         out[str(k)] = [str(i) for i in ids]
     return out
 
@@ -411,7 +419,7 @@ def _zone(z: Any, where: str) -> str:
     if len(parts) > MAX_NUMA_NODES or not all(
             p.isascii() and p.isdigit() and len(p) <= 3 and int(p) <= MAX_NUMA_ID
             for p in parts):
-        raise WireError(f"{where}: zone {str(z)[:40]!r} is not a NUMA node id (0-"
+        raise WireError(f"{where}: zone {quote(str(z), 40)} is not a NUMA node id (0-"
                         f"{MAX_NUMA_ID}) or a list of them")
     return str(z)
 
@@ -443,7 +451,8 @@ def _container(c: Any, w: str) -> ContainerRecord:
         raise WireError(f"{w}.hugepages must be an object")
     if len(hp_raw) > MAX_ALLOCATION_ITEMS:
         raise WireError(f"{w}.hugepages: {len(hp_raw)} sizes, at most {MAX_ALLOCATION_ITEMS}")
-    hugepages = {str(k): _bytes_per_zone(v, f"{w}.hugepages.{k}") for k, v in hp_raw.items()}
+    hugepages = {str(k): _bytes_per_zone(v, f"{w}.hugepages.{clip(k)}")
+                 for k, v in hp_raw.items()}
     numa_raw = c.get("numaNodes")
     mem_numa_raw = c.get("memoryNumaNodes")
     return ContainerRecord(
@@ -465,7 +474,7 @@ def allocation_from_json(doc: Any, where: str = f"annotation {ANN_ALLOCATION}") 
     if len(raw_c) > MAX_ALLOCATION_ITEMS:
         raise WireError(f"{where}.containers: {len(raw_c)} containers, at most "
                         f"{MAX_ALLOCATION_ITEMS}")
-    containers = {str(name): _container(c, f"{where}.containers.{name}")
+    containers = {str(name): _container(c, f"{where}.containers.{clip(name)}")
                   for name, c in raw_c.items()}
     return Allocation(numa_nodes=numa, containers=containers,
                       gpus=_str_lists(doc.get("gpus"), f"{where}.gpus"))
@@ -550,11 +559,11 @@ def parse_admitted(entry: Any, where: str = "status.admitted entry") -> Admitted
     policy = entry.get("policy") or "none"
     if policy not in POLICIES:
         problems.append(f"{where}.policy: must be one of {', '.join(POLICIES)}, "
-                        f"got {policy!r}")
+                        f"got {quote(policy)}")
         policy = "none"
     scope = entry.get("scope") or DEFAULT_SCOPE
     if scope not in SCOPES:
-        problems.append(f"{where}.scope: must be container or pod, got {scope!r}")
+        problems.append(f"{where}.scope: must be container or pod, got {quote(scope)}")
         scope = DEFAULT_SCOPE
     try:
         options = parse_options(entry.get("options"), f"{where}.options")

@@ -43,6 +43,7 @@ from numalign.topology.policy import (
     check_scope,
     parse_policy_options,
 )
+from numalign.topology.text import printable
 
 PROG = "numalign admit"
 USAGE = (f"usage: {PROG} --machine FILE --policy POLICY [--scope container|pod] "
@@ -107,7 +108,7 @@ def _documents(path: str) -> Iterator[tuple[int, Any]]:
 
 
 def _err(msg: str) -> None:
-    print(f"{PROG}: {msg}", file=sys.stderr)
+    print(f"{PROG}: {printable(msg)}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,6 +25,7 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from numalign.agent import podfingerprint as pfp
+from numalign.commands import logs
 from numalign.topology.errors import TopologyError
 from numalign.topology.machine import Machine, load_machine
 
@@ -156,8 +157,7 @@ def _metrics(args: argparse.Namespace, states: Any, emulator: Any = None) -> Non
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(getattr(logging, str(args.log_level).upper(), logging.INFO))
     from numalign.api.kube import Kube, load_config
 
     if args.emulate and (args.pod_resources or args.kubelet_config or args.nri_socket):

@@ -47,6 +47,7 @@ from ..devcluster.oracle_build import ensure_oracle_built
 from ..devcluster.realnode import PROCESSES, RealNode, cannot_run_containers
 from ..devcluster.realnode_config import MODE_KUBELET, MODE_NRI
 from ..topology.errors import MachineError
+from ..topology.text import printable
 
 REAL_NODE_MACHINE = SAMPLES / "realnode" / "realnode-2numa.yaml"
 
@@ -60,7 +61,7 @@ pods bound to them; without it pods stay Pending.
 
 
 def _log(message: str) -> None:
-    print(f"numalign dev: {message}", file=sys.stderr, flush=True)
+    print(f"numalign dev: {printable(message)}", file=sys.stderr, flush=True)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -407,4 +408,5 @@ def _print_summary(args: argparse.Namespace, cluster: DevCluster, result: DemoRe
     if not result.settled:
         out += ["", "Not settled yet: " + "; ".join(result.unsettled),
                 f"Logs: {cluster.state_dir / 'logs'}"]
-    print("\n".join(out), flush=True)
+    # the cluster's events and kubectl's tables: escaped (nothing reaches the terminal raw)
+    print(printable("\n".join(out), keep_newlines=True), flush=True)

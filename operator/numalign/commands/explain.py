@@ -71,6 +71,7 @@ from numalign.topology.policy import (
     check_scope,
     parse_policy_options,
 )
+from numalign.topology.text import printable
 
 PROG = "numalign explain"
 
@@ -154,11 +155,17 @@ def _load_allocated(path: str) -> Any:
     return docs[0] if len(docs) == 1 else docs
 
 
+def _print(text: str) -> None:
+    """Output from cluster data: nothing reaches the terminal raw (the text views escape
+    each value already; JSON escapes its strings)."""
+    print(printable(text, keep_newlines=True))
+
+
 def _emit(e: Explanation, output: str) -> None:
     if output == "json":
-        print(json.dumps(e.to_json(), indent=2))
+        _print(json.dumps(e.to_json(), indent=2))
     else:
-        print(render_text(e))
+        _print(render_text(e))
 
 
 # ---------------------------------------------------------------- offline
@@ -444,10 +451,10 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(args_list)
         e = _live(args) if args.name is not None else _offline(args)
     except ExplainError as err:
-        print(f"{PROG}: {err}", file=sys.stderr)
+        print(f"{PROG}: {printable(err)}", file=sys.stderr)
         return 1
     if isinstance(e, dict):  # a pod not bound yet
-        print(json.dumps(e, indent=2) if args.output == "json" else pending.render_pending(e))
+        _print(json.dumps(e, indent=2) if args.output == "json" else pending.render_pending(e))
         return 0
     _emit(e, args.output)
     return 0

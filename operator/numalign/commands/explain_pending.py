@@ -11,6 +11,7 @@ from typing import Any
 
 from numalign.extender.decide import Verdict
 from numalign.extender.fleet import Fleet
+from numalign.topology.text import printable_doc
 
 JSON = dict[str, Any]
 
@@ -53,6 +54,9 @@ def pending_json(name: str, namespace: str, verdicts: Sequence[Verdict],
 
 
 def render_pending(doc: Mapping[str, Any]) -> str:
+    """The text view (every string from the cluster escaped: the scheduler's message,
+    node names, the extender's reasons)."""
+    doc = printable_doc(dict(doc))
     lines = [f"Pod {doc['namespace']}/{doc['pod']}: not bound to a node yet"]
     if doc.get("scheduler"):
         lines.append(f"The scheduler said: {doc['scheduler']}")

@@ -11,6 +11,7 @@ from numalign.topology.explain import Explanation, avg_distance, hint_text, node
 from numalign.topology.hints import TopologyHint, mask_of
 from numalign.topology.policies import get_policy
 from numalign.topology.quantity import format_bytes, format_cpulist
+from numalign.topology.text import printable
 
 # How many hints per resource the text view shows (JSON has them all).
 TEXT_HINTS = 8
@@ -30,6 +31,7 @@ def _hints_text(hints: list[TopologyHint] | None, limit: int = TEXT_HINTS) -> st
 def _table(rows: Sequence[Sequence[str]], indent: str = "    ") -> list[str]:
     if not rows:
         return []
+    rows = [[printable(c) for c in r] for r in rows]  # names and ids from the cluster
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     out = []
     for r in rows:
@@ -43,7 +45,9 @@ def _bytes_per_zone(per: Mapping[str, int]) -> str:
 
 
 def render_text(e: Explanation) -> str:
-    """The human view: aligned tables and a short "why" per decision."""
+    """The human view: aligned tables and a short "why" per decision. Every string from
+    the cluster or the pod in it is escaped (control characters, line breaks and bidi
+    overrides shown as escapes): one value cannot break a line or steer the terminal."""
     lines: list[str] = []
     where = f"node {e.node} (machine {e.machine})" if e.node else f"machine {e.machine}"
     lines.append(f"Pod:      {e.namespace}/{e.pod}  (QoS {e.qos})")
@@ -52,9 +56,10 @@ def render_text(e: Explanation) -> str:
     if e.options.prefer_closest_numa_nodes:
         opts.append("prefer-closest-numa-nodes")
     opt_text = f", options: {', '.join(opts)}" if opts else ""
-    lines.append(f"Policy:   {e.policy}, scope {e.scope}{opt_text}  (from {e.source})")
+    lines.append(f"Policy:   {e.policy}, scope {e.scope}{opt_text}  "
+                 f"(from {printable(e.source)})")
     lines.append(f"Result:   {'ADMITTED' if e.admit else 'REJECTED'}"
-                 + (f" ({e.reason})" if e.reason else ""))
+                 + (f" ({printable(e.reason)})" if e.reason else ""))
     lines.append("")
     lines.append(e.summary)
     for d in e.decisions:
@@ -109,8 +114,8 @@ def render_text(e: Explanation) -> str:
         lines.append("Recorded by the agent (numalign.io/allocation): "
                      + json.dumps(e.recorded, sort_keys=True, separators=(",", ":")))
     for n in e.notes:
-        lines.append(f"Note: {n}")
-    return "\n".join(lines)
+        lines.append(f"Note: {printable(n)}")
+    return printable("\n".join(lines), keep_newlines=True)
 
 
 def _kubelet_text(k: Mapping[str, Any]) -> list[str]:
@@ -119,7 +124,8 @@ def _kubelet_text(k: Mapping[str, Any]) -> list[str]:
     if k.get("admit") is None:
         return ["Kubelet's decision: not reported yet"]
     if not k["admit"]:
-        return [f"Kubelet's decision: REJECTED ({k.get('reason')}): {k.get('message') or ''}"]
+        return [f"Kubelet's decision: REJECTED ({printable(k.get('reason'))}): "
+                f"{printable(k.get('message') or '')}"]
     lines = [f"Kubelet's decision: ADMITTED, NUMA nodes {k.get('numaNodes')}"]
     rows = [["CONTAINER", "NUMA", "CPUS", "DEVICES"]]
     for name, c in (k.get("containers") or {}).items():

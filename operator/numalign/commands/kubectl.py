@@ -33,6 +33,7 @@ from numalign.commands.explain import ExplainError, LiveClient, explain_live
 from numalign.commands.explain_pending import render_pending
 from numalign.commands.explain_text import render_text
 from numalign.controller.cache import STATE_CONFIGMAP
+from numalign.topology.text import printable
 
 PROG = "kubectl numalign"
 OUTPUTS = ("text", "wide", "json", "yaml")
@@ -101,7 +102,7 @@ def _dump(doc: Any, output: str) -> str:
 
 
 def _table(rows: list[list[str]], head: list[str]) -> str:
-    lines = [head, *rows]
+    lines = [head, *([printable(c) for c in r] for r in rows)]
     widths = [max(len(r[i]) for r in lines) for i in range(len(head))]
     return "\n".join("   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
                      for r in lines)
@@ -186,9 +187,11 @@ def main(argv: list[str] | None = None) -> int:
         args = parse(list(sys.argv[1:] if argv is None else argv))
         out = run(args)
     except ExplainError as err:
-        print(f"{PROG}: {err}", file=sys.stderr)
+        print(f"{PROG}: {printable(err)}", file=sys.stderr)
         return 1
-    print(out)
+    # Whatever came from the cluster, escaped once more: nothing reaches the terminal raw
+    # (the views escape each value already; JSON and YAML escape their strings).
+    print(printable(out, keep_newlines=True))
     return 0
 
 

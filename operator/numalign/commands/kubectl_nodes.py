@@ -10,6 +10,7 @@ from typing import Any
 from numalign.api.effective import NodePolicy
 from numalign.api.nodetopology import READY
 from numalign.topology.quantity import format_bytes, parse_quantity
+from numalign.topology.text import printable
 
 JSON = dict[str, Any]
 
@@ -115,7 +116,7 @@ def render_nodes(rows: list[JSON], wide: bool = False) -> str:
             if wide:
                 line += [_many(z["hugepages"], size=True), r["scope"] if first else "",
                          str(r["pods"]) if first else "", r["ready"] if first else ""]
-            lines.append(line)
+            lines.append([printable(c) for c in line])  # names and ids from the cluster
     if len(lines) == 1:
         return "No NodeTopologies found (is the numalign agent running on the nodes?)"
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]

@@ -18,6 +18,7 @@ from numalign.api.fit import unfit_among
 from numalign.api.wire import ANN_REJECTION, ANN_RESOLVED, REJECTED_PREFIX, resolved_or_none
 from numalign.commands.explain_pending import FAILED_SCHEDULING, event_time
 from numalign.controller.redeploy.record import WorkloadState, workload_key
+from numalign.topology.text import printable_doc
 
 JSON = dict[str, Any]
 
@@ -130,7 +131,10 @@ def _age(ts: str, now: datetime) -> str:
 
 
 def render_why(report: Mapping[str, Any], now: datetime | None = None) -> str:
+    """The text view; every string from the cluster in it escaped (a pod's annotations,
+    event messages, node names: control characters and bidi overrides shown as escapes)."""
     now = now or datetime.now(UTC)
+    report = printable_doc(dict(report))
     lines = [f"Pod {report['namespace']}/{report['pod']}: {report['phase']}"
              + (f" on node {report['node']}" if report.get("node") else " (not bound)")]
     res = report.get("resolved")

@@ -9,6 +9,8 @@ import os
 import signal
 import sys
 
+from numalign.commands import logs
+
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="numalign operator", description=(
@@ -54,8 +56,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(logging.DEBUG if args.verbose else logging.INFO)
     if not args.verbose:
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)

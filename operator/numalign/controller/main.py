@@ -17,6 +17,8 @@ from typing import Any
 import kopf
 from aiohttp import web
 
+from numalign.topology.text import printable
+
 from . import (
     cache,
     kube,
@@ -33,6 +35,15 @@ from . import (
 __all__ = ["Options", "cache", "nodedefaults", "pods", "policies", "redeploy", "run"]
 
 log = logging.getLogger("numalign.operator")
+
+
+def printable_records(record: logging.LogRecord) -> bool:
+    """A logging filter: the record's message as one printable line (control
+    characters, bidirectional overrides shown as escapes), for every handler, kopf's
+    Event poster included."""
+    record.msg = printable(record.getMessage())
+    record.args = None
+    return True
 
 
 @dataclass
@@ -126,6 +137,8 @@ _runners: list[web.AppRunner] = []
 async def startup(settings: kopf.OperatorSettings, logger: kopf.Logger, **_: Any) -> None:
     opts = _options
     settings.posting.level = logging.WARNING
+    # what kopf posts as the objects' Events quotes tenants' names and values: escaped
+    logging.getLogger("kopf.objects").addFilter(printable_records)
     settings.watching.server_timeout = 120
     settings.networking.request_timeout = 60
     settings.persistence.finalizer = "numalign.io/operator"

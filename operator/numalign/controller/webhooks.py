@@ -11,6 +11,16 @@ Where the certificate lives: ``--cert-secret NAMESPACE/NAME`` keeps it in a Secr
 that every replica (peering standby included) serves the same CA; otherwise in
 ``--cert-dir`` (a temporary directory by default). Failure policies: see
 :mod:`.pods` (pods: Ignore) and :mod:`.policies` (TopologyPolicy: Ignore).
+
+The server cannot tell the API server from any other client that reaches its port (the
+NetworkPolicy numalign-operator admits only the API server's addresses), so it treats a
+review as a request from anyone: a namespaced review is answered only when its object is
+in the namespace the review names (what a handler then reads, the namespace's Failed
+pods and redeploy records, is that namespace's; the only other workloads' data an answer
+carries is keyed by a controller's uid, which the sender must already know), at most
+:data:`MAX_REVIEW_BYTES` are read, and every review is answered (or given up with a 503,
+which the API server's ``failurePolicy: Ignore`` treats like a time-out) within
+:data:`REVIEW_TIMEOUT_S`, its body's arrival included.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp.web
 import kopf
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -32,7 +43,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from numalign.api.kube import ApiError
 
-from . import kube
+from . import kube, webhookconfig
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +51,13 @@ CA_FILE, CERT_FILE, KEY_FILE = "ca.crt", "tls.crt", "tls.key"
 CA_KEY_FILE = "ca.key"
 RENEW_BEFORE = dt.timedelta(days=30)
 RENEW_CHECK_S = 6 * 3600.0
+# The API server waits this long for an answer (the webhooks' timeoutSeconds); work on a
+# review past it is wasted, and a client that sends its body slowly holds nothing longer.
+REVIEW_TIMEOUT_S = float(webhookconfig.TIMEOUT_SECONDS)
+# The largest review read: aiohttp's own limit (client_max_size of Kopf's application,
+# which refuses a larger chunked body with a 413 as it reads); a declared larger body is
+# refused before it is read. A pod's CREATE review is its object, well below it.
+MAX_REVIEW_BYTES = 1024 ** 2
 
 
 def _key() -> rsa.RSAPrivateKey:
@@ -189,12 +207,45 @@ async def renew(cert_dir: Path, hosts: list[str], secret: str | None = None) -> 
     return any((cert_dir / fn).read_bytes() != data for fn, data in before.items())
 
 
+def namespace_problem(request: Any) -> str | None:
+    """Why a review is not answered: its object (or old object) names a namespace other
+    than the review's ``request.namespace``. The API server never sends one (it refuses
+    such a write before admission); a forged review would make the handlers read the
+    named namespace's pods and redeploy records."""
+    req = request.get("request") if isinstance(request, dict) else None
+    if not isinstance(req, dict):
+        return None
+    namespace = req.get("namespace") or ""
+    for key in ("object", "oldObject"):
+        obj = req.get(key)
+        meta = obj.get("metadata") if isinstance(obj, dict) else None
+        other = meta.get("namespace") if isinstance(meta, dict) else None
+        if other and other != namespace:
+            return (f"request.{key}.metadata.namespace {other!r} is not the review's "
+                    f"request.namespace {namespace!r}")
+    return None
+
+
+def _refusal(request: Any, message: str) -> dict[str, Any]:
+    req = request.get("request") if isinstance(request, dict) else None
+    uid = req.get("uid") if isinstance(req, dict) else None
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "response": {"uid": uid if isinstance(uid, str) else "", "allowed": False,
+                         "status": {"code": 400, "message": message}}}
+
+
 class Server(kopf.WebhookServer):
     """kopf.WebhookServer that fills ``metadata.namespace`` of the reviewed object from the
-    request: pods created by controllers (generateName) arrive without it."""
+    request (pods created by controllers, generateName, arrive without it), refuses a
+    review whose object is in another namespace than the review's, and bounds each
+    review's size and time (see the module's docstring)."""
 
     async def __call__(self, fn: Any) -> AsyncIterator[Any]:
         async def with_namespace(request: Any, *args: Any, **kwargs: Any) -> Any:
+            problem = namespace_problem(request)
+            if problem is not None:
+                log.warning(f"admission review refused unread: {problem}")
+                return _refusal(request, problem)
             req = request.get("request") if isinstance(request, dict) else None
             if isinstance(req, dict) and req.get("namespace"):
                 for key in ("object", "oldObject"):
@@ -207,6 +258,20 @@ class Server(kopf.WebhookServer):
 
         async for config in super().__call__(with_namespace):
             yield config
+
+    @staticmethod
+    async def _serve(fn: Any, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        size = request.content_length
+        if size is not None and size > MAX_REVIEW_BYTES:
+            raise aiohttp.web.HTTPRequestEntityTooLarge(max_size=MAX_REVIEW_BYTES,
+                                                        actual_size=size)
+        try:
+            async with asyncio.timeout(REVIEW_TIMEOUT_S):
+                return await kopf.WebhookServer._serve(fn, request)
+        except TimeoutError:
+            log.warning(f"admission review not answered within {REVIEW_TIMEOUT_S:g} s")
+            raise aiohttp.web.HTTPServiceUnavailable(
+                reason=f"no answer within {REVIEW_TIMEOUT_S:g} s") from None
 
 
 def server(addr: str, port: int, host: str, cert_dir: Path) -> kopf.WebhookServer:

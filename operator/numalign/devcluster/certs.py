@@ -1,32 +1,54 @@
-"""The dev cluster's PKI, generated with ``cryptography``: a cluster CA, the API
-server's serving certificate (127.0.0.1, localhost and the in-cluster names), a
-front-proxy CA and client, the service-account signing key, and client certificates
-for the admin (group system:masters), the controller manager and the scheduler.
+"""The dev cluster's PKI, built with :mod:`numalign.api.pki` (EC P-256 keys throughout):
 
-EC P-256 keys throughout: fast to generate and accepted by every component.
+* the cluster CA: the API server's serving certificate (127.0.0.1, localhost and the
+  in-cluster names) and the client certificates of the admin (group system:masters),
+  the controller manager, the scheduler, the API server towards kubelets, and the
+  scheduler extender's own identity (``numalign-extender``: only its RBAC);
+* the front-proxy CA and its client; the service-account signing key;
+* an etcd CA, of etcd alone: etcd's serving and peer certificates and the API server's
+  etcd client certificate. etcd trusts no certificate of the cluster CA, whose key also
+  signs what the controller manager approves (kubelet CSRs);
+* an extender CA: the extender's serving certificate (127.0.0.1) and kube-scheduler's
+  client certificate towards it (``numalign extender --client-ca``).
+
+The etcd and extender CAs' keys are not kept (nothing else is issued from them). Every
+file is written mode 0600 in a directory of mode 0700.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import ipaddress
-import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.hazmat.primitives import serialization
 
-VALIDITY = dt.timedelta(days=365)
+from ..api.pki import (
+    CLIENT_AUTH,
+    SERVER_AND_CLIENT_AUTH,
+    SERVER_AUTH,
+    CertificateAuthority,
+    Issued,
+    extender_certificates,
+    key_pem,
+    new_key,
+    write_file,
+)
+
 SERVICE_IP = "10.96.0.1"  # first address of the service range: the kubernetes service
+LOOPBACK_DNS = ("localhost",)
+LOOPBACK_IPS = ("127.0.0.1", "::1")
+EXTENDER_USER = "numalign-extender"  # the extender's API identity (CN, no group)
+PRIVATE = 0o600
 
 
 @dataclass(frozen=True)
 class KeyPair:
     cert: Path
     key: Path
+
+    def save(self, issued: Issued, cert_mode: int = PRIVATE) -> KeyPair:
+        issued.save(self.cert, self.key, cert_mode)
+        return self
 
 
 @dataclass(frozen=True)
@@ -42,6 +64,14 @@ class Pki:
     apiserver_kubelet_client: KeyPair
     sa_key: Path
     sa_pub: Path
+    etcd_ca: Path  # certificate only
+    etcd_server: KeyPair
+    etcd_peer: KeyPair
+    apiserver_etcd_client: KeyPair
+    extender_ca: Path  # certificate only: the extender's --client-ca, the scheduler's caFile
+    extender_serving: KeyPair
+    scheduler_extender_client: KeyPair
+    extender_client: KeyPair  # towards the API server, as EXTENDER_USER
 
     @classmethod
     def at(cls, directory: Path) -> Pki:
@@ -60,129 +90,29 @@ class Pki:
             apiserver_kubelet_client=pair("apiserver-kubelet-client"),
             sa_key=directory / "sa.key",
             sa_pub=directory / "sa.pub",
+            etcd_ca=directory / "etcd-ca.crt",
+            etcd_server=pair("etcd-server"),
+            etcd_peer=pair("etcd-peer"),
+            apiserver_etcd_client=pair("apiserver-etcd-client"),
+            extender_ca=directory / "extender-ca.crt",
+            extender_serving=pair("extender-serving"),
+            scheduler_extender_client=pair("scheduler-extender-client"),
+            extender_client=pair("extender-client"),
         )
+
+    def files(self) -> list[Path]:
+        """Every file :func:`generate` writes."""
+        out: list[Path] = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, KeyPair):
+                out += [value.cert, value.key]
+            elif f.name != "dir":
+                out.append(value)
+        return out
 
     def complete(self) -> bool:
-        pairs = (self.ca, self.apiserver, self.front_proxy_ca, self.front_proxy_client,
-                 self.admin, self.controller_manager, self.scheduler,
-                 self.apiserver_kubelet_client)
-        files = [p for kp in pairs for p in (kp.cert, kp.key)] + [self.sa_key, self.sa_pub]
-        return all(f.is_file() for f in files)
-
-
-def _write(path: Path, data: bytes, private: bool = False) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o644)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-
-
-def _key() -> ec.EllipticCurvePrivateKey:
-    return ec.generate_private_key(ec.SECP256R1())
-
-
-def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-
-
-def _name(cn: str, org: str | None = None) -> x509.Name:
-    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, cn)]
-    if org:
-        attrs.insert(0, x509.NameAttribute(NameOID.ORGANIZATION_NAME, org))
-    return x509.Name(attrs)
-
-
-def _builder(subject: x509.Name, issuer: x509.Name, key: ec.EllipticCurvePrivateKey,
-             now: dt.datetime) -> x509.CertificateBuilder:
-    return (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(issuer)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + VALIDITY)
-    )
-
-
-class _Ca:
-    @classmethod
-    def load(cls, pair: KeyPair) -> _Ca:
-        """The CA that :func:`generate` wrote, to issue more certificates with."""
-        ca = cls.__new__(cls)
-        key = serialization.load_pem_private_key(pair.key.read_bytes(), password=None)
-        if not isinstance(key, ec.EllipticCurvePrivateKey):
-            raise ValueError(f"{pair.key}: not an EC private key")
-        ca.key = key
-        ca.cert = x509.load_pem_x509_certificate(pair.cert.read_bytes())
-        ca.name = ca.cert.subject
-        return ca
-
-    def __init__(self, cn: str, now: dt.datetime) -> None:
-        self.key = _key()
-        self.name = _name(cn)
-        self.cert = (
-            _builder(self.name, self.name, self.key, now)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True, key_cert_sign=True, crl_sign=True,
-                    content_commitment=False, key_encipherment=False, data_encipherment=False,
-                    key_agreement=False, encipher_only=False, decipher_only=False,
-                ),
-                critical=True,
-            )
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(self.key.public_key()),
-                           critical=False)
-            .sign(self.key, hashes.SHA256())
-        )
-
-    def issue(
-        self,
-        cn: str,
-        now: dt.datetime,
-        org: str | None = None,
-        server: bool = False,
-        dns: tuple[str, ...] = (),
-        ips: tuple[str, ...] = (),
-    ) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-        key = _key()
-        usage = [ExtendedKeyUsageOID.SERVER_AUTH] if server else [ExtendedKeyUsageOID.CLIENT_AUTH]
-        b = (
-            _builder(_name(cn, org), self.name, key, now)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True, key_encipherment=True, key_cert_sign=False,
-                    crl_sign=False, content_commitment=False, data_encipherment=False,
-                    key_agreement=False, encipher_only=False, decipher_only=False,
-                ),
-                critical=True,
-            )
-            .add_extension(x509.ExtendedKeyUsage(usage), critical=False)
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()),
-                critical=False,
-            )
-        )
-        if dns or ips:
-            alt: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
-            alt += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
-            b = b.add_extension(x509.SubjectAlternativeName(alt), critical=False)
-        return b.sign(self.key, hashes.SHA256()), key
-
-    def save(self, pair: KeyPair) -> None:
-        _write(pair.cert, self.cert.public_bytes(serialization.Encoding.PEM))
-        _write(pair.key, _key_pem(self.key), private=True)
-
-
-def _save(pair: KeyPair, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> None:
-    _write(pair.cert, cert.public_bytes(serialization.Encoding.PEM))
-    _write(pair.key, _key_pem(key), private=True)
+        return all(f.is_file() for f in self.files())
 
 
 def generate(directory: Path, addresses: tuple[str, ...] = ()) -> Pki:
@@ -190,38 +120,52 @@ def generate(directory: Path, addresses: tuple[str, ...] = ()) -> Pki:
     server's certificate also names ``addresses`` (where it listens besides loopback)."""
     pki = Pki.at(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    os.chmod(directory, 0o700)
-    now = dt.datetime.now(dt.UTC)
+    directory.chmod(0o700)
 
-    ca = _Ca("numalign-dev-ca", now)
-    ca.save(pki.ca)
-    _save(pki.apiserver, *ca.issue(
-        "kube-apiserver", now, server=True,
-        dns=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+    ca = CertificateAuthority.create("numalign-dev-ca")
+    ca.save(pki.ca.cert, pki.ca.key, PRIVATE)
+    pki.apiserver.save(ca.issue(
+        "kube-apiserver", usages=SERVER_AUTH,
+        dns=(*LOOPBACK_DNS, "kubernetes", "kubernetes.default", "kubernetes.default.svc",
              "kubernetes.default.svc.cluster.local"),
-        ips=("127.0.0.1", "::1", SERVICE_IP, *addresses),
+        ips=(*LOOPBACK_IPS, SERVICE_IP, *addresses),
     ))
-    _save(pki.admin, *ca.issue("numalign-admin", now, org="system:masters"))
-    _save(pki.controller_manager, *ca.issue("system:kube-controller-manager", now))
-    _save(pki.scheduler, *ca.issue("system:kube-scheduler", now))
+    pki.admin.save(ca.issue("numalign-admin", org="system:masters"))
+    pki.controller_manager.save(ca.issue("system:kube-controller-manager"))
+    pki.scheduler.save(ca.issue("system:kube-scheduler"))
     # The API server's identity towards kubelets (logs, exec): an admin of the cluster.
-    _save(pki.apiserver_kubelet_client,
-          *ca.issue("kube-apiserver-kubelet-client", now, org="system:masters"))
+    pki.apiserver_kubelet_client.save(
+        ca.issue("kube-apiserver-kubelet-client", org="system:masters"))
+    pki.extender_client.save(ca.issue(EXTENDER_USER))
 
-    fp = _Ca("numalign-dev-front-proxy-ca", now)
-    fp.save(pki.front_proxy_ca)
-    _save(pki.front_proxy_client, *fp.issue("front-proxy-client", now))
+    fp = CertificateAuthority.create("numalign-dev-front-proxy-ca")
+    fp.save(pki.front_proxy_ca.cert, pki.front_proxy_ca.key, PRIVATE)
+    pki.front_proxy_client.save(fp.issue("front-proxy-client"))
 
-    sa = _key()
-    _write(pki.sa_key, _key_pem(sa), private=True)
-    _write(pki.sa_pub, sa.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    sa = new_key()
+    write_file(pki.sa_key, key_pem(sa), PRIVATE)
+    write_file(pki.sa_pub, sa.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo), PRIVATE)
+
+    etcd = CertificateAuthority.create("numalign-dev-etcd-ca")
+    write_file(pki.etcd_ca, etcd.pem, PRIVATE)
+    # etcd's gRPC gateway dials etcd itself with the serving certificate: client auth too.
+    pki.etcd_server.save(etcd.issue("etcd-server", usages=SERVER_AND_CLIENT_AUTH,
+                                    dns=LOOPBACK_DNS, ips=LOOPBACK_IPS))
+    pki.etcd_peer.save(etcd.issue("etcd-peer", usages=SERVER_AND_CLIENT_AUTH,
+                                  dns=LOOPBACK_DNS, ips=LOOPBACK_IPS))
+    pki.apiserver_etcd_client.save(etcd.issue("kube-apiserver-etcd-client",
+                                              usages=CLIENT_AUTH))
+
+    ext = extender_certificates(dns=LOOPBACK_DNS, ips=LOOPBACK_IPS)
+    write_file(pki.extender_ca, ext.ca.pem, PRIVATE)
+    pki.extender_serving.save(ext.serving)
+    pki.scheduler_extender_client.save(ext.scheduler)
     return pki
 
 
 def issue_client(pki: Pki, pair: KeyPair, cn: str, org: str | None = None) -> KeyPair:
     """Issue a client certificate (``cn``, group ``org``) from the cluster CA into ``pair``,
     e.g. a kubelet's ``system:node:NAME`` in ``system:nodes``."""
-    ca = _Ca.load(pki.ca)
-    _save(pair, *ca.issue(cn, dt.datetime.now(dt.UTC), org=org))
-    return pair
+    ca = CertificateAuthority.load(pki.ca.cert, pki.ca.key)
+    return pair.save(ca.issue(cn, org=org), cert_mode=0o644)

@@ -7,16 +7,19 @@ with certificates generated on the spot and the numalign CRDs installed.
     subprocess.run(["kubectl", "--kubeconfig", cluster.kubeconfig, "get", "nt"])
     cluster.down()                        # stops everything, removes the state
 
-State dir layout: ``pki/`` (certificates), ``etcd/`` (data), ``logs/<component>.log``,
-``run/<component>.pid``, ``kubeconfig`` (admin, group system:masters), a kubeconfig
-per component, and ``state.json`` (ports, versions, machines). No kubelet runs: Node
-objects come from the emulated-node agent (see :mod:`numalign.devcluster.addons`) or
-from the test that needs them.
+State dir layout: ``pki/`` (certificates, :mod:`.certs`), ``etcd/`` (data),
+``logs/<component>.log``, ``run/<component>.pid``, ``kubeconfig`` (admin, group
+system:masters), a kubeconfig per component, and ``state.json`` (ports, versions,
+machines). No kubelet runs: Node objects come from the emulated-node agent (see
+:mod:`numalign.devcluster.addons`) or from the test that needs them.
+
+etcd answers only the API server's client certificate (:mod:`.components`); the
+scheduler extender's verbs answer only kube-scheduler's, and it acts with its own RBAC
+(:mod:`.extender_host`).
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import os
@@ -27,13 +30,22 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from ..api.kube import NT_BASE, KubeConfig, SyncKube
+from ..api.kube import NT_BASE, ApiError, KubeConfig, SyncKube
 from . import build, certs
 from .addons import ADDONS, ClusterInfo, MachineSpec, metrics_url
+from .components import (
+    apiserver_args,
+    controller_manager_args,
+    etcd_args,
+    etcd_client,
+    etcd_url,
+    scheduler_args,
+)
 from .crds import install_crds
+from .extender_host import EXTENDER, Endpoints, extender_argv, install_rbac, scheduler_tls
+from .extender_host import KUBECONFIG as EXTENDER_KUBECONFIG
 from .hostcgroups import add_host_address, remove_host_address
+from .kubeconfigs import write_kubeconfig as write_kubeconfig
 from .policies import PolicyError, install_policies
 from .processes import Process, free_ports
 from .scheduler import CONFIG_FILE, write_scheduler_config
@@ -66,12 +78,11 @@ def client_qps_flags(value: str | None = None) -> tuple[str, ...]:
                               "QPS/BURST in whole numbers, e.g. 200/400")
     return (f"--kube-api-qps={qps}", f"--kube-api-burst={burst or qps}")
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
-EXTENDER = "extender"  # numalign's scheduler extender, a process beside the addons
 # Every default controller. The cloud ones (node lifecycle, service LB, routes) left
 # kube-controller-manager for the cloud-controller-manager and are not known here.
 CONTROLLERS = ("*",)
 _STATE_FILES = ("kubeconfig", "controller-manager.kubeconfig", "scheduler.kubeconfig",
-                "state.json", CONFIG_FILE)
+                EXTENDER_KUBECONFIG, "state.json", CONFIG_FILE)
 _STATE_DIRS = ("pki", "etcd", "logs", "run", "operator", "realnode")
 
 
@@ -247,10 +258,15 @@ class DevCluster:
 
     def metrics_url(self, component: str) -> str | None:
         """Where ``component`` serves Prometheus metrics (the control plane's need the
-        admin credentials of the kubeconfig; etcd's and numalign's are plain HTTP)."""
+        admin credentials of the kubeconfig, etcd's its client certificate
+        ``pki/apiserver-etcd-client.crt``; numalign's, the extender's probe port included,
+        are plain HTTP)."""
         st = self.state()
         ports = st.get("ports") or {}
-        plane = {"etcd": ("http", ports.get("etcd")),
+        if component == EXTENDER:
+            probe = self.extender_probe_url
+            return f"{probe}/metrics" if probe else None
+        plane = {"etcd": ("https", ports.get("etcd")),
                  "kube-apiserver": ("https", ports.get("apiserver")),
                  "kube-controller-manager": ("https", ports.get("controllerManager")),
                  "kube-scheduler": ("https", ports.get("scheduler"))}
@@ -293,11 +309,12 @@ class DevCluster:
                 raise DevClusterError(f"the API server's pod-reachable address: {e} "
                                       "(needs root)") from None
         certs.generate(self.pki.dir, (address,) if address else ())
-        etcd_port, peer_port, api_port, kcm_port, sched_port, ext_port = free_ports(6)
+        etcd_port, peer_port, api_port, kcm_port, sched_port, ext_port, probe_port = (
+            free_ports(7))
         server = f"https://{address or '127.0.0.1'}:{api_port}"
         self._write_kubeconfigs(server)
         self._save_state({
-            **({"extender": {"port": ext_port, "url": f"http://127.0.0.1:{ext_port}"}}
+            **({"extender": Endpoints(ext_port, probe_port).to_state()}
                if self._want_extender else {}),
             "name": self.name,
             "server": server,
@@ -312,24 +329,13 @@ class DevCluster:
         deadline = time.monotonic() + timeout
 
         t = time.monotonic()
-        etcd_url = f"http://127.0.0.1:{etcd_port}"
-        peer_url = f"http://127.0.0.1:{peer_port}"
-        self.process("etcd").start([
-            str(bins / "etcd"),
-            "--name=dev",
-            f"--data-dir={self.state_dir / 'etcd'}",
-            f"--listen-client-urls={etcd_url}",
-            f"--advertise-client-urls={etcd_url}",
-            f"--listen-peer-urls={peer_url}",
-            f"--initial-advertise-peer-urls={peer_url}",
-            f"--initial-cluster=dev={peer_url}",
-            "--unsafe-no-fsync",  # a throwaway dev store: no fsync, much faster on slow disks
-            "--log-level=warn",
-        ])
+        p = self.pki
+        self.process("etcd").start(etcd_args(bins, p, self.state_dir / "etcd", etcd_port,
+                                             peer_port))
         # The API server waits for etcd by itself: start both, then wait for both.
-        self.process("kube-apiserver").start(self._apiserver_args(bins, api_port, etcd_url,
-                                                                  address))
-        with _probe(etcd_url) as etcd:
+        self.process("kube-apiserver").start(apiserver_args(
+            bins, p, api_port, etcd_url(etcd_port), SERVICE_CIDR, address))
+        with etcd_client(p, etcd_port) as etcd:
             self._wait("etcd", lambda: etcd.ok("/health"), deadline, ("etcd",))
         say(f"etcd ready ({time.monotonic() - t:.1f}s)")
         admin = self.kube()
@@ -338,8 +344,16 @@ class DevCluster:
         say(f"kube-apiserver ready at {server} ({time.monotonic() - t:.1f}s)")
 
         t = time.monotonic()
-        self.process("kube-controller-manager").start(self._controller_manager_args(bins, kcm_port))
-        self.process("kube-scheduler").start(self._scheduler_args(bins, sched_port))
+        run = self.state_dir / "run"
+        self.process("kube-controller-manager").start(controller_manager_args(
+            bins, p, self.state_dir / "controller-manager.kubeconfig", kcm_port, run,
+            controllers=CONTROLLERS, service_cidr=SERVICE_CIDR, cluster_cidr=CLUSTER_CIDR,
+            qps_flags=client_qps_flags()))
+        kc = self.state_dir / "scheduler.kubeconfig"
+        url = self.extender_url
+        config = write_scheduler_config(self.state_dir, kc, client_qps_flags(), url,
+                                        scheduler_tls(p) if url else None)
+        self.process("kube-scheduler").start(scheduler_args(bins, kc, sched_port, run, config))
         with _probe(f"https://127.0.0.1:{sched_port}") as sched:
             self._wait("kube-scheduler /healthz", lambda: sched.ok("/healthz"), deadline,
                        CONTROL_PLANE)
@@ -351,116 +365,59 @@ class DevCluster:
                    deadline, CONTROL_PLANE)
         say(f"kube-controller-manager and kube-scheduler ready ({time.monotonic() - t:.1f}s)")
 
-    def _apiserver_args(self, bins: Path, port: int, etcd_url: str,
-                        address: str | None = None) -> list[str]:
-        p = self.pki
-        return [
-            str(bins / "kube-apiserver"),
-            f"--etcd-servers={etcd_url}",
-            f"--bind-address={address or '127.0.0.1'}",
-            f"--advertise-address={address or '127.0.0.1'}",
-            f"--secure-port={port}",
-            f"--cert-dir={p.dir}",
-            f"--tls-cert-file={p.apiserver.cert}",
-            f"--tls-private-key-file={p.apiserver.key}",
-            f"--client-ca-file={p.ca.cert}",
-            "--authorization-mode=Node,RBAC",  # Node: a real kubelet's own rights
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-key-file={p.sa_pub}",
-            f"--service-account-signing-key-file={p.sa_key}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            f"--requestheader-client-ca-file={p.front_proxy_ca.cert}",
-            "--requestheader-allowed-names=front-proxy-client",
-            "--requestheader-username-headers=X-Remote-User",
-            "--requestheader-group-headers=X-Remote-Group",
-            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
-            f"--proxy-client-cert-file={p.front_proxy_client.cert}",
-            f"--proxy-client-key-file={p.front_proxy_client.key}",
-            # A real node (realnode.py) is reached by its Hostname address (localhost).
-            f"--kubelet-client-certificate={p.apiserver_kubelet_client.cert}",
-            f"--kubelet-client-key={p.apiserver_kubelet_client.key}",
-            "--kubelet-preferred-address-types=Hostname,InternalIP",
-            "--allow-privileged=true",
-            # The kubernetes Service's endpoint: the pod-reachable address (the default
-            # reconciler), none on loopback (no valid endpoint address).
-            *(() if address else ("--endpoint-reconciler-type=none",)),
-            "--profiling=false",
-            "--v=1",
-        ]
-
-    def _component_args(self, binary: Path, kubeconfig: Path, port: int) -> list[str]:
-        """What kube-controller-manager and kube-scheduler share: one kubeconfig for
-        everything, a loopback secure port, no leader election."""
-        return [
-            str(binary),
-            f"--kubeconfig={kubeconfig}",
-            f"--authentication-kubeconfig={kubeconfig}",
-            f"--authorization-kubeconfig={kubeconfig}",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={port}",
-            f"--cert-dir={self.state_dir / 'run'}",
-            "--leader-elect=false",
-        ]
-
-    def _controller_manager_args(self, bins: Path, port: int) -> list[str]:
-        p = self.pki
-        kc = self.state_dir / "controller-manager.kubeconfig"
-        return [
-            *self._component_args(bins / "kube-controller-manager", kc, port),
-            "--controllers=" + ",".join(CONTROLLERS),
-            f"--service-account-private-key-file={p.sa_key}",
-            f"--root-ca-file={p.ca.cert}",
-            "--use-service-account-credentials=true",
-            f"--cluster-signing-cert-file={p.ca.cert}",
-            f"--cluster-signing-key-file={p.ca.key}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            f"--cluster-cidr={CLUSTER_CIDR}",
-            "--allocate-node-cidrs=false",
-            *client_qps_flags(),
-            "--profiling=false",
-            "--v=1",
-        ]
-
-    def _scheduler_args(self, bins: Path, port: int) -> list[str]:
-        kc = self.state_dir / "scheduler.kubeconfig"
-        config = write_scheduler_config(self.state_dir, kc, client_qps_flags(),
-                                        self.extender_url)
-        return [
-            *self._component_args(bins / "kube-scheduler", kc, port),
-            f"--config={config}",
-            "--v=1",
-        ]
-
     # -------------------------------------------------------------------- extender
+
+    def _extender(self, key: str) -> str | None:
+        ext = self.state().get("extender")
+        return str(ext[key]) if isinstance(ext, dict) and ext.get(key) else None
 
     @property
     def extender_url(self) -> str | None:
-        """Where kube-scheduler calls numalign's extender (None: not configured)."""
-        ext = self.state().get("extender")
-        return str(ext["url"]) if isinstance(ext, dict) and ext.get("url") else None
+        """Where kube-scheduler calls numalign's extender, HTTPS with its client
+        certificate (None: not configured)."""
+        return self._extender("url")
+
+    @property
+    def extender_probe_url(self) -> str | None:
+        """The extender's probe port, plain HTTP: ``/healthz``, ``/readyz``, ``/metrics``
+        (None: not configured)."""
+        return self._extender("probeUrl")
+
+    @property
+    def extender_kubeconfig(self) -> Path:
+        """The extender's own kubeconfig (user ``numalign-extender``: its RBAC only)."""
+        return self.state_dir / EXTENDER_KUBECONFIG
 
     def start_extender(self, log: Log | None = None, timeout: float = 60.0) -> None:
         """Run ``numalign extender`` where the scheduler calls it; wait until ready."""
         say = log or _quiet
-        url = self.extender_url
-        if url is None:
+        ext = self.state().get("extender")
+        if not isinstance(ext, dict) or not ext.get("url"):
             raise DevClusterError("this control plane's kube-scheduler has no extender "
                                   "(started with --no-extender): 'numalign dev down', then "
                                   "'numalign dev up' without --no-extender")
+        if not str(ext["url"]).startswith("https:") or not ext.get("probePort"):
+            raise DevClusterError("this control plane's kube-scheduler calls the extender "
+                                  "over plain HTTP (started by an older numalign): "
+                                  "'numalign dev down', then 'numalign dev up'")
+        endpoints = Endpoints(int(ext["port"]), int(ext["probePort"]))
         proc = self.process(EXTENDER)
         if not proc.is_running():
-            argv = ["-m", "numalign.cli", "extender", "--kubeconfig", str(self.kubeconfig),
-                    "--addr", "127.0.0.1", "--port", url.rsplit(":", 1)[1]]
+            try:
+                install_rbac(self.kube())
+            except (OSError, ValueError, ApiError) as e:
+                raise DevClusterError(f"the extender's RBAC: {e}") from e
+            argv = extender_argv(self.pki, self.extender_kubeconfig, endpoints)
             proc.start([sys.executable, *argv], cwd=self.state_dir, program="numalign.cli",
-                       env=dict(os.environ, KUBECONFIG=str(self.kubeconfig)))
+                       env=dict(os.environ, KUBECONFIG=str(self.extender_kubeconfig)))
             st = self.state()
             st["addons"] = {**st.get("addons", {}), EXTENDER: argv}
             self._save_state(st)
         t = time.monotonic()
-        with _probe(url) as probe:
+        with _probe(endpoints.probe_url) as probe:
             self._wait("numalign extender /readyz", lambda: probe.ok("/readyz"),
                        time.monotonic() + timeout, (EXTENDER,))
-        say(f"numalign extender ready at {url} ({time.monotonic() - t:.1f}s)")
+        say(f"numalign extender ready at {endpoints.url} ({time.monotonic() - t:.1f}s)")
 
     def stop_extender(self, timeout: float = 5.0) -> None:
         """Stop the extender (the scheduler goes on without it: it is ignorable)."""
@@ -613,6 +570,7 @@ class DevCluster:
             (self.state_dir / "controller-manager.kubeconfig", p.controller_manager,
              "system:kube-controller-manager"),
             (self.state_dir / "scheduler.kubeconfig", p.scheduler, "system:kube-scheduler"),
+            (self.extender_kubeconfig, p.extender_client, certs.EXTENDER_USER),
         ):
             write_kubeconfig(path, ctx, server, p.ca.cert, pair.cert, pair.key, user)
 
@@ -621,26 +579,3 @@ def _probe(url: str) -> SyncKube:
     """A client for a component's health endpoint (its serving certificate unverified)."""
     return SyncKube(KubeConfig.from_files(url, None), max_connections=1,
                     user_agent="numalign-dev")
-
-
-def _b64(path: Path) -> str:
-    return base64.b64encode(path.read_bytes()).decode()
-
-
-def write_kubeconfig(path: Path, name: str, server: str, ca: Path, cert: Path, key: Path,
-                     user: str) -> None:
-    """A self-contained kubeconfig (certificates embedded), mode 0600."""
-    doc = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": name, "cluster": {"server": server,
-                                                "certificate-authority-data": _b64(ca)}}],
-        "users": [{"name": user, "user": {"client-certificate-data": _b64(cert),
-                                          "client-key-data": _b64(key)}}],
-        "contexts": [{"name": name, "context": {"cluster": name, "user": user}}],
-        "current-context": name,
-        "preferences": {},
-    }
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        yaml.safe_dump(doc, f, sort_keys=False)

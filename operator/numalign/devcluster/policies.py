@@ -1,5 +1,6 @@
 """The admission policies of ``config/`` that a dev cluster applies as a cluster would:
-``config/tenancy`` (numalign's pod annotations, trusted writers only). The dev cluster's
+``config/tenancy`` (numalign's pod annotations, trusted writers only, and the mark on a
+pod whose untrusted creator brought its own ``numalign.io/resolved``). The dev cluster's
 operator and agents run with the admin's credentials (group ``system:masters``), which
 the policy's parameter lists as trusted, so they work under it unchanged."""
 
@@ -15,14 +16,18 @@ from ..api.kube import ApiError, SyncKube
 from .crds import create_or_replace
 
 CONFIG = Path(__file__).resolve().parents[3] / "config"
-POLICY_FILES = (CONFIG / "tenancy" / "pod_annotations.yaml",)
+POLICY_FILES = (CONFIG / "tenancy" / "pod_annotations.yaml",
+                CONFIG / "tenancy" / "resolved_at_creation.yaml")
 # config/default's namespace (its kustomization fills the files' namespace references).
 NAMESPACE = "numalign-system"
 ADMISSION = "/apis/admissionregistration.k8s.io/v1"
 _COLLECTIONS = {
     "ValidatingAdmissionPolicy": f"{ADMISSION}/validatingadmissionpolicies",
     "ValidatingAdmissionPolicyBinding": f"{ADMISSION}/validatingadmissionpolicybindings",
+    "MutatingAdmissionPolicy": f"{ADMISSION}/mutatingadmissionpolicies",
+    "MutatingAdmissionPolicyBinding": f"{ADMISSION}/mutatingadmissionpolicybindings",
 }
+_BINDINGS = ("ValidatingAdmissionPolicyBinding", "MutatingAdmissionPolicyBinding")
 
 
 class PolicyError(RuntimeError):
@@ -48,7 +53,7 @@ def _in_namespace(doc: dict[str, Any], namespace: str) -> dict[str, Any]:
     if kind == "ConfigMap":
         return {**doc, "metadata": {**doc["metadata"], "namespace": namespace}}
     spec = doc.get("spec") or {}
-    if kind == "ValidatingAdmissionPolicyBinding" and isinstance(spec.get("paramRef"), dict):
+    if kind in _BINDINGS and isinstance(spec.get("paramRef"), dict):
         return {**doc, "spec": {**spec, "paramRef": {**spec["paramRef"],
                                                      "namespace": namespace}}}
     return doc
@@ -76,4 +81,4 @@ def install_policies(kube: SyncKube, files: tuple[Path, ...] = POLICY_FILES,
         raise PolicyError(f"installing the admission policies: HTTP {e.status}: "
                           f"{e.message}") from e
     return [str(d["metadata"]["name"]) for d in docs
-            if d.get("kind") == "ValidatingAdmissionPolicy"]
+            if d.get("kind") in ("ValidatingAdmissionPolicy", "MutatingAdmissionPolicy")]

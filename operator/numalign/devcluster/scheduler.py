@@ -1,6 +1,8 @@
 """The dev cluster's kube-scheduler configuration: a ``KubeSchedulerConfiguration`` with
 numalign's scheduler extender (``numalign extender``, filter, prioritize and bind, node names
 only, ignorable) when the cluster has one, written to ``<state>/scheduler-config.yaml``.
+Over HTTPS the entry carries ``tlsConfig``: the CA of the extender's serving certificate
+and the scheduler's client certificate (the extender answers no one else).
 
 With a configuration file kube-scheduler ignores its deprecated client flags
 (``--kubeconfig``, ``--kube-api-qps``/``--kube-api-burst``), so they are set here too.
@@ -9,6 +11,7 @@ The extender entry is the one ``config/extender/scheduler-config.yaml`` ships.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +21,26 @@ CONFIG_FILE = "scheduler-config.yaml"
 EXTENDER_TIMEOUT = "5s"  # a stuck extender costs a pod at most this (then ignored)
 
 
-def extender_entry(url: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ExtenderTls:
+    """kube-scheduler's ``tlsConfig`` towards the extender (files, PEM)."""
+
+    ca_file: Path  # verifies the extender's serving certificate
+    cert_file: Path  # the scheduler's client certificate (the extender's --client-ca signed it)
+    key_file: Path
+
+    def config(self) -> dict[str, str]:
+        return {"caFile": str(self.ca_file), "certFile": str(self.cert_file),
+                "keyFile": str(self.key_file)}
+
+
+def extender_entry(url: str, tls: ExtenderTls | None = None) -> dict[str, Any]:
     """The ``extenders`` entry of a KubeSchedulerConfiguration for ``numalign extender``
-    at ``url``."""
-    return {
+    at ``url`` (``tls``: with an https ``url``, the scheduler's ``tlsConfig``)."""
+    https = url.startswith("https:")
+    if tls is not None and not https:
+        raise ValueError(f"{url}: a tlsConfig needs an https:// extender URL")
+    entry: dict[str, Any] = {
         "urlPrefix": url,
         "filterVerb": "filter",
         "prioritizeVerb": "prioritize",
@@ -29,13 +48,17 @@ def extender_entry(url: str) -> dict[str, Any]:
         "weight": 1,
         "nodeCacheCapable": True,
         "ignorable": True,
-        "enableHTTPS": url.startswith("https:"),
+        "enableHTTPS": https,
         "httpTimeout": EXTENDER_TIMEOUT,
     }
+    if tls is not None:
+        entry["tlsConfig"] = tls.config()
+    return entry
 
 
 def scheduler_config(kubeconfig: Path, qps_flags: tuple[str, ...],
-                     extender_url: str | None) -> dict[str, Any]:
+                     extender_url: str | None,
+                     extender_tls: ExtenderTls | None = None) -> dict[str, Any]:
     client: dict[str, Any] = {"kubeconfig": str(kubeconfig)}
     for flag in qps_flags:
         name, _, value = flag.partition("=")
@@ -51,13 +74,14 @@ def scheduler_config(kubeconfig: Path, qps_flags: tuple[str, ...],
         "enableProfiling": False,
     }
     if extender_url is not None:
-        doc["extenders"] = [extender_entry(extender_url)]
+        doc["extenders"] = [extender_entry(extender_url, extender_tls)]
     return doc
 
 
 def write_scheduler_config(state_dir: Path, kubeconfig: Path, qps_flags: tuple[str, ...],
-                           extender_url: str | None) -> Path:
+                           extender_url: str | None,
+                           extender_tls: ExtenderTls | None = None) -> Path:
     path = state_dir / CONFIG_FILE
-    path.write_text(yaml.safe_dump(scheduler_config(kubeconfig, qps_flags, extender_url),
-                                   sort_keys=False))
+    doc = scheduler_config(kubeconfig, qps_flags, extender_url, extender_tls)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path

@@ -24,10 +24,12 @@ NUMA nodes first, then their distance, then GPU island fit, then the room left w
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import time
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -69,6 +71,7 @@ log = logging.getLogger("numalign.extender")
 
 CANDIDATE_UID = "numalign.io/extender-candidate"  # the uid a pod is decided under
 UNREADABLE_POD_REASON = "InvalidPod"
+OUT_OF_TIME = "not decided by numalign: this pod's time to decide ran out"
 
 
 
@@ -175,7 +178,10 @@ def _pod_shape(pod: Mapping[str, Any]) -> PodShape:
                               "annotations": {} if gpus is None else {ANN_GPUS: gpus}},
                  "spec": {"containers": reduced(spec.get("containers")),
                           "initContainers": reduced(spec.get("initContainers") or [])}}
-    key = json.dumps(doc, sort_keys=True, default=str)
+    # a digest, not the text: verdicts are cached by it, and what a cached verdict keeps
+    # must not grow with the pod
+    key = hashlib.blake2b(json.dumps(doc, sort_keys=True, default=str).encode(),
+                          digest_size=16).digest()
     try:
         return PodShape(key, pod_from_dict(doc))
     except TopologyError as e:
@@ -323,12 +329,35 @@ class Decider:
         self.views: dict[str, NodeView] = {}
         self.published: dict[str, NodeView] = {}  # as the NodeTopology says, before release()
         self.released: dict[str, set[str]] = {}  # node -> uids gone but still published
+        # machines by the digest of what describes them, shared by the nodes of one
+        # machine while any of them is published (the last one gone takes its machine,
+        # and the verdicts cached for it, along)
         self.machines: dict[str, Machine] = {}
+        self._machine_of: dict[str, str] = {}  # node -> its machine's key
+        self._machine_users: dict[str, int] = {}
+        self._cached_for: dict[str, set[Hashable]] = {}  # machine key -> cached verdicts
         self.entries = EntryReader()
         self.max_cached = max_cached
         self._cache: OrderedDict[Hashable, Verdict] = OrderedDict()
         self.hits = 0
         self.misses = 0
+
+    def _uses(self, name: str, key: str) -> None:
+        """Node ``name`` now has the machine ``key`` ("": none)."""
+        old = self._machine_of.pop(name, "")
+        if key:
+            self._machine_of[name] = key
+            self._machine_users[key] = self._machine_users.get(key, 0) + 1
+        if not old:
+            return
+        left = self._machine_users[old] - 1
+        if left:
+            self._machine_users[old] = left
+            return
+        del self._machine_users[old]
+        self.machines.pop(old, None)
+        for k in self._cached_for.pop(old, ()):
+            self._cache.pop(k, None)
 
     def update(self, nt: Mapping[str, Any]) -> NodeView:
         meta = nt.get("metadata") if isinstance(nt, Mapping) else None
@@ -340,6 +369,7 @@ class Decider:
             return self.views[name]
         view = NodeView.from_nodetopology(nt, self.machines, old, self.entries)
         self.published[name] = view
+        self._uses(name, view.machine_key if view.machine is not None else "")
         gone = self.released.get(name)
         if gone:
             gone &= view.admitted  # the node published their release: nothing to do
@@ -367,6 +397,7 @@ class Decider:
         self.views.pop(name, None)
         self.published.pop(name, None)
         self.released.pop(name, None)
+        self._uses(name, "")
 
     def view(self, name: str) -> NodeView | None:
         return self.views.get(name)
@@ -436,22 +467,35 @@ class Decider:
         self.misses += 1
         verdict = decide(pod, view, reservations, shape=shape)
         self._cache[key] = verdict
+        self._cached_for.setdefault(view.machine_key, set()).add(key)
         if len(self._cache) > self.max_cached:
-            self._cache.popitem(last=False)
+            gone = self._cache.popitem(last=False)[0]
+            per = self._cached_for.get(gone[0] if isinstance(gone, tuple) else "")
+            if per is not None:
+                per.discard(gone)
         return verdict
 
     def filter(self, pod: Mapping[str, Any], nodes: Iterable[str],
                reservations: Mapping[str, Sequence[HeldPod]] | None = None,
                in_flight: Mapping[str, Sequence[tuple[Mapping[str, Any], HeldPod]]] | None
-               = None) -> list[Verdict]:
+               = None, *, budget: float | None = None,
+               clock: Callable[[], float] = time.monotonic) -> list[Verdict]:
         """A verdict for each of ``nodes``, in order (reservations and in-flight pods
-        by node, as :meth:`decide` takes them)."""
+        by node, as :meth:`decide` takes them). ``budget``: seconds to spend; the nodes
+        not decided by then pass undecided (``covered`` False: fail open, as the
+        scheduler does with an extender that does not answer in time)."""
         shape = pod_shape(pod)
         held = reservations or {}
         flying = in_flight or {}
         memo: dict[str, EffectivePolicy] = {}
-        return [self._verdict(pod, n, held.get(n, ()), shape, flying.get(n, ()), memo)
-                for n in nodes]
+        end = None if budget is None else clock() + budget
+        out: list[Verdict] = []
+        for n in nodes:
+            if end is not None and clock() > end:
+                out.append(Verdict(n, True, covered=False, note=OUT_OF_TIME))
+                continue
+            out.append(self._verdict(pod, n, held.get(n, ()), shape, flying.get(n, ()), memo))
+        return out
 
     def hold(self, pod: Mapping[str, Any], node: str,
              reservations: Sequence[HeldPod] = ()) -> HeldPod | None:

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .decide import Decider, Verdict
+from .pending import slim
 from .reservations import InFlight, Reservation, Reservations
 
 log = logging.getLogger("numalign.extender")
@@ -67,6 +68,9 @@ class Fleet:
         self.in_flight = in_flight if in_flight is not None else InFlight(
             clock=self.reservations.clock)
         self.bound: dict[str, str] = {}  # uid -> node, pods whose binding was handled
+        # seconds one pod's filter may spend deciding (None: no bound); the nodes left
+        # when it runs out pass undecided, so no pod holds up the others (and the probes)
+        self.budget: float | None = None
         # what the last filter gave (pod uid, state it saw, verdicts by node): prioritize
         # right after it, with nothing changed since, answers from it
         self.changes = 0
@@ -101,8 +105,10 @@ class Fleet:
     # ------------------------------------------------------------ pods
 
     def pod(self, event: str, pod: Mapping[str, Any]) -> None:
-        """A Pod watch event (ADDED, MODIFIED, DELETED)."""
+        """A Pod watch event (ADDED, MODIFIED, DELETED); only what :func:`slim` keeps of
+        the pod is kept."""
         self.changes += 1
+        pod = slim(pod)
         uid = pod_uid(pod)
         node = pod_node(pod)
         if event == "DELETED" or is_finished(pod):
@@ -132,11 +138,15 @@ class Fleet:
         if held is not None:
             self.reservations.add(node, held)
 
+    def approved(self, uid: str, node: str) -> Mapping[str, Any] | None:
+        """The pod ``uid`` as filter approved it for ``node`` lately, or None."""
+        return self.in_flight.approved(uid, node)
+
     def claim(self, uid: str, node: str) -> Mapping[str, Any] | None:
         """The bind verb asks to bind the pod ``uid`` to ``node``: the pod as filter
         approved it for that node (then it counts as bound there, :meth:`bound_to`),
         or None when this process did not approve it there (lately): it binds only what
-        it approved."""
+        it approved, onto a node it decided itself."""
         pod = self.in_flight.approved(uid, node)
         if pod is not None:
             self.bound_to(pod, node)
@@ -183,9 +193,12 @@ class Fleet:
                 return [last[n] for n in nodes]
         held = {n: self.reservations.on_node(n, exclude=uid) for n in nodes}
         flying = {n: self.in_flight.on_node(n, exclude=uid) for n in nodes}
-        verdicts = self.decider.filter(pod, nodes, held, flying)
+        verdicts = self.decider.filter(pod, nodes, held, flying, budget=self.budget)
         if approve:
             holds = {v.node: h for v in verdicts if (h := v.held_by(pod)) is not None}
-            self.in_flight.approve(pod, uid, holds, (v.node for v in verdicts if v.fits))
+            # a node passed without deciding (no NodeTopology, or not decided) is no
+            # approval: the bind verb leaves such pods to the scheduler
+            self.in_flight.approve(pod, uid, holds,
+                                   (v.node for v in verdicts if v.fits and v.covered))
             self._last = (seen, {v.node: v for v in verdicts})
         return verdicts

@@ -8,7 +8,12 @@
   (a pod this process did not approve for that node: left to the scheduler's binder),
   ``error`` (the API server refused or did not answer);
 - ``numalign_extender_refusals_total{reason}``: nodes refused, by the kubelet's reason;
-- ``numalign_extender_reservations``: in-flight reservations held now (gauge).
+- ``numalign_extender_reservations``: in-flight reservations held now (gauge);
+- ``numalign_extender_pending_pods``: unbound pods of the schedulers served, as watched
+  (gauge);
+- ``numalign_extender_requests_refused_total{verb,why}``: requests answered without a
+  decision: ``400`` malformed, ``408`` too slow, ``413`` too large, ``not-pending`` (the
+  pod named is not an unbound pod of our schedulers in the API server).
 """
 
 from __future__ import annotations
@@ -45,6 +50,14 @@ class Metrics:
         self.reservations = Gauge(
             "numalign_extender_reservations", "In-flight reservations: pods bound whose "
             "node has not published them yet", registry=self.registry)
+
+        self.pending = Gauge(
+            "numalign_extender_pending_pods", "Unbound pods of the schedulers served, as "
+            "watched", registry=self.registry)
+        self.requests_refused = Counter(
+            "numalign_extender_requests_refused", "Requests answered without a decision, "
+            "by verb and why (400, 408, 413, not-pending)", ["verb", "why"],
+            registry=self.registry)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

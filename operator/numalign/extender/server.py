@@ -1,15 +1,20 @@
-"""The extender's HTTP(S) server and its watches.
+"""The extender's HTTP(S) servers and its watches.
 
-Routes: ``POST /filter`` and ``POST /prioritize`` (``ExtenderArgs`` in, see
-:mod:`.protocol`), ``POST /bind`` (``ExtenderBindingArgs``: creates the pod's Binding,
-only for a pod this process approved for that node, so it knows at once where each pod
-went and stops counting it in flight elsewhere), ``GET /healthz`` (the process answers),
-``GET /readyz`` (both listings done: NodeTopologies, then bound pods), ``GET /metrics``
-(Prometheus).
+The verbs (HTTPS with the scheduler's client certificate where configured):
+``POST /filter`` and ``POST /prioritize`` (``ExtenderArgs`` in, see :mod:`.protocol`),
+``POST /bind`` (``ExtenderBindingArgs``: creates the pod's Binding, only for a pod this
+process approved for that node, so it knows at once where each pod went and stops
+counting it in flight elsewhere). The probes, on a listener of their own (plain HTTP):
+``GET /healthz`` (the process answers), ``GET /readyz`` (the listings done:
+NodeTopologies, then bound and unbound pods), ``GET /metrics`` (Prometheus); the verbs'
+listener answers them too.
 
-Bad requests get a 400 (413 over ``max_body`` bytes) whose JSON ``Error`` names the
-field and the problem; until ready, 503: the scheduler then goes on without the
-extender (``ignorable: true``), as it does when the extender is down.
+A request's pod is only a name: the extender decides and binds the pod the API server
+has under that uid (:mod:`.pending`), unbound and of a scheduler it serves; anything
+else is refused (403) and nothing of it is kept. Bad requests get a 400 (408 too slow,
+413 too large: :mod:`.guard`) whose JSON ``Error`` names the field and the problem;
+until ready, 503: the scheduler then goes on without the extender (``ignorable:
+true``), as it does when the extender is down.
 """
 
 from __future__ import annotations
@@ -19,8 +24,8 @@ import gc
 import logging
 import ssl
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import aiohttp
@@ -29,10 +34,13 @@ from aiohttp import web
 from numalign.api.kube import NT_BASE, ApiError, Kube, KubeConfig
 from numalign.api.kube.listwatch import list_watch
 
-from .fleet import Fleet
+from .fleet import Fleet, pod_uid
+from .guard import DEFAULT_MAX_BODY, BodyRefused, GuardedSite, Limits
 from .metrics import CONTENT_TYPE, Metrics
+from .pending import DEFAULT_SCHEDULERS, UNBOUND, PendingPods, Refusal
 from .protocol import (
     ArgsError,
+    ExtenderArgs,
     binding_result,
     error_result,
     filter_result,
@@ -45,10 +53,14 @@ from .reservations import Reservations
 log = logging.getLogger("numalign.extender")
 
 DEFAULT_PORT = 8890
-DEFAULT_MAX_BODY = 16 << 20  # ExtenderArgs with full Node objects of a large cluster
+DEFAULT_PROBE_PORT = 8891
 BOUND_PODS = {"fieldSelector": "spec.nodeName!="}
 EXPIRE_EVERY = 5.0
 BIND_TIMEOUT = 4.0  # below the scheduler's httpTimeout (5s): it then binds without us
+DECIDE_BUDGET = 2.0  # seconds one pod's filter may decide; below the httpTimeout (5s)
+
+__all__ = ["DEFAULT_MAX_BODY", "DEFAULT_PORT", "DEFAULT_PROBE_PORT", "ExtenderServer",
+           "GcPacer", "Settings", "serve", "ssl_context"]
 
 T = TypeVar("T")
 
@@ -57,29 +69,61 @@ T = TypeVar("T")
 class Settings:
     addr: str = "0.0.0.0"
     port: int = DEFAULT_PORT
+    probe_addr: str = "0.0.0.0"
+    probe_port: int | None = DEFAULT_PROBE_PORT  # None: no probe listener
     tls_cert: str | None = None
     tls_key: str | None = None
     client_ca: str | None = None
-    max_body: int = DEFAULT_MAX_BODY
+    limits: Limits = field(default_factory=Limits)
     reservation_timeout: float = 120.0
+    schedulers: frozenset[str] = DEFAULT_SCHEDULERS
+    decide_budget: float = DECIDE_BUDGET
+
+    @property
+    def max_body(self) -> int:
+        return self.limits.max_body
+
+
+def _same_pod(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Two slim pods decide alike (the same spec and annotations read)."""
+    def part(p: Mapping[str, Any]) -> tuple[Any, Any]:
+        meta = p.get("metadata") or {}
+        return meta.get("annotations"), p.get("spec")
+    return part(a) == part(b)
 
 
 class ExtenderServer:
     def __init__(self, fleet: Fleet, metrics: Metrics | None = None,
-                 max_body: int = DEFAULT_MAX_BODY, kube: Kube | None = None) -> None:
+                 max_body: int | None = None, kube: Kube | None = None,
+                 pending: PendingPods | None = None, limits: Limits | None = None) -> None:
         self.fleet = fleet
         self.kube = kube  # the API server (for the bind verb)
+        self.pending = pending if pending is not None else PendingPods(kube=kube)
         self.metrics = metrics if metrics is not None else Metrics()
         self.metrics.reservations.set_function(lambda: len(self.fleet.reservations))
-        self.max_body = max_body
+        self.metrics.pending.set_function(lambda: len(self.pending))
+        limits = limits if limits is not None else Limits()
+        if max_body is not None:
+            limits = replace(limits, max_body=max_body)
+        self.limits = limits
         self.ready = False
         self.waiting_for = "the NodeTopology listing"
 
+    @property
+    def max_body(self) -> int:
+        return self.limits.max_body
+
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.max_body)
+        """The verbs (and the probes)."""
+        app = self.probe_app()
         app.router.add_post("/filter", self.filter)
         app.router.add_post("/prioritize", self.prioritize)
         app.router.add_post("/bind", self.bind)
+        return app
+
+    def probe_app(self) -> web.Application:
+        """The probes and /metrics only."""
+        app = web.Application(client_max_size=self.limits.max_body)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.render_metrics)
@@ -88,21 +132,37 @@ class ExtenderServer:
     async def _read(self, request: web.Request, parse: Callable[[bytes], T],
                     answer: Callable[[str], Any], what: str) -> T | web.Response:
         """The request's body, read by ``parse``; else the verb's error answer
-        (``answer(message)``): 503 until ready, 413 over ``max_body``, 400 naming the
+        (``answer(message)``): 503 until ready, 408/413 past the limits, 400 naming the
         field of ``what`` that is wrong."""
         if not self.ready:
             return web.json_response(answer(
                 f"numalign extender not ready: waiting for {self.waiting_for}"), status=503)
         try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return web.json_response(answer(
-                f"{what}: the body is over {self.max_body} bytes"), status=413)
+            body = await self.limits.read(request, what)
+        except BodyRefused as e:
+            self.metrics.requests_refused.labels(verb=request.path, why=str(e.status)).inc()
+            refused = web.json_response(answer(e.message), status=e.status)
+            refused.force_close()  # what is left of the body is not read: the connection goes
+            return refused
         try:
             return parse(body)
         except ArgsError as e:
-            log.warning("%s %s: %s", request.method, request.path, e)
+            self.metrics.requests_refused.labels(verb=request.path, why="400").inc()
+            log.debug("%s %s: %s", request.method, request.path, e)
             return web.json_response(answer(str(e)), status=400)
+
+    async def _pod(self, request: web.Request, args: ExtenderArgs
+                   ) -> Mapping[str, Any] | web.Response:
+        """The API server's pod that ``args`` names (403 when it is not one we decide)."""
+        meta = args.pod.get("metadata") or {}
+        got = await self.pending.lookup(str(meta.get("uid") or ""),
+                                        str(meta.get("namespace") or "default"),
+                                        str(meta.get("name")))
+        if isinstance(got, Refusal):
+            self.metrics.requests_refused.labels(verb=request.path, why="not-pending").inc()
+            log.debug("%s: %s", request.path, got.message)
+            return web.json_response(error_result(got.message), status=403)
+        return got
 
     async def _verb(self, request: web.Request, filtering: bool) -> web.Response:
         """Filter (``filtering``) or prioritize: the verdicts, as the verb's answer."""
@@ -110,8 +170,11 @@ class ExtenderServer:
         args = await self._read(request, parse_args, error_result, "ExtenderArgs")
         if isinstance(args, web.Response):
             return args
+        pod = await self._pod(request, args)
+        if isinstance(pod, web.Response):
+            return pod
         try:
-            verdicts = self.fleet.filter(args.pod, args.node_names, approve=filtering)
+            verdicts = self.fleet.filter(pod, args.node_names, approve=filtering)
         except Exception as e:  # never take the scheduler down with us: it goes on
             log.exception("%s %s", request.path, args.pod_name)
             return web.json_response(error_result(f"numalign extender: {e}"), status=500)
@@ -138,8 +201,10 @@ class ExtenderServer:
         return await self._verb(request, filtering=False)
 
     async def bind(self, request: web.Request) -> web.Response:
-        """Bind a pod this process approved for the node, through the API server. Any
-        error (not ready, not approved here, the API server refusing) is answered as an
+        """Bind a pod this process approved for the node, through the API server: only
+        the pod the API server has under that uid, still unbound, of a scheduler we
+        serve, as it was when approved, onto a node this process decided. Any error
+        (not ready, not approved here, the API server refusing) is answered as an
         ``ExtenderBindingResult`` error: the scheduler (``ignorable: true``) then binds
         the pod itself."""
         t0 = time.perf_counter()
@@ -149,13 +214,23 @@ class ExtenderServer:
         if self.kube is None:
             return web.json_response(binding_result(
                 "numalign extender: no API server to bind with"), status=503)
-        if self.fleet.claim(args.uid, args.node) is None:
+        approved = self.fleet.approved(args.uid, args.node)
+        if approved is None:
             self.metrics.binds.labels(outcome="not-approved").inc()
             log.info("bind %s (%s) to %s: not approved there by this extender; left to the "
                      "scheduler", args.pod_name, args.uid, args.node)
             return web.json_response(binding_result(
                 f"numalign extender: pod {args.pod_name} ({args.uid}) was not approved for "
                 f"node {args.node} here"))
+        pod = await self.pending.lookup(args.uid, args.namespace, args.name)
+        if isinstance(pod, Refusal) or not _same_pod(pod, approved):
+            why = (pod.message if isinstance(pod, Refusal) else
+                   f"numalign extender: pod {args.pod_name} ({args.uid}) changed since it "
+                   "was approved")
+            self.metrics.binds.labels(outcome="not-approved").inc()
+            log.info("bind %s to %s: %s; left to the scheduler", args.pod_name, args.node, why)
+            return web.json_response(binding_result(why))
+        self.fleet.claim(args.uid, args.node)
         path = f"/api/v1/namespaces/{args.namespace}/pods/{args.name}/binding"
         try:
             await self.kube.request("POST", path, body=args.binding(), timeout=BIND_TIMEOUT,
@@ -166,6 +241,7 @@ class ExtenderServer:
             log.warning("bind %s to %s: %s", args.pod_name, args.node, e)
             return web.json_response(binding_result(
                 f"numalign extender: binding {args.pod_name} to {args.node}: {e}"))
+        self.pending.forget(args.uid)
         self.metrics.binds.labels(outcome="bound").inc()
         self.metrics.bind_seconds.observe(time.perf_counter() - t0)
         return web.json_response(binding_result())
@@ -185,26 +261,48 @@ class ExtenderServer:
     # ------------------------------------------------------------ watches
 
     async def watch(self, kube: Kube) -> None:
-        """Feed the fleet: NodeTopologies (listed first), then bound pods; expire
-        reservations meanwhile. Runs until cancelled."""
+        """Feed the fleet: NodeTopologies (listed first), then bound pods, and the
+        unbound pods of our schedulers; expire reservations meanwhile. Runs until
+        cancelled."""
         listed = asyncio.Event()
+        pods_listed = asyncio.Event()
+        pending_listed = asyncio.Event()
 
         def nts(items: list[dict[str, Any]]) -> None:
             self.fleet.load_nodetopologies(items)
             if not listed.is_set():
-                self.waiting_for = "the listing of bound pods"
+                self.waiting_for = "the listing of pods"
             listed.set()
+
+        def check_ready() -> None:
+            if not self.ready and pods_listed.is_set() and pending_listed.is_set():
+                log.info("ready: %d nodes, %d reservations rebuilt from bound pods, %d "
+                         "unbound pods", len(self.fleet.decider.views),
+                         len(self.fleet.reservations), len(self.pending))
+                self.ready = True
 
         def pods(items: list[dict[str, Any]]) -> None:
             self.fleet.load_pods(items)
-            if not self.ready:
-                log.info("ready: %d nodes, %d reservations rebuilt from bound pods",
-                         len(self.fleet.decider.views), len(self.fleet.reservations))
-            self.ready = True
+            pods_listed.set()
+            check_ready()
+
+        def pod(event: str, obj: dict[str, Any]) -> None:
+            self.pending.forget(pod_uid(obj))  # bound: no longer a pod to approve
+            self.fleet.pod(event, obj)
+
+        def unbound(items: list[dict[str, Any]]) -> None:
+            self.pending.load(items)
+            pending_listed.set()
+            check_ready()
 
         async def pod_watch() -> None:
             await listed.wait()
-            await list_watch(kube, "/api/v1/pods", pods, self.fleet.pod, params=BOUND_PODS)
+            await list_watch(kube, "/api/v1/pods", pods, pod, params=BOUND_PODS)
+
+        async def pending_watch() -> None:
+            await listed.wait()
+            await list_watch(kube, "/api/v1/pods", unbound, self.pending.event,
+                             params=UNBOUND)
 
         async def expire() -> None:
             pacer = GcPacer()
@@ -217,7 +315,7 @@ class ExtenderServer:
 
         await asyncio.gather(
             list_watch(kube, NT_BASE, nts, self.fleet.node_topology),
-            pod_watch(), expire())
+            pod_watch(), pending_watch(), expire())
 
 
 class GcPacer:
@@ -259,24 +357,44 @@ def ssl_context(cert: str, key: str, client_ca: str | None = None) -> ssl.SSLCon
 
 
 async def serve(settings: Settings, config: KubeConfig,
-                started: Callable[[int], None] | None = None) -> None:
-    """Run the extender until cancelled. ``started(port)`` once it listens."""
+                started: Callable[[int, int | None], None] | None = None) -> None:
+    """Run the extender until cancelled. ``started(port, probe_port)`` once it listens."""
     fleet = Fleet(reservations=Reservations(settings.reservation_timeout))
+    fleet.budget = settings.decide_budget
     tls = (ssl_context(settings.tls_cert, settings.tls_key, settings.client_ca)
            if settings.tls_cert and settings.tls_key else None)
-    # the watches hold two connections; the rest are for bindings
-    async with Kube(config, max_connections=8, user_agent="numalign-extender") as kube:
-        server = ExtenderServer(fleet, max_body=settings.max_body, kube=kube)
-        runner = web.AppRunner(server.app(), access_log=None)
-        await runner.setup()
+    # the watches hold three connections; the rest are for bindings and pod reads
+    async with Kube(config, max_connections=10, user_agent="numalign-extender") as kube:
+        pending = PendingPods(settings.schedulers, kube)
+        server = ExtenderServer(fleet, kube=kube, pending=pending, limits=settings.limits)
+        runners = [web.AppRunner(server.app(), access_log=None,
+                                 **settings.limits.runner_args())]
+        if settings.probe_port is not None:
+            runners.append(web.AppRunner(server.probe_app(), access_log=None,
+                                         **settings.limits.runner_args()))
+        for r in runners:
+            await r.setup()
         try:
-            site = web.TCPSite(runner, settings.addr, settings.port, ssl_context=tls)
+            site = GuardedSite(runners[0], settings.addr, settings.port, settings.limits,
+                               ssl_context=tls)
             await site.start()
-            port = int(runner.addresses[0][1]) if runner.addresses else settings.port
-            log.info("numalign extender on %s://%s:%d", "https" if tls else "http",
-                     settings.addr, port)
+            port = int(runners[0].addresses[0][1]) if runners[0].addresses else settings.port
+            probe_port = None
+            if settings.probe_port is not None:
+                probe = GuardedSite(runners[1], settings.probe_addr, settings.probe_port,
+                                    settings.limits)
+                await probe.start()
+                probe_port = int(runners[1].addresses[0][1])
+            if tls is None or not settings.client_ca:
+                log.warning("the verbs are served without client authentication: anyone "
+                            "who reaches port %d can filter and bind (give --tls-cert, "
+                            "--tls-key and --client-ca)", port)
+            log.info("numalign extender on %s://%s:%d (probes: %s)",
+                     "https" if tls else "http", settings.addr, port,
+                     f"http://{settings.probe_addr}:{probe_port}" if probe_port else "none")
             if started is not None:
-                started(port)
+                started(port, probe_port)
             await server.watch(kube)
         finally:
-            await runner.cleanup()
+            for r in runners:
+                await r.cleanup()

@@ -6,6 +6,7 @@ entries it read, since a node republishes all its pods on every update."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections import OrderedDict
@@ -81,7 +82,10 @@ class NodeView:
         if previous is not None and previous.machine is not None and previous.raw_machine == raw:
             machine, key = previous.machine, previous.machine_key
         else:
-            key = json.dumps(raw, sort_keys=True, default=str)
+            # a digest of what describes the machine (the key of every verdict cached
+            # for this node: the text itself would be kept once per cached verdict)
+            key = hashlib.blake2b(json.dumps(raw, sort_keys=True, default=str).encode(),
+                                  digest_size=16).hexdigest()
             machine = machines.get(key) if machines is not None else None
         if machine is None:
             try:

@@ -4,8 +4,9 @@ Each request is an object with:
 
 - ``count`` (integer >= 1, required): how many devices.
 - ``minMemory`` (quantity, default 0): every device has at least this much memory.
-- ``sameGroup`` (default ``any``): a group level; all devices of the request share one
-  group of that level. ``numa`` (the device's NUMA node) is always available.
+- ``sameGroup`` (default ``any``): a group level (1-63 letters, digits, '.', '_' or '-');
+  all devices of the request share one group of that level. ``numa`` (the device's NUMA
+  node) is always available.
 - ``withResource``: other devices allocated with the GPUs, in the same group as all of
   them: ``"nvidia.com/hca"`` (one device) or ``{"resource": "nvidia.com/hca", "count": 1,
   "sameGroup": "pcie"}``. The default level is ``pcie`` when both resources have it, else
@@ -14,21 +15,25 @@ Each request is an object with:
 - ``resource`` (default: the machine's GPU resource, the one resource named ``*/gpu``,
   else the one resource whose devices report memory).
 
+Resource names (``resource``, ``withResource``) are Kubernetes extended resource names,
+``domain/name``. A message that shows a refused value shows it escaped and cut short
+(:mod:`numalign.topology.text`): the messages become Events and pod status.
+
 Several requests are satisfied together and never share a device.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from .. import jsontext
 from ..errors import TopologyError
 from ..machine import Machine
 from ..quantity import format_bytes, quantity_bytes
+from ..text import clip, quote_json
 from .groups import ANY_LEVEL, NUMA_LEVEL, group_of, level_order
 
 ANNOTATION = "numalign.io/gpus"
@@ -36,6 +41,19 @@ MAX_GPUS_BYTES = 16 * 1024
 _KEYS = ("count", "minMemory", "sameGroup", "withResource", "name", "resource")
 _WITH_KEYS = ("resource", "count", "sameGroup")
 _NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
+# A group level (``nvlink``, ``pcie``, ``numa``): what a machine file's device groups name.
+_LEVEL = _NAME
+# An extended resource name: a Kubernetes qualified name with its domain prefix
+# (``nvidia.com/gpu``): a DNS-1123 subdomain of at most 253 characters, "/", a name of at
+# most 63 characters.
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_RESOURCE = re.compile(rf"(?=[^/]{{1,253}}/){_DNS_LABEL}(\.{_DNS_LABEL})*"
+                       r"/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+
+
+def is_resource_name(v: object) -> TypeGuard[str]:
+    """An extended resource name Kubernetes accepts (``vendor.com/thing``)."""
+    return isinstance(v, str) and _RESOURCE.fullmatch(v) is not None
 
 
 @dataclass(frozen=True)
@@ -90,14 +108,14 @@ def default_with_level(machine: Machine, gpu_res: str, other: str, same_group: s
 
 def _count(v: Any, where: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise TopologyError(where, f"must be an integer >= 1, got {json.dumps(v)}")
+        raise TopologyError(where, f"must be an integer >= 1, got {quote_json(v)}")
     return v
 
 
 def _level(v: Any, where: str, machine: Machine | None, resources: list[str],
            qualify: bool = False) -> str:
-    if not isinstance(v, str) or not v:
-        raise TopologyError(where, f"must be a group level name or 'any', got {json.dumps(v)}")
+    if not isinstance(v, str) or not _LEVEL.fullmatch(v):
+        raise TopologyError(where, f"must be a group level name or 'any', got {quote_json(v)}")
     if machine is None or v in (ANY_LEVEL, NUMA_LEVEL):
         return v
     for res in resources:
@@ -119,11 +137,12 @@ def _with(v: Any, where: str, machine: Machine | None, gpu_res: str | None,
                             "count and sameGroup")
     for k in v:
         if k not in _WITH_KEYS:
-            raise TopologyError(f"{where}.{k}", f"unknown key; allowed: {', '.join(_WITH_KEYS)}")
+            raise TopologyError(f"{where}.{clip(k)}",
+                                f"unknown key; allowed: {', '.join(_WITH_KEYS)}")
     res = v.get("resource")
-    if not isinstance(res, str) or "/" not in res:
+    if not is_resource_name(res):
         raise TopologyError(f"{where}.resource", "must be an extended resource name like "
-                            f"'nvidia.com/hca', got {json.dumps(res)}")
+                            f"'nvidia.com/hca', got {quote_json(res)}")
     n = _count(v.get("count", 1), f"{where}.count")
     level: str | None = None
     if "sameGroup" in v:
@@ -170,21 +189,22 @@ def parse_gpu_requests(text: str, machine: Machine | None = None) -> list[GpuReq
                                 "sameGroup, withResource, name, resource")
         for k in raw:
             if k not in _KEYS:
-                raise TopologyError(f"{w}.{k}", f"unknown key; allowed: {', '.join(_KEYS)}")
+                raise TopologyError(f"{w}.{clip(k)}",
+                                    f"unknown key; allowed: {', '.join(_KEYS)}")
         if "count" not in raw:
             raise TopologyError(f"{w}.count", "is required")
         count = _count(raw["count"], f"{w}.count")
         name = raw.get("name", f"gpu-{i}")
-        if not isinstance(name, str) or not _NAME.match(name):
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise TopologyError(f"{w}.name", "must be 1-63 letters, digits, '.', '_' or '-', "
-                                f"got {json.dumps(name)}")
+                                f"got {quote_json(name)}")
         if name in names:
             raise TopologyError(f"{w}.name", f"{name!r} is used by another request")
         names.add(name)
         res = raw.get("resource")
-        if res is not None and (not isinstance(res, str) or "/" not in res):
+        if res is not None and not is_resource_name(res):
             raise TopologyError(f"{w}.resource", "must be an extended resource name like "
-                                f"'nvidia.com/gpu', got {json.dumps(res)}")
+                                f"'nvidia.com/gpu', got {quote_json(res)}")
         if machine is not None:
             if res is None:
                 if default_res is None:
@@ -200,7 +220,8 @@ def parse_gpu_requests(text: str, machine: Machine | None = None) -> list[GpuReq
             mem = quantity_bytes(mem_raw)
         except ValueError as e:
             raise TopologyError(f"{w}.minMemory", str(e)) from None
-        mem_text = str(mem_raw)
+        # as parsed: the quantity without the whitespace around it
+        mem_text = mem_raw.strip() if isinstance(mem_raw, str) else str(mem_raw)
         same = _level(raw.get("sameGroup", ANY_LEVEL), f"{w}.sameGroup", machine,
                       [res] if res else [])
         if machine is not None and res is not None:
