@@ -5,6 +5,12 @@ CPU time per request. Target: allocate under 10 ms per request on the 64-GPU mac
 also reports hint generation, with 8 and with 64 NUMA nodes, and -- the baseline
 measured in the same run -- the speed-up over exhaustive search (every combination,
 scored alike; numalign.testing.gpu_bruteforce) on a 16-GPU machine it can finish.
+
+``identical_requests``: one pod asking N one-GPU requests (``[{"count": 1}] * N``) on the
+8-GPU fixture machines, per pod (allocate and hints, all devices free), against two
+baselines measured in the same run: exhaustive search for N = 8 (``speedup``), and the
+same GPUs asked as one request of count N (``versus_one_request``: how many times that
+one request's cost the N requests cost; identical requests are searched as one class).
 """
 
 from __future__ import annotations
@@ -14,11 +20,14 @@ import random
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from numalign.testing.gpu_bruteforce import brute_force
 from numalign.topology.gpu import allocate, hints, parse_gpu_requests, trees_of
-from numalign.topology.machine import Machine, machine_from_dict
+from numalign.topology.machine import Machine, load_machine, machine_from_dict
+
+MACHINES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "machines"
 
 
 def synthetic(numa_nodes: int = 8, gpus: int = 64) -> Machine:
@@ -117,10 +126,37 @@ def versus_exhaustive(repeat: int) -> dict[str, Any]:
     return out
 
 
+def identical_requests(repeat: int) -> dict[str, Any]:
+    """N one-GPU requests in one pod on the 8-GPU fixture machines (see the docstring)."""
+    return {name: _identical_on(load_machine(MACHINES / f"{name}.yaml"), repeat)
+            for name in ("dgx1-like", "group8-gpu", "dgx-a100-like")}
+
+
+def _identical_on(m: Machine, repeat: int) -> dict[str, Any]:
+    free_bits = {res: t.all_mask for res, t in trees_of(m).items()}
+    rows: dict[str, Any] = {}
+    for n in (1, 2, 4, 8):
+        reqs = parse_gpu_requests(json.dumps([{"count": 1}] * n), m)
+        one = parse_gpu_requests(json.dumps([{"count": n}]), m)
+        ours = _cpu_seconds(lambda r=reqs: allocate(m, None, r), repeat * 10)
+        hint = _cpu_seconds(lambda r=reqs: hints(m, None, r), repeat * 10)
+        single = _cpu_seconds(lambda r=one: allocate(m, None, r), repeat * 10)
+        row: dict[str, Any] = {"allocate_ms": round(ours * 1000, 3),
+                               "hints_ms": round(hint * 1000, 3),
+                               "versus_one_request": round(ours / single, 1)}
+        if n == 8:
+            base = _cpu_seconds(lambda r=reqs: brute_force(m, free_bits, r), 1)
+            row["exhaustive_ms"] = round(base * 1000, 3)
+            row["speedup"] = round(base / ours, 1) if ours > 0 else None
+        rows[f"{n}x1"] = row
+    return rows
+
+
 def main(argv: list[str]) -> int:
     quick = "--quick" in argv
     result = run(5 if quick else 20)
     result["versus_exhaustive_16gpu"] = versus_exhaustive(2 if quick else 8)
+    result["identical_requests"] = identical_requests(1 if quick else 5)
     print(json.dumps(result, indent=2))
     return 0
 
