@@ -27,11 +27,9 @@ from numalign.topology.gpu import (
     GpuAllocationError,
     GpuRequest,
     allocate,
-    get_scorer,
     hints,
     parse_gpu_requests,
     resolve_requests,
-    score_allocation,
     trees_of,
 )
 from numalign.topology.gpu import search as gpu_search
@@ -53,57 +51,8 @@ def lex_best(m: Machine, free: Mapping[str, int], requests: Sequence[GpuRequest]
              mask: int | None = None) -> tuple[tuple[int, int], list[list[int]]] | None:
     """Every allocation tried: the best score, then the lowest devices for the first
     request, the second, ... (the allocator's documented tie-break); GPU leaf indices."""
-    sc = get_scorer("pack")
-    trees = trees_of(m)
-    reqs = resolve_requests(m, list(requests))
-    best: list[tuple[tuple[int, int], list[list[int]]]] = []
-
-    def allowed(res: str, i: int) -> bool:
-        node = trees[res].devices[i].numa_node
-        return mask is None or node is None or bool(mask >> node & 1)
-
-    def rec(pos: int, state: dict[str, int], picks: list[tuple[int, int]]) -> None:
-        if pos == len(reqs):
-            primary = [(r.resource or "", p[0]) for r, p in zip(reqs, picks, strict=True)]
-            extra = [(r.with_resource.resource, p[1]) for r, p in zip(reqs, picks, strict=True)
-                     if r.with_resource is not None]
-            key = (score_allocation(sc, trees, free, primary, extra),
-                   [mask_ids(p[0]) for p in picks])
-            if not best or key < best[0]:
-                best[:] = [key]
-            return
-        r = reqs[pos]
-        res = r.resource or ""
-        tree = trees[res]
-        cands = [i for i in range(len(tree.devices)) if state[res] >> i & 1 and allowed(res, i)
-                 and (tree.devices[i].memory or 0) >= r.min_memory]
-        for combo in itertools.combinations(cands, r.count):
-            devs = [tree.devices[i] for i in combo]
-            if r.same_group != ANY_LEVEL:
-                gids = {group_of(d, r.same_group) for d in devs}
-                if len(gids) != 1 or None in gids:
-                    continue
-            bits = sum(1 << i for i in combo)
-            nxt = {**state, res: state[res] & ~bits}
-            wr = r.with_resource
-            if wr is None:
-                rec(pos + 1, nxt, [*picks, (bits, 0)])
-                continue
-            assert wr.level is not None
-            gids = {group_of(d, wr.level) for d in devs}
-            if len(gids) != 1 or None in gids:
-                continue
-            gid = next(iter(gids))
-            nt = trees[wr.resource]
-            ncands = [i for i in range(len(nt.devices)) if nxt[wr.resource] >> i & 1
-                      and allowed(wr.resource, i) and group_of(nt.devices[i], wr.level) == gid]
-            for ncombo in itertools.combinations(ncands, wr.count):
-                nbits = sum(1 << i for i in ncombo)
-                rec(pos + 1, {**nxt, wr.resource: nxt[wr.resource] & ~nbits},
-                    [*picks, (bits, nbits)])
-
-    rec(0, dict(free), [])
-    return best[0] if best else None
+    got = brute_force(m, free, requests, mask, lowest=True)
+    return None if got is None else (got[0], [mask_ids(p[0]) for p in got[1]])
 
 
 def check_valid(m: Machine, free: Mapping[str, int], reqs: Sequence[GpuRequest],

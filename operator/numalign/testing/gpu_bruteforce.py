@@ -16,17 +16,20 @@ from numalign.topology.gpu import (
     trees_of,
 )
 from numalign.topology.gpu.groups import group_of
+from numalign.topology.hints import mask_ids
 from numalign.topology.machine import Machine
 
 Pick = tuple[int, int]  # (GPU leaf bits, withResource leaf bits)
 
 
 def brute_force(machine: Machine, free: Mapping[str, int], requests: Sequence[GpuRequest],
-                mask: int | None = None, scorer: str | Scorer = "pack"
-                ) -> tuple[tuple[int, int], list[Pick]] | None:
+                mask: int | None = None, scorer: str | Scorer = "pack", *,
+                lowest: bool = False) -> tuple[tuple[int, int], list[Pick]] | None:
     """The best score over every feasible allocation (and one allocation reaching it).
 
     ``free``: resource -> leaf bitmask of free devices in ``trees_of(machine)``.
+    ``lowest``: among allocations of the best score, the one with the lowest devices for
+    the first request, then the second, ... (the allocator's documented tie-break).
     """
     sc = get_scorer(scorer)
     trees = trees_of(machine)
@@ -43,7 +46,9 @@ def brute_force(machine: Machine, free: Mapping[str, int], requests: Sequence[Gp
             extra = [(r.with_resource.resource, p[1]) for r, p in zip(reqs, picks, strict=True)
                      if r.with_resource is not None]
             score = score_allocation(sc, trees, free, primary, extra)
-            if not best or score < best[0][0]:
+            if not best or score < best[0][0] or (
+                    lowest and score == best[0][0]
+                    and [mask_ids(p[0]) for p in picks] < [mask_ids(p[0]) for p in best[0][1]]):
                 best[:] = [(score, list(picks))]
             return
         r = reqs[pos]
