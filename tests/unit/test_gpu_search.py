@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -224,17 +224,24 @@ def _case(rng: random.Random) -> tuple[Machine, str, dict[str, int], int | None]
     return m, text, free, rng.choice([None, None, 1, 2, 3])
 
 
-@pytest.mark.parametrize("block", range(2))
-def test_repeated_requests_match_exhaustive(block: int) -> None:
-    """With requests repeated, each request's devices are those of the exhaustive search's
-    best allocation, ties to the lowest devices for the first request, ..."""
-    checked = 0
-    for seed in range(block * 200, (block + 1) * 200):
+def _parsed_cases(seeds: range) -> Iterator[
+        tuple[int, str, Machine, list[GpuRequest], dict[str, int], int | None]]:
+    """The random cases of ``seeds`` whose annotation parses on their machine."""
+    for seed in seeds:
         m, text, free, mask = _case(random.Random(seed))
         try:
             reqs = parse_gpu_requests(text, m)
         except TopologyError:
             continue
+        yield seed, text, m, reqs, free, mask
+
+
+@pytest.mark.parametrize("block", range(2))
+def test_repeated_requests_match_exhaustive(block: int) -> None:
+    """With requests repeated, each request's devices are those of the exhaustive search's
+    best allocation, ties to the lowest devices for the first request, ..."""
+    checked = 0
+    for seed, text, m, reqs, free, mask in _parsed_cases(range(block * 200, (block + 1) * 200)):
         trees = trees_of(m)
         want = lex_best(m, free, reqs, mask)
         try:
@@ -256,12 +263,7 @@ def test_budget_spent_keeps_a_valid_allocation(monkeypatch: pytest.MonkeyPatch) 
     takes over)."""
     monkeypatch.setattr(gpu_search, "SEARCH_BUDGET", 2)
     truncated = 0
-    for seed in range(300):
-        m, text, free, mask = _case(random.Random(seed))
-        try:
-            reqs = parse_gpu_requests(text, m)
-        except TopologyError:
-            continue
+    for seed, text, m, reqs, free, mask in _parsed_cases(range(300)):
         trees = trees_of(m)
         want = brute_force(m, free, reqs, mask)
         st = SearchStats()

@@ -333,30 +333,31 @@ class Decider:
         # machine while any of them is published (the last one gone takes its machine,
         # and the verdicts cached for it, along)
         self.machines: dict[str, Machine] = {}
-        self._machine_of: dict[str, str] = {}  # node -> its machine's key
-        self._machine_users: dict[str, int] = {}
-        self._cached_for: dict[str, set[Hashable]] = {}  # machine key -> cached verdicts
+        self._machine_users: dict[str, int] = {}  # machine key -> nodes publishing it
+        self._cached_for: dict[str, set[tuple[Any, ...]]] = {}  # machine key -> verdicts
         self.entries = EntryReader()
         self.max_cached = max_cached
-        self._cache: OrderedDict[Hashable, Verdict] = OrderedDict()
+        # (machine key, what the node holds, pod shape, policy, origin, node kind)
+        self._cache: OrderedDict[tuple[Any, ...], Verdict] = OrderedDict()
         self.hits = 0
         self.misses = 0
 
-    def _uses(self, name: str, key: str) -> None:
-        """Node ``name`` now has the machine ``key`` ("": none)."""
-        old = self._machine_of.pop(name, "")
-        if key:
-            self._machine_of[name] = key
-            self._machine_users[key] = self._machine_users.get(key, 0) + 1
-        if not old:
+    def _uses(self, old: NodeView | None, new: NodeView | None) -> None:
+        """A node's published view ``old`` is now ``new`` (None: none): the last node of a
+        machine gone takes the machine and the verdicts cached for it along."""
+        if new is not None and new.machine_key:
+            self._machine_users[new.machine_key] = self._machine_users.get(
+                new.machine_key, 0) + 1
+        key = old.machine_key if old is not None else ""
+        if not key:
             return
-        left = self._machine_users[old] - 1
+        left = self._machine_users[key] - 1
         if left:
-            self._machine_users[old] = left
+            self._machine_users[key] = left
             return
-        del self._machine_users[old]
-        self.machines.pop(old, None)
-        for k in self._cached_for.pop(old, ()):
+        del self._machine_users[key]
+        self.machines.pop(key, None)
+        for k in self._cached_for.pop(key, ()):
             self._cache.pop(k, None)
 
     def update(self, nt: Mapping[str, Any]) -> NodeView:
@@ -369,7 +370,7 @@ class Decider:
             return self.views[name]
         view = NodeView.from_nodetopology(nt, self.machines, old, self.entries)
         self.published[name] = view
-        self._uses(name, view.machine_key if view.machine is not None else "")
+        self._uses(old, view)
         gone = self.released.get(name)
         if gone:
             gone &= view.admitted  # the node published their release: nothing to do
@@ -395,9 +396,8 @@ class Decider:
 
     def remove(self, name: str) -> None:
         self.views.pop(name, None)
-        self.published.pop(name, None)
         self.released.pop(name, None)
-        self._uses(name, "")
+        self._uses(self.published.pop(name, None), None)
 
     def view(self, name: str) -> NodeView | None:
         return self.views.get(name)
@@ -470,9 +470,7 @@ class Decider:
         self._cached_for.setdefault(view.machine_key, set()).add(key)
         if len(self._cache) > self.max_cached:
             gone = self._cache.popitem(last=False)[0]
-            per = self._cached_for.get(gone[0] if isinstance(gone, tuple) else "")
-            if per is not None:
-                per.discard(gone)
+            self._cached_for.get(gone[0], set()).discard(gone)
         return verdict
 
     def filter(self, pod: Mapping[str, Any], nodes: Iterable[str],

@@ -147,7 +147,7 @@ class Fleet:
         approved it for that node (then it counts as bound there, :meth:`bound_to`),
         or None when this process did not approve it there (lately): it binds only what
         it approved, onto a node it decided itself."""
-        pod = self.in_flight.approved(uid, node)
+        pod = self.approved(uid, node)
         if pod is not None:
             self.bound_to(pod, node)
         return pod

@@ -230,7 +230,7 @@ class ExtenderServer:
             self.metrics.binds.labels(outcome="not-approved").inc()
             log.info("bind %s to %s: %s; left to the scheduler", args.pod_name, args.node, why)
             return web.json_response(binding_result(why))
-        self.fleet.claim(args.uid, args.node)
+        self.fleet.bound_to(approved, args.node)  # counts as bound there from now on
         path = f"/api/v1/namespaces/{args.namespace}/pods/{args.name}/binding"
         try:
             await self.kube.request("POST", path, body=args.binding(), timeout=BIND_TIMEOUT,
