@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint unit cluster bench crds down clean
+.PHONY: demo test lint unit helm cluster bench crds down clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,8 +28,13 @@ test: $(BIN)/.installed
 	$(BIN)/lint-imports
 	$(BIN)/pytest -q -p no:cacheprovider
 
+# Needs nothing built (no control plane, no helm): a fresh clone passes it.
 unit: $(BIN)/.installed
 	$(BIN)/pytest -q tests/unit
+
+# The chart's tests: they build helm first (as `numalign dev build` does; cached after).
+helm: $(BIN)/.installed
+	$(BIN)/pytest -q tests/helm
 
 cluster: $(BIN)/.installed
 	$(BIN)/pytest -q tests/cluster tests/e2e

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from test_config_static import CONFIG, IMAGE, containers, kustomize, of_kind, pod_spec
 
+from config_helpers import CONFIG, IMAGE, containers, kustomize, of_kind, pod_spec
 from numalign.devcluster.scheduler import ExtenderTls, extender_entry
 
 Obj = dict[str, Any]

@@ -4,71 +4,33 @@ their promises: hardened containers, least-privilege RBAC, one image name, every
 from __future__ import annotations
 
 import os
-import re
 import shutil
-import subprocess
-from collections.abc import Iterator
-from functools import cache
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
-from numalign.api.wire import (
-    ANN_ALLOCATION,
-    ANN_REJECTION,
-    ANN_RESOLVED,
-    ANN_TOLERATE_UNPLACED,
-    REJECT_REASON,
+from config_helpers import (
+    CONFIG,
+    IMAGE,
+    REPO,
+    Obj,
+    containers,
+    default_objects,
+    default_overlay,
+    kustomize,
+    named,
+    of_kind,
+    pod_spec,
+    role_rules,
 )
-from numalign.controller.pods import ANN_OVERRIDE_WARNED
-from numalign.controller.redeploy.record import ANN_REDEPLOY_OF, ANN_REDEPLOY_OF_UID, GATE
 
-REPO = Path(__file__).resolve().parents[2]
-CONFIG = REPO / "config"
-IMAGE = "ghcr.io/numalign/numalign:0.1.0"
 WORKLOADS = ("Deployment", "StatefulSet", "DaemonSet", "Job", "CronJob", "ReplicaSet", "Pod")
-Obj = dict[str, Any]
-
-
-def kustomize(path: Path) -> list[Obj]:
-    kubectl = shutil.which("kubectl")
-    assert kubectl, "kubectl (with its built-in kustomize) must be on PATH"
-    proc = subprocess.run([kubectl, "kustomize", str(path)], capture_output=True, text=True,
-                          check=False, timeout=60)
-    assert proc.returncode == 0, f"kubectl kustomize {path} failed:\n{proc.stderr}"
-    return [d for d in yaml.safe_load_all(proc.stdout) if d]
-
-
-@cache
-def _default() -> tuple[Obj, ...]:
-    return tuple(kustomize(CONFIG / "default"))
 
 
 @pytest.fixture
 def default() -> list[Obj]:
-    return list(_default())
-
-
-def of_kind(objs: list[Obj], *kinds: str) -> list[Obj]:
-    return [o for o in objs if o["kind"] in kinds]
-
-
-def pod_spec(obj: Obj) -> Obj:
-    spec: Obj = obj["spec"]
-    if obj["kind"] == "Pod":
-        return spec
-    if obj["kind"] == "CronJob":
-        spec = spec["jobTemplate"]["spec"]
-    result: Obj = spec["template"]["spec"]
-    return result
-
-
-def containers(obj: Obj) -> Iterator[Obj]:
-    spec = pod_spec(obj)
-    yield from spec.get("initContainers") or []
-    yield from spec.get("containers") or []
+    return default_objects()
 
 
 def _name(obj: Obj) -> str:
@@ -184,19 +146,14 @@ def test_rbac_has_no_wildcards(default: list[Obj]) -> None:
             assert s["kind"] == "ServiceAccount" and s["namespace"] == "numalign-system"
 
 
-def _rules(default: list[Obj], name: str) -> list[Obj]:
-    [role] = [r for r in of_kind(default, "ClusterRole") if r["metadata"]["name"] == name]
-    rules: list[Obj] = role["rules"]
-    return rules
-
-
 def _allows(rules: list[Obj], group: str, resource: str, verb: str) -> bool:
     return any(group in r.get("apiGroups", []) and resource in r.get("resources", [])
                and verb in r.get("verbs", []) for r in rules)
 
 
 def test_agent_and_operator_write_only_their_halves(default: list[Obj]) -> None:
-    agent, operator = _rules(default, "numalign-agent"), _rules(default, "numalign-operator")
+    agent = role_rules(default, "numalign-agent")
+    operator = role_rules(default, "numalign-operator")
     # The agent writes NodeTopology status, never the spec (the operator's) nor pods.
     assert _allows(agent, "numalign.io", "nodetopologies/status", "patch")
     for verb in ("patch", "update", "delete"):
@@ -257,79 +214,6 @@ def test_operator_runs_in_peering_with_distinct_priorities(default: list[Obj]) -
     assert governing["spec"]["selector"] == sts["spec"]["selector"]["matchLabels"]
 
 
-def _named(objs: list[Obj], kind: str, name: str) -> Obj:
-    [obj] = [o for o in of_kind(objs, kind) if o["metadata"]["name"] == name]
-    return obj
-
-
-def test_node_restriction_policy_is_bound(default: list[Obj]) -> None:
-    vap = _named(default, "ValidatingAdmissionPolicy", "numalign-agent-node-restriction")
-    binding = _named(default, "ValidatingAdmissionPolicyBinding",
-                     "numalign-agent-node-restriction")
-    assert binding["spec"]["policyName"] == vap["metadata"]["name"]
-    assert binding["spec"]["validationActions"] == ["Deny"]
-    assert vap["spec"]["failurePolicy"] == "Fail"
-    text = yaml.safe_dump(vap)
-    assert "authentication.kubernetes.io/node-name" in text
-    rules = vap["spec"]["matchConstraints"]["resourceRules"]
-    covered = {r for rule in rules for r in rule["resources"]}
-    assert {"nodetopologies", "nodetopologies/status", "pods/status"} <= covered
-
-
-def _cel_names(policy: Obj, prefix: str = "numalign.io/") -> set[str]:
-    """The ``numalign.io/...`` names in a policy's CEL and messages."""
-    text = yaml.safe_dump(policy["spec"], width=10_000)
-    return set(re.findall(re.escape(prefix) + r"[a-z0-9][a-z0-9.-]*[a-z0-9]", text))
-
-
-# The mark numalign-resolved-at-creation puts on a pod whose creator brought its own
-# numalign.io/resolved (config/tenancy/resolved_at_creation.yaml); nothing in numalign
-# reads it: the pod-annotation guard refuses a marked pod.
-CREATOR_MARK = "numalign.io/resolved-set-by-creator"
-
-
-def test_pod_annotation_guard_names_wires_annotations(default: list[Obj]) -> None:
-    """No drift: the policy guards exactly the annotations numalign.api.wire names (and
-    the mark of the mutating policy that runs before the webhooks), on pod writes and on
-    Bindings, whose annotations the API server merges into the pod."""
-    vap = _named(default, "ValidatingAdmissionPolicy", "numalign-pod-annotations")
-    assert _cel_names(vap) == {ANN_RESOLVED, ANN_ALLOCATION, ANN_REJECTION,
-                               ANN_TOLERATE_UNPLACED, CREATOR_MARK}
-    binding = _named(default, "ValidatingAdmissionPolicyBinding", "numalign-pod-annotations")
-    assert binding["spec"]["validationActions"] == ["Deny"]
-    assert vap["spec"]["failurePolicy"] == "Fail"
-    pods, bindings = vap["spec"]["matchConstraints"]["resourceRules"]
-    assert set(pods["operations"]) == {"CREATE", "UPDATE"}
-    assert set(pods["resources"]) == {"pods", "pods/status"}
-    assert bindings["operations"] == ["CREATE"]
-    assert set(bindings["resources"]) == {"pods/binding", "bindings"}
-    # The mark is set in the API server, before the webhooks, from the same parameter.
-    map_ = _named(default, "MutatingAdmissionPolicy", "numalign-resolved-at-creation")
-    assert _cel_names(map_) == {ANN_RESOLVED, CREATOR_MARK}
-    assert map_["spec"]["failurePolicy"] == "Fail"
-    assert map_["spec"]["reinvocationPolicy"] == "Never"
-    assert map_["spec"]["paramKind"] == vap["spec"]["paramKind"]
-    [rule] = map_["spec"]["matchConstraints"]["resourceRules"]
-    assert (rule["operations"], rule["resources"]) == (["CREATE"], ["pods"])
-    map_binding = _named(default, "MutatingAdmissionPolicyBinding",
-                         "numalign-resolved-at-creation")
-    assert map_binding["spec"]["paramRef"] == binding["spec"]["paramRef"]
-    param = _named(default, "ConfigMap", "numalign-pod-annotations")
-    assert param["data"]["tolerate-unplaced-namespaces"] == "kube-system"
-    assert param["data"]["trusted-groups"] == "system:masters"
-
-
-def test_operator_restriction_names_the_operators_own_marks(default: list[Obj]) -> None:
-    vap = _named(default, "ValidatingAdmissionPolicy", "numalign-operator-restriction")
-    assert _cel_names(vap) == {ANN_RESOLVED, ANN_OVERRIDE_WARNED, ANN_REDEPLOY_OF,
-                               ANN_REDEPLOY_OF_UID, GATE}
-    text = yaml.safe_dump(vap["spec"], width=10_000)
-    assert f"'{REJECT_REASON}'" in text and "'kube-system'" in text
-    ops = {(op, r) for rule in vap["spec"]["matchConstraints"]["resourceRules"]
-           for op in rule["operations"] for r in rule["resources"]}
-    assert {("DELETE", "pods"), ("UPDATE", "pods"), ("CREATE", "pods")} <= ops
-
-
 def test_samples() -> None:
     objs = kustomize(CONFIG / "samples")
     policies = {o["metadata"]["name"]: o["spec"] for o in of_kind(objs, "TopologyPolicy")}
@@ -363,93 +247,8 @@ def test_nrt_component_adds_the_crd_and_the_flag(tmp_path: Path) -> None:
     assert set(rule["verbs"]) == {"get", "create", "update"}
 
 
-def _overlay(tmp_path: Path, **fields: Any) -> list[Obj]:
-    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
-        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        "resources": [os.path.relpath(CONFIG / "default", tmp_path)], **fields}))
-    return kustomize(tmp_path)
-
-
-def _identity(obj: Obj) -> str:
-    return f"system:serviceaccount:{obj['metadata']['namespace']}:{obj['metadata']['name']}"
-
-
-@pytest.mark.parametrize("fields", [{}, {"namePrefix": "prod-"},
-                                    {"namePrefix": "team-a-", "namespace": "numalign-a"}],
-                         ids=["default", "prefix", "prefix+namespace"])
-def test_admission_policies_bind_the_exact_identities_in_any_overlay(
-        tmp_path: Path, fields: dict[str, str]) -> None:
-    """Every policy is bound; each binding's parameter is the ServiceAccount that the
-    workload it confines runs as; the match is that exact user, not a name suffix."""
-    objs = _overlay(tmp_path, **fields)
-    prefix = fields.get("namePrefix", "")
-    accounts = {(o["metadata"]["namespace"], o["metadata"]["name"]): o
-                for o in of_kind(objs, "ServiceAccount")}
-    policies = {o["metadata"]["name"]: o for o in of_kind(objs, "ValidatingAdmissionPolicy")}
-    bindings = of_kind(objs, "ValidatingAdmissionPolicyBinding")
-    assert {b["spec"]["policyName"] for b in bindings} == set(policies)
-    runs_as = {w["kind"]: (w["metadata"]["namespace"], pod_spec(w)["serviceAccountName"])
-               for w in of_kind(objs, "DaemonSet", "StatefulSet")}
-    confined = {f"{prefix}numalign-agent-node-restriction": runs_as["DaemonSet"],
-                f"{prefix}numalign-agent-events": runs_as["DaemonSet"],
-                f"{prefix}numalign-agent-lease": runs_as["DaemonSet"],
-                f"{prefix}numalign-operator-restriction": runs_as["StatefulSet"]}
-    # The pod-annotation guard's parameter is its ConfigMap in the install namespace,
-    # whose ServiceAccounts (the operator's and the agent's among them) it trusts.
-    [guard] = [b for b in bindings
-               if b["spec"]["policyName"] == f"{prefix}numalign-pod-annotations"]
-    bindings = [b for b in bindings if b is not guard]
-    ref = guard["spec"]["paramRef"]
-    [param] = [c for c in of_kind(objs, "ConfigMap") if c["metadata"]["name"] == ref["name"]]
-    assert ref["namespace"] == param["metadata"]["namespace"] == runs_as["StatefulSet"][0]
-    assert policies[guard["spec"]["policyName"]]["spec"]["paramKind"] == {
-        "apiVersion": "v1", "kind": "ConfigMap"}
-    # The mutating policy that marks a creator's own numalign.io/resolved reads the same.
-    [marker] = of_kind(objs, "MutatingAdmissionPolicyBinding")
-    assert marker["spec"]["policyName"] == f"{prefix}numalign-resolved-at-creation"
-    assert marker["spec"]["policyName"] in {
-        o["metadata"]["name"] for o in of_kind(objs, "MutatingAdmissionPolicy")}
-    assert marker["spec"]["paramRef"] == ref
-    for b in bindings:
-        policy = policies[b["spec"]["policyName"]]
-        ref = b["spec"]["paramRef"]
-        assert (ref["namespace"], ref["name"]) == confined[policy["metadata"]["name"]]
-        assert (ref["namespace"], ref["name"]) in accounts, ref
-        assert policy["spec"]["paramKind"] == {"apiVersion": "v1", "kind": "ServiceAccount"}
-        [cond] = policy["spec"]["matchConditions"]
-        expr = " ".join(cond["expression"].split())
-        assert expr == ("request.userInfo.username == 'system:serviceaccount:' + "
-                        "params.metadata.namespace + ':' + params.metadata.name"), expr
-        assert "endsWith" not in yaml.safe_dump(policy)
-    # The RBAC bindings follow the same renames.
-    for rb in of_kind(objs, "ClusterRoleBinding", "RoleBinding"):
-        for subject in rb["subjects"]:
-            assert (subject["namespace"], subject["name"]) in accounts, (rb, subject)
-
-
-def test_agent_policies_cover_its_writes_and_events(default: list[Obj]) -> None:
-    covered = set()
-    for name in ("numalign-agent-node-restriction", "numalign-agent-events",
-                 "numalign-agent-lease"):
-        vap = _named(default, "ValidatingAdmissionPolicy", name)
-        for rule in vap["spec"]["matchConstraints"]["resourceRules"]:
-            covered |= {(g, r) for g in rule["apiGroups"] for r in rule["resources"]}
-    agent = _rules(default, "numalign-agent") + _named(default, "Role", "numalign-agent")["rules"]
-    written = {(g, r) for rule in agent for g in rule["apiGroups"] for r in rule["resources"]
-               if set(rule["verbs"]) & {"create", "update", "patch", "delete"}}
-    assert ("coordination.k8s.io", "leases") in written
-    assert written <= covered, written - covered
-    assert ("", "events") in covered
-    # events.k8s.io Events are converted to core/v1 for it (matchPolicy Equivalent).
-    vap = _named(default, "ValidatingAdmissionPolicy", "numalign-agent-events")
-    assert vap["spec"]["matchConstraints"].get("matchPolicy", "Equivalent") == "Equivalent"
-    events = yaml.safe_dump(_named(default, "ValidatingAdmissionPolicy",
-                                   "numalign-agent-events"))
-    assert "involvedObject" in events and "reportingInstance" in events
-
-
 def test_operator_rbac_is_narrowed_to_its_own_objects(default: list[Obj]) -> None:
-    rules = _rules(default, "numalign-operator")
+    rules = role_rules(default, "numalign-operator")
     # ConfigMaps: only its redeploy record, except `create` (no name yet: the operator
     # restriction policy checks it).
     for rule in rules:
@@ -466,7 +265,7 @@ def test_operator_rbac_is_narrowed_to_its_own_objects(default: list[Obj]) -> Non
         for rule in rules:
             if kind in rule["resources"]:
                 assert rule["resourceNames"] == ["numalign.io"], rule
-    policy = yaml.safe_dump(_named(default, "ValidatingAdmissionPolicy",
+    policy = yaml.safe_dump(named(default, "ValidatingAdmissionPolicy",
                                    "numalign-operator-restriction"))
     assert "'numalign-redeploy'" in policy and "numalign.io/redeploy-of" in policy
     [sts] = of_kind(default, "StatefulSet")
@@ -474,25 +273,25 @@ def test_operator_rbac_is_narrowed_to_its_own_objects(default: list[Obj]) -> Non
 
 
 def test_recreate_bare_pods_is_a_switch_with_its_own_role(tmp_path: Path) -> None:
-    objs = _overlay(tmp_path, components=[os.path.relpath(CONFIG / "recreate-bare-pods",
+    objs = default_overlay(tmp_path, components=[os.path.relpath(CONFIG / "recreate-bare-pods",
                                                           tmp_path)])
     [sts] = of_kind(objs, "StatefulSet")
     assert "--recreate-bare-pods" in pod_spec(sts)["containers"][0]["args"]
-    role = _named(objs, "ClusterRole", "numalign-operator-recreate-bare-pods")
+    role = named(objs, "ClusterRole", "numalign-operator-recreate-bare-pods")
     assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]}]
-    binding = _named(objs, "ClusterRoleBinding", "numalign-operator-recreate-bare-pods")
+    binding = named(objs, "ClusterRoleBinding", "numalign-operator-recreate-bare-pods")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "numalign-operator",
                                     "namespace": "numalign-system"}]
 
 
 def test_agent_daemonset_role_is_split_from_the_emulation_role(default: list[Obj]) -> None:
-    agent = _rules(default, "numalign-agent")
+    agent = role_rules(default, "numalign-agent")
     for resource in ("pods", "pods/status", "events", "leases"):
         assert not any(resource in r["resources"] for r in agent), resource
     assert not any(o["metadata"]["name"] == "numalign-agent-emulation" for o in default)
     emulation = kustomize(CONFIG / "emulation")
-    erules = _named(emulation, "ClusterRole", "numalign-agent-emulation")["rules"]
+    erules = named(emulation, "ClusterRole", "numalign-agent-emulation")["rules"]
     assert _allows(erules, "", "pods/status", "patch") and _allows(erules, "", "events",
                                                                    "create")
     assert _allows(erules, "", "nodes", "create")
@@ -551,7 +350,7 @@ def test_network_policies_guard_the_webhook_and_metrics_ports(default: list[Obj]
     [sts] = of_kind(default, "StatefulSet")
     ports = {p["name"] for p in pod_spec(sts)["containers"][0]["ports"]}
     pod_labels = sts["spec"]["template"]["metadata"]["labels"]
-    op = _named(default, "NetworkPolicy", "numalign-operator")
+    op = named(default, "NetworkPolicy", "numalign-operator")
     assert op["spec"]["policyTypes"] == ["Ingress"]
     assert all(pod_labels.get(k) == v
                for k, v in op["spec"]["podSelector"]["matchLabels"].items())
@@ -565,7 +364,7 @@ def test_network_policies_guard_the_webhook_and_metrics_ports(default: list[Obj]
     # the agents: only their /metrics, only from labelled namespaces
     [ds] = of_kind(default, "DaemonSet")
     (container,) = pod_spec(ds)["containers"]
-    agent = _named(default, "NetworkPolicy", "numalign-agent")
+    agent = named(default, "NetworkPolicy", "numalign-agent")
     assert agent["spec"]["policyTypes"] == ["Ingress"]
     allowed = {p["port"]: rule.get("from") for rule in agent["spec"]["ingress"]
                for p in rule["ports"]}
@@ -578,7 +377,7 @@ def test_network_policies_guard_the_webhook_and_metrics_ports(default: list[Obj]
 def test_kubelet_resources_is_a_read_only_switch(tmp_path: Path) -> None:
     """The component that lets a real node's agent report the kubelet's own allocations:
     read-only mounts of the socket folder and the configuration, no capability, no writes."""
-    objs = _overlay(tmp_path, components=[os.path.relpath(CONFIG / "kubelet-resources",
+    objs = default_overlay(tmp_path, components=[os.path.relpath(CONFIG / "kubelet-resources",
                                                           tmp_path)])
     [ds] = of_kind(objs, "DaemonSet")
     spec = pod_spec(ds)
@@ -594,10 +393,10 @@ def test_kubelet_resources_is_a_read_only_switch(tmp_path: Path) -> None:
     sc = c["securityContext"]
     assert sc["capabilities"] == {"drop": ["ALL"]}
     assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
-    role = _named(objs, "ClusterRole", "numalign-agent-kubelet-resources")
+    role = named(objs, "ClusterRole", "numalign-agent-kubelet-resources")
     assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"],
                               "verbs": ["get", "list", "watch"]}]
-    binding = _named(objs, "ClusterRoleBinding", "numalign-agent-kubelet-resources")
+    binding = named(objs, "ClusterRoleBinding", "numalign-agent-kubelet-resources")
     assert binding["subjects"][0]["name"] == "numalign-agent"
     # config/default stays non-root and reads no pods
     [plain] = of_kind(kustomize(CONFIG / "default"), "DaemonSet")
@@ -609,7 +408,7 @@ def test_nri_component_places_containers_with_only_what_it_writes(tmp_path: Path
     read-only mount of the runtime's socket folder, no capability; its role adds exactly
     the writes of a placing agent (pod status, events), each covered by the node
     restriction policies."""
-    objs = _overlay(tmp_path, components=[
+    objs = default_overlay(tmp_path, components=[
         os.path.relpath(CONFIG / "kubelet-resources", tmp_path),
         os.path.relpath(CONFIG / "nri", tmp_path)])
     [ds] = of_kind(objs, "DaemonSet")
@@ -624,18 +423,18 @@ def test_nri_component_places_containers_with_only_what_it_writes(tmp_path: Path
     sc = c["securityContext"]
     assert sc["capabilities"] == {"drop": ["ALL"]}
     assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
-    role = _named(objs, "ClusterRole", "numalign-agent-nri")
+    role = named(objs, "ClusterRole", "numalign-agent-nri")
     granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"]
                for r in rule["resources"] for v in rule["verbs"]}
     assert granted == {("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch"),
                        ("", "pods/status", "patch"), ("", "events", "create"),
                        ("", "nodes", "list"), ("", "nodes", "watch")}
-    binding = _named(objs, "ClusterRoleBinding", "numalign-agent-nri")
+    binding = named(objs, "ClusterRoleBinding", "numalign-agent-nri")
     assert (binding["subjects"][0]["name"], binding["subjects"][0]["namespace"]) == (
         "numalign-agent", "numalign-system")
     covered = set()
     for name in ("numalign-agent-node-restriction", "numalign-agent-events"):
-        vap = _named(objs, "ValidatingAdmissionPolicy", name)
+        vap = named(objs, "ValidatingAdmissionPolicy", name)
         for rule in vap["spec"]["matchConstraints"]["resourceRules"]:
             covered |= {(g, r) for g in rule["apiGroups"] for r in rule["resources"]}
     assert {("", "pods/status"), ("", "events")} <= covered

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 from test_chart import CHART, KUBE_VERSION, NAMESPACE, helm
-from test_config_static import kustomize
 
+from config_helpers import kustomize
 from numalign.devcluster.cluster import DevCluster
 from numalign.devcluster.install import IMAGE, helm_values, kustomization
 from numalign.devcluster.realnode import RealNode

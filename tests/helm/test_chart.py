@@ -13,7 +13,8 @@ KubeSchedulerConfiguration entry, empty source lists render NetworkPolicies that
 nobody to those ports, and the TLS the chart generates for the extender lets the
 scheduler's client certificate, and only it, through a mutual-TLS handshake.
 
-helm is built by ``numalign dev build`` (numalign.devcluster.helmbuild)."""
+helm is built by ``numalign dev build`` (numalign.devcluster.helmbuild), or by this
+suite's conftest before its first test."""
 
 from __future__ import annotations
 
@@ -31,9 +32,9 @@ from typing import Any
 import pytest
 import yaml
 from cryptography import x509
-from test_config_static import CONFIG, REPO, kustomize
 
-from numalign.devcluster.helmbuild import helm_path, is_helm_built
+from config_helpers import CONFIG, REPO, kustomize
+from numalign.devcluster.helmbuild import helm_path
 
 CHART = REPO / "charts" / "numalign"
 NAMESPACE = "numalign-system"
@@ -62,11 +63,6 @@ COMPONENTS = {
                    "prometheus.podMonitor.enabled=true", "prometheus.rules.enabled=true"],
     "recreate-bare-pods": ["recreateBarePods.enabled=true"],
 }
-
-pytestmark = pytest.mark.skipif(not is_helm_built(),
-                                reason=f"helm is not built in {helm_path()} "
-                                       "(numalign dev build builds it)")
-
 
 def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run([str(helm_path()), *args], capture_output=True, text=True,
