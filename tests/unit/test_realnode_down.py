@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from numalign.devcluster import hostcgroups, realnode
+from numalign.devcluster import hostcgroups, realnode, realnode_down
 from numalign.devcluster.cluster import DevCluster
 from numalign.devcluster.hostcgroups import (
     ForeignNameError,
@@ -51,8 +51,8 @@ class Host:
         host_dirs = tuple(root / "host" / d for d in ("device-plugins", "kubelet", "logs"))
         for d in host_dirs:
             d.mkdir(parents=True)
-        monkeypatch.setattr(realnode, "HOST_DIRS", host_dirs)
-        monkeypatch.setattr(realnode, "CONTAINER_LOGS", host_dirs[2])
+        monkeypatch.setattr(realnode_down, "HOST_DIRS", host_dirs)
+        monkeypatch.setattr(realnode_down, "CONTAINER_LOGS", host_dirs[2])
         # cgroupfs removes a cgroup with its interface files: so does the fake.
         rmdir = Path.rmdir
 

@@ -23,7 +23,6 @@ numalign's agent has ``--nri-socket``.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -47,15 +46,8 @@ from .addons import metrics_flags, metrics_url
 from .cluster import DevCluster, DevClusterError, Log, on_down, write_kubeconfig
 from .crds import NRT_CRD
 from .hostcgroups import (
-    ForeignNameError,
     cgroup_hierarchies,
-    delete_bridge,
-    kill_cgroups,
     node_digest,
-    own_bridge,
-    own_cgroup_root,
-    remove_cgroups,
-    unmount_under,
 )
 from .images import build_images
 from .nodebuild import ensure_node_built, node_bin_dir
@@ -71,6 +63,7 @@ from .realnode_config import (
     node_labels,
 )
 from .realnode_config import TAINT as TAINT  # the node's taint, for callers of this module
+from .realnode_down import DEVICE_PLUGINS, tear_down
 from .sysfsview import SysfsViewError, map_onto, usable_cpus, write_sysfs_view
 
 NODE_NAME = "localhost"  # resolves to 127.0.0.1: the API server's way to the kubelet
@@ -78,12 +71,6 @@ DEFAULT_POLICY = "single-numa-node"
 DEFAULT_SCOPE = "container"
 K8S_NAMESPACE = "k8s.io"  # containerd's namespace for the CRI
 PROCESSES = ("containerd", "kubelet", "kube-proxy", "device-plugin", "agent")
-CONTAINER_LOGS = Path("/var/log/containers")  # where the kubelet links container logs
-# The kubelet's device plugin registry is there whatever its --root-dir: its mount
-# namespace gets <root dir>/device-plugins there instead.
-DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")
-# Folders the kubelet creates on the host; removed at down() when empty.
-HOST_DIRS = (DEVICE_PLUGINS, DEVICE_PLUGINS.parent, CONTAINER_LOGS, Path("/var/log/pods"))
 
 
 class RealNodeError(DevClusterError):
@@ -538,97 +525,8 @@ class RealNode:
     def down(self, log: Log | None = None, keep_logs: bool = False) -> bool:
         """Stop everything and remove the containers, mounts, cgroups, network and state
         (``keep_logs``: all but ``logs/``, e.g. after a failed start); False when there was
-        no real node. Works from what is on disk alone."""
-        say = log or _quiet
-        if self.dir.is_symlink():
-            # Not a folder up() made: its pid files, mounts and contents are someone
-            # else's. Only the link goes.
-            say(f"{self.dir} is a symbolic link, not a real node's folder: link removed, "
-                "nothing it points to touched")
-            self.dir.unlink()
-            return False
-        if not self.dir.is_dir():
-            return False
-        t0 = time.monotonic()
-        st = self.state()
-        bridge = self._own_name(st.get("bridge"), own_bridge, self.bridge, say)
-        cgroup_root = self._own_name(st.get("cgroupRoot"), own_cgroup_root, self.cgroup_root,
-                                     say)
-        for name in ("agent", "device-plugin", "kube-proxy", "kubelet"):
-            self.process(name).stop(timeout=10)
-        if st.get("services"):
-            error = kubeproxy.cleanup()
-            if error:
-                say(f"kube-proxy --cleanup: {error}")
-        if self.process("containerd").is_running():
-            self._remove_containers()
-        self.process("containerd").stop(timeout=10)
-        kill_cgroups(cgroup_root)
-        # Mount points are canonical paths: the state dir resolved (it may live under a
-        # linked home), this folder itself not a link (checked above).
-        unmount_under(self.cluster.state_dir.resolve() / self.dir.name)
-        remove_cgroups(cgroup_root)
-        delete_bridge(bridge)
-        self._remove_log_links()
-        if keep_logs:
-            for child in self.dir.iterdir():
-                if child.name == "logs":
-                    continue
-                if child.is_dir() and not child.is_symlink():
-                    shutil.rmtree(child, ignore_errors=True)
-                else:
-                    child.unlink(missing_ok=True)
-        else:
-            shutil.rmtree(self.dir, ignore_errors=True)
-        for d in HOST_DIRS:
-            with contextlib.suppress(OSError):
-                d.rmdir()  # only when empty: another kubelet's files stay
-        self._deregister()
-        say(f"real node stopped and removed ({time.monotonic() - t0:.1f}s)")
-        return True
-
-    @staticmethod
-    def _own_name(recorded: Any, check: Callable[[str], str], derived: str, say: Log) -> str:
-        """The name state.json recorded when it has a real node's form, else the one this
-        node derives (state.json is trusted for nothing it could use against the host)."""
-        if recorded is None or recorded == derived:
-            return derived
-        try:
-            return check(str(recorded))
-        except ForeignNameError as e:
-            say(f"state.json ignored: {e}; using {derived}")
-            return derived
-
-    def _deregister(self) -> None:
-        """Remove the Node and its NodeTopology from a control plane that still runs."""
-        if not self.cluster.is_running():
-            return
-        kube = self.cluster.kube()
-        for path in (f"/api/v1/nodes/{self.name}",
-                     f"/apis/numalign.io/v1alpha1/nodetopologies/{self.name}"):
-            with contextlib.suppress(*REQUEST_ERRORS):
-                kube.request("DELETE", path)
-
-    def _remove_containers(self) -> None:
-        """Kill and delete every task and container containerd holds for the CRI (the
-        shims then exit and remove their sockets)."""
-        proc = self.ctr("tasks", "list", "--quiet", timeout=30)
-        tasks = proc.stdout.split() if proc.returncode == 0 else []
-        for task in tasks:
-            self.ctr("tasks", "kill", "--signal", "SIGKILL", task, timeout=30)
-        for task in tasks:
-            self.ctr("tasks", "delete", "--force", task, timeout=30)
-        proc = self.ctr("containers", "list", "--quiet", timeout=30)
-        for c in proc.stdout.split() if proc.returncode == 0 else []:
-            self.ctr("containers", "delete", c, timeout=30)
-
-    def _remove_log_links(self) -> None:
-        logs = str(self.dir / "pod-logs")
-        with contextlib.suppress(OSError):
-            for link in CONTAINER_LOGS.iterdir():
-                with contextlib.suppress(OSError):
-                    if link.is_symlink() and os.readlink(link).startswith(logs):
-                        link.unlink()
+        no real node. Works from what is on disk alone (:mod:`.realnode_down`)."""
+        return tear_down(self, log or _quiet, keep_logs)
 
 
 @on_down
