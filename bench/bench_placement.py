@@ -24,6 +24,8 @@ Apart from the cluster, the in-process filter is timed over 1,000 synthetic node
 of the fixture machines with random allocations already held, published as NodeTopology),
 and the extender's filter and prioritize as the scheduler calls them (JSON in and out,
 reservations and pods in flight counted, nodes publishing late) over the --nodes nodes.
+The workload is bench/placement_workload.py's, the in-process half
+bench/placement_inprocess.py's.
 
     python bench/run.py placement --modes= --synthetic-nodes=0   # only the latter
 
@@ -42,7 +44,6 @@ import asyncio
 import contextlib
 import json
 import math
-import random
 import re
 import subprocess
 import sys
@@ -60,113 +61,12 @@ from prometheus_client.samples import Sample
 from bench_agent import agent_argv, pct, stop, wait_nodes
 from bench_operator import _free_port, _webhook_ready
 from numalign.api.kube import ApiError, Kube, load_config
-from numalign.api.wire import ANN_POLICY, ANN_RESOLVED, ANN_SCOPE, REJECT_REASON
+from numalign.api.wire import ANN_RESOLVED, REJECT_REASON
 from numalign.topology.machine import load_machine
+from placement_inprocess import inprocess_filter, inprocess_scheduler
+from placement_workload import LABEL, NAMESPACES, node_mix, policies, workload
 
-HERE = Path(__file__).resolve().parent
-SAMPLES = HERE.parent / "config" / "samples" / "machines"
-PAUSE = "registry.k8s.io/pause:3.10"
-LABEL = "numalign.io/bench"
-REDEPLOY = {"enabled": True, "maxAttempts": 3, "backoffSeconds": 1, "avoidRejectingNodes": True}
 MODES = ("without", "with")
-
-# The node mix (weights over NODES): fragmented-8numa, the GPU machines and seed-figure1
-# (a GPU and a NIC per 4-CPU NUMA node) are 70 %; dual-16core is the same size as
-# fragmented-8numa to the scheduler, but holds what fragmented-8numa cannot.
-NODE_WEIGHTS = {"fragmented-8numa": 35, "dual-16core": 30, "seed-figure1": 15,
-                "dgx-a100-like": 10, "group4-gpu": 10}
-
-# Namespaces and their TopologyPolicy.
-NS_SNN, NS_RESTRICTED, NS_BE = "placement-snn", "placement-restricted", "placement-be"
-NAMESPACES = (NS_SNN, NS_RESTRICTED, NS_BE)
-
-
-def node_mix(nodes: int) -> list[tuple[Path, int]]:
-    """NODES nodes split by NODE_WEIGHTS (largest remainders), at least one of each kind
-    when there are enough nodes."""
-    total = sum(NODE_WEIGHTS.values())
-    exact = {k: nodes * w / total for k, w in NODE_WEIGHTS.items()}
-    counts = {k: math.floor(v) for k, v in exact.items()}
-    for k in sorted(exact, key=lambda k: exact[k] - counts[k], reverse=True):
-        if sum(counts.values()) >= nodes:
-            break
-        counts[k] += 1
-    return [(SAMPLES / f"{k}.yaml", c) for k, c in counts.items() if c]
-
-
-def policies() -> list[dict[str, Any]]:
-    def tp(name: str, spec: dict[str, Any]) -> dict[str, Any]:
-        return {"apiVersion": "numalign.io/v1alpha1", "kind": "TopologyPolicy",
-                "metadata": {"name": name}, "spec": {**spec, "redeploy": REDEPLOY}}
-
-    overrides = {"allowed": True,
-                 "policies": ["none", "best-effort", "restricted", "single-numa-node"]}
-    return [
-        tp("placement-snn", {"policy": "single-numa-node", "scope": "pod",
-                             "namespaces": [NS_SNN], "priority": 10,
-                             "podOverrides": overrides}),
-        tp("placement-restricted", {"policy": "restricted", "scope": "container",
-                                    "namespaces": [NS_RESTRICTED], "priority": 10}),
-        tp("placement-be", {"policy": "best-effort", "namespaces": [NS_BE], "priority": 10,
-                            "podOverrides": overrides}),
-    ]
-
-
-@dataclass(frozen=True)
-class Shape:
-    """One kind of pod of the workload."""
-
-    name: str
-    weight: float
-    namespace: str
-    cpu: str
-    memory: str
-    guaranteed: bool = True
-    devices: tuple[tuple[str, int], ...] = ()
-    overrides: tuple[tuple[str, str], ...] = ()  # pod annotations (policy, scope)
-
-
-# What makes the scheduler's view (node-level room) differ from the node's: 4- and
-# 6-CPU single-numa-node pods (a fragmented-8numa node has 32 CPUs but 4 per NUMA
-# node), GPUs with their CPUs on one NUMA node, 8-CPU restricted pods (the narrowest
-# NUMA set that could ever hold them must be free). Half are small Burstable pods,
-# which no policy refuses.
-SHAPES = (
-    Shape("snn-4cpu", 4, NS_SNN, "4", "4Gi"),
-    Shape("snn-6cpu", 2, NS_SNN, "6", "6Gi"),
-    Shape("snn-gpu", 1, NS_SNN, "2", "2Gi", devices=(("nvidia.com/gpu", 1),)),
-    Shape("snn-vendor-gpu", 0.4, NS_SNN, "2", "1Gi", devices=(("gpu-vendor.com/gpu", 1),)),
-    Shape("snn-to-be", 1, NS_SNN, "6", "2Gi", overrides=((ANN_POLICY, "best-effort"),)),
-    Shape("restricted-8cpu", 1, NS_RESTRICTED, "8", "8Gi"),
-    Shape("restricted-gpu", 0.8, NS_RESTRICTED, "3", "4Gi", devices=(("nvidia.com/gpu", 1),)),
-    Shape("restricted-small", 4, NS_RESTRICTED, "100m", "64Mi", guaranteed=False),
-    Shape("be-small", 16, NS_BE, "100m", "64Mi", guaranteed=False),
-    Shape("be-to-snn", 4, NS_BE, "3", "2Gi",
-          overrides=((ANN_POLICY, "single-numa-node"), (ANN_SCOPE, "pod"))),
-    Shape("be-to-restricted", 2, NS_BE, "4", "2Gi", overrides=((ANN_POLICY, "restricted"),)),
-)
-
-
-def pod_manifest(index: int, shape: Shape) -> dict[str, Any]:
-    res: dict[str, str] = {"cpu": shape.cpu, "memory": shape.memory}
-    res.update({r: str(n) for r, n in shape.devices})
-    resources: dict[str, Any] = ({"requests": res, "limits": res} if shape.guaranteed
-                                 else {"requests": res})
-    meta: dict[str, Any] = {"name": f"pl-{index:05d}", "namespace": shape.namespace,
-                            "labels": {LABEL: "placement", "shape": shape.name}}
-    if shape.overrides:
-        meta["annotations"] = dict(shape.overrides)
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
-            "spec": {"terminationGracePeriodSeconds": 0,
-                     "containers": [{"name": "main", "image": PAUSE, "resources": resources}]}}
-
-
-def workload(pods: int, seed: int) -> list[dict[str, Any]]:
-    """PODS pod manifests drawn by SHAPES' weights (the same for the same seed)."""
-    rng = random.Random(seed)
-    weights = [s.weight for s in SHAPES]
-    return [pod_manifest(i, rng.choices(SHAPES, weights)[0]) for i in range(pods)]
-
 
 CHAIN = re.compile(r"-r\d+$")
 
@@ -466,202 +366,6 @@ def paired(halves: dict[str, dict[str, Any]]) -> dict[str, Any]:
         for p in (50, 99):
             out[f"paired_{m}_p{p}_s"] = round(pct(vals, p), 3)
     return out
-
-
-def with_resolved(pod: dict[str, Any], uid: str) -> dict[str, Any]:
-    """``pod`` as the operator annotates it (its namespace's resolved policy), with ``uid``."""
-    from numalign.api.wire import ANN_RESOLVED, NO_OPTIONS, Resolved
-
-    resolved = {NS_SNN: Resolved("single-numa-node", "pod", NO_OPTIONS, "TopologyPolicy/snn"),
-                NS_RESTRICTED: Resolved("restricted", "container", NO_OPTIONS,
-                                        "TopologyPolicy/r"),
-                NS_BE: Resolved("best-effort", "container", NO_OPTIONS, "TopologyPolicy/be")}
-    meta = pod["metadata"]
-    ann = {**meta.get("annotations", {}), ANN_RESOLVED: resolved[meta["namespace"]].annotation()}
-    return {**pod, "metadata": {**meta, "uid": uid, "annotations": ann}}
-
-
-def admit(st: Any, pod: dict[str, Any]) -> bool:
-    """The emulated node ``st`` decides ``pod`` (and keeps it when admitted)."""
-    from numalign.api.effective import EMULATED, NodePolicy, effective_policy
-
-    eff = effective_policy(pod, NodePolicy(EMULATED, st.default))
-    return bool(st.decide(pod, eff.resolved).admit)
-
-
-def published(st: Any) -> dict[str, Any]:
-    """The NodeTopology of the agent state ``st``, as a client reads it back."""
-    from numalign.agent.publish import build_status, nodetopology_object
-
-    st.version += 1
-    nt = nodetopology_object(st.name)
-    nt["metadata"]["resourceVersion"] = str(st.version)
-    nt["status"] = build_status(st)
-    return dict(json.loads(json.dumps(nt)))
-
-
-def inprocess_filter(nodes: int, pods: int, seed: int) -> dict[str, Any]:
-    """The decision module's filter over ``nodes`` synthetic nodes (the bench's machine
-    mix, each holding a random share of the workload's pods, published as NodeTopology
-    and read back as JSON), for ``pods`` pods of the workload, scheduled as the scheduler
-    would: each pod filtered over every node, bound to the best-scored node that fits,
-    which then publishes again. Reports ms per filter call (all nodes): over every call,
-    and split into the calls of a pod shape seen for the first time under its policy
-    (cold: no verdict cached) and the others. The nodes' ledgers are built as their
-    NodeTopologies arrive (setup), as the extender builds them on its watch."""
-    from numalign.agent.state import NodeState
-    from numalign.extender.decide import Decider
-
-    rng = random.Random(seed)
-    fill = workload(nodes * 20, seed + 1)
-
-    decider = Decider()
-    states: dict[str, NodeState] = {}
-    t0 = time.perf_counter()
-    k = 0
-    for f, count in node_mix(nodes):
-        machine = load_machine(f)
-        for i in range(count):
-            st = states.setdefault(f"{machine.name}-{i}", NodeState(f"{machine.name}-{i}",
-                                                                    machine))
-            for _ in range(rng.randint(0, 30)):
-                k += 1
-                admit(st, with_resolved(fill[k % len(fill)], f"fill-{k}"))
-            decider.update(published(st))
-    setup = time.perf_counter() - t0
-    names = list(states)
-    cold: list[float] = []
-    warm: list[float] = []
-    seen: set[str] = set()
-    bound = 0
-    for i, p in enumerate(workload(pods, seed + 2)):
-        pod = with_resolved(p, f"q-{i}")
-        # cold: a shape under a policy (its namespace's) not filtered before
-        shape = f'{pod["metadata"]["labels"]["shape"]} {pod["metadata"]["namespace"]}'
-        t = time.perf_counter()
-        verdicts = decider.filter(pod, names)
-        (warm if shape in seen else cold).append(time.perf_counter() - t)
-        seen.add(shape)
-        fits = [(v.score, v.node) for v in verdicts if v.fits]
-        if fits:
-            node = max(fits)[1]
-            bound += admit(states[node], pod)
-            decider.update(published(states[node]))
-    every = cold + warm
-    return {"synthetic_nodes": len(names), "filter_calls": len(every), "bound": bound,
-            "distinct_node_states": len({(v.machine_key, v.held_key)
-                                         for v in decider.views.values()}),
-            "setup_s": round(setup, 1),
-            **{f"filter_p{p}_ms": round(1000 * pct(every, p), 2) for p in (50, 99)},
-            **{f"cold_p{p}_ms": round(1000 * pct(cold, p), 2) for p in (50, 99)},
-            "cold_max_ms": round(1000 * max(cold, default=0.0), 2),
-            **{f"warm_p{p}_ms": round(1000 * pct(warm, p), 2) for p in (50, 99)},
-            "cold_calls": len(cold)}
-
-
-def inprocess_scheduler(nodes: int, pods: int, seed: int, lag: int = 40,
-                        bind_lag: int = 8, bind_verb: bool = False) -> dict[str, Any]:
-    """What the scheduler asks the extender (:class:`numalign.extender.fleet.Fleet`, as
-    its server runs it) for ``pods`` pods over ``nodes`` empty nodes of the bench's mix:
-    for each pod, filter over the nodes its resource requests fit (the scheduler's own
-    check, counting the pods it bound), prioritize over the nodes that passed (the
-    ExtenderArgs JSON parsed, the answers serialized), the binding made ``bind_lag``
-    pods later (the pods filtered meanwhile see it in flight): by the extender's bind
-    verb (``bind_verb``: the ExtenderBindingArgs parsed; its Binding's API call not
-    counted), else seen on the pod watch; each
-    node admits and publishes ``lag`` pods after the binding (the agent's
-    coalesced writes), so reservations and pods in flight are counted meanwhile.
-    Reports ms per filter and per prioritize call, the pods placed per second, and the
-    pods a node refused after the extender approved them (the two disagreeing)."""
-    from numalign.agent.state import NodeState
-    from numalign.extender.fleet import Fleet
-    from numalign.extender.protocol import (
-        filter_result,
-        parse_args,
-        parse_binding,
-        priority_list,
-    )
-    from numalign.topology.fit import check_fit, fit_requests
-    from numalign.topology.pod import pod_from_dict
-
-    states: dict[str, NodeState] = {}
-    for f, count in node_mix(nodes):
-        machine = load_machine(f)
-        for i in range(count):
-            states[f"{machine.name}-{i}"] = NodeState(f"{machine.name}-{i}", machine)
-
-    fleet = Fleet()
-    fleet.load_nodetopologies([published(st) for st in states.values()])
-    names = list(states)
-    pending: list[tuple[int, str, dict[str, Any]]] = []
-    binding: list[tuple[int, dict[str, Any], bytes | None]] = []
-    binds: list[float] = []
-    unclaimed = 0
-    filters: list[float] = []
-    priorities: list[float] = []
-    asked: dict[str, list[dict[str, int]]] = {n: [] for n in names}
-    bound = refused = unplaced = 0
-    t_all = time.perf_counter()
-    for i, p in enumerate(workload(pods, seed + 3)):
-        pod = with_resolved(p, f"s-{i}")
-        model = pod_from_dict(pod)
-        # the scheduler's own resource fit, with the pods it bound counted at once
-        fitting = [n for n in names if check_fit(states[n].machine, model, asked[n]) is None]
-        body = json.dumps({"Pod": pod, "NodeNames": fitting}).encode()
-        t = time.perf_counter()
-        args = parse_args(body)
-        verdicts = fleet.filter(args.pod, args.node_names)
-        result = filter_result(args, verdicts)
-        json.dumps(result)
-        filters.append(time.perf_counter() - t)
-        passed = [v.node for v in verdicts if v.fits]
-        if passed:
-            body = json.dumps({"Pod": pod, "NodeNames": passed}).encode()
-            t = time.perf_counter()
-            args = parse_args(body)
-            scores = priority_list(fleet.filter(args.pod, args.node_names, approve=False))
-            json.dumps(scores)
-            priorities.append(time.perf_counter() - t)
-            node = max((s["Score"], s["Host"]) for s in scores)[1]
-            binding.append((i + bind_lag, {**pod, "spec": {**pod["spec"], "nodeName": node}},
-                            None))
-            if bind_verb:  # the pod watch sees the binding the extender made later
-                binding[-1] = (i + bind_lag, binding[-1][1], json.dumps({
-                    "PodName": pod["metadata"]["name"],
-                    "PodNamespace": pod["metadata"]["namespace"],
-                    "PodUID": pod["metadata"]["uid"], "Node": node}).encode())
-            pending.append((i + lag, node, pod))
-            asked[node].append(fit_requests(model))
-        else:
-            unplaced += 1
-        while binding and binding[0][0] <= i:
-            _, seen, verb = binding.pop(0)
-            if verb is not None:
-                t = time.perf_counter()
-                b = parse_binding(verb)
-                if fleet.claim(b.uid, b.node) is None:
-                    unclaimed += 1
-                binds.append(time.perf_counter() - t)
-            fleet.pod("MODIFIED", seen)
-        while pending and pending[0][0] <= i:
-            _, node, done = pending.pop(0)
-            if admit(states[node], done):
-                bound += 1
-            else:  # the node refused it: the pod watch sees it Failed
-                refused += 1
-                asked[node].remove(fit_requests(pod_from_dict(done)))
-                fleet.pod("MODIFIED", {**done, "spec": {**done["spec"], "nodeName": node},
-                                       "status": {"phase": "Failed"}})
-            fleet.node_topology("MODIFIED", published(states[node]))
-    took = time.perf_counter() - t_all
-    return {"nodes": len(names), "pods": pods, "bind_verb": bind_verb, "bind_lag": bind_lag,
-            "admitted": bound, "refused_by_node": refused, "no_node": unplaced,
-            "bind_refused": unclaimed,
-            **({f"bind_p{q}_ms": round(1000 * pct(binds, q), 2) for q in (50, 99)}
-               if binds else {}),
-            "pods_per_s": round(pods / took, 1),
-            **{f"filter_p{q}_ms": round(1000 * pct(filters, q), 2) for q in (50, 99)},
-            **{f"prioritize_p{q}_ms": round(1000 * pct(priorities, q), 2) for q in (50, 99)}}
 
 
 def start_cluster(mode: str, workdir: Path) -> tuple[Any, str, Extender | None]:

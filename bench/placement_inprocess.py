@@ -1,0 +1,211 @@
+"""The placement bench's in-process half (bench/bench_placement.py): the extender's
+decision module and its Fleet timed without a cluster, over synthetic nodes of the
+bench's machine mix (agent states whose NodeTopologies are published and read back as
+JSON)."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from typing import Any
+
+from bench_agent import pct
+from numalign.topology.machine import load_machine
+from placement_workload import NS_BE, NS_RESTRICTED, NS_SNN, node_mix, workload
+
+
+def with_resolved(pod: dict[str, Any], uid: str) -> dict[str, Any]:
+    """``pod`` as the operator annotates it (its namespace's resolved policy), with ``uid``."""
+    from numalign.api.wire import ANN_RESOLVED, NO_OPTIONS, Resolved
+
+    resolved = {NS_SNN: Resolved("single-numa-node", "pod", NO_OPTIONS, "TopologyPolicy/snn"),
+                NS_RESTRICTED: Resolved("restricted", "container", NO_OPTIONS,
+                                        "TopologyPolicy/r"),
+                NS_BE: Resolved("best-effort", "container", NO_OPTIONS, "TopologyPolicy/be")}
+    meta = pod["metadata"]
+    ann = {**meta.get("annotations", {}), ANN_RESOLVED: resolved[meta["namespace"]].annotation()}
+    return {**pod, "metadata": {**meta, "uid": uid, "annotations": ann}}
+
+
+def admit(st: Any, pod: dict[str, Any]) -> bool:
+    """The emulated node ``st`` decides ``pod`` (and keeps it when admitted)."""
+    from numalign.api.effective import EMULATED, NodePolicy, effective_policy
+
+    eff = effective_policy(pod, NodePolicy(EMULATED, st.default))
+    return bool(st.decide(pod, eff.resolved).admit)
+
+
+def published(st: Any) -> dict[str, Any]:
+    """The NodeTopology of the agent state ``st``, as a client reads it back."""
+    from numalign.agent.publish import build_status, nodetopology_object
+
+    st.version += 1
+    nt = nodetopology_object(st.name)
+    nt["metadata"]["resourceVersion"] = str(st.version)
+    nt["status"] = build_status(st)
+    return dict(json.loads(json.dumps(nt)))
+
+
+def inprocess_filter(nodes: int, pods: int, seed: int) -> dict[str, Any]:
+    """The decision module's filter over ``nodes`` synthetic nodes (the bench's machine
+    mix, each holding a random share of the workload's pods, published as NodeTopology
+    and read back as JSON), for ``pods`` pods of the workload, scheduled as the scheduler
+    would: each pod filtered over every node, bound to the best-scored node that fits,
+    which then publishes again. Reports ms per filter call (all nodes): over every call,
+    and split into the calls of a pod shape seen for the first time under its policy
+    (cold: no verdict cached) and the others. The nodes' ledgers are built as their
+    NodeTopologies arrive (setup), as the extender builds them on its watch."""
+    from numalign.agent.state import NodeState
+    from numalign.extender.decide import Decider
+
+    rng = random.Random(seed)
+    fill = workload(nodes * 20, seed + 1)
+
+    decider = Decider()
+    states: dict[str, NodeState] = {}
+    t0 = time.perf_counter()
+    k = 0
+    for f, count in node_mix(nodes):
+        machine = load_machine(f)
+        for i in range(count):
+            st = states.setdefault(f"{machine.name}-{i}", NodeState(f"{machine.name}-{i}",
+                                                                    machine))
+            for _ in range(rng.randint(0, 30)):
+                k += 1
+                admit(st, with_resolved(fill[k % len(fill)], f"fill-{k}"))
+            decider.update(published(st))
+    setup = time.perf_counter() - t0
+    names = list(states)
+    cold: list[float] = []
+    warm: list[float] = []
+    seen: set[str] = set()
+    bound = 0
+    for i, p in enumerate(workload(pods, seed + 2)):
+        pod = with_resolved(p, f"q-{i}")
+        # cold: a shape under a policy (its namespace's) not filtered before
+        shape = f'{pod["metadata"]["labels"]["shape"]} {pod["metadata"]["namespace"]}'
+        t = time.perf_counter()
+        verdicts = decider.filter(pod, names)
+        (warm if shape in seen else cold).append(time.perf_counter() - t)
+        seen.add(shape)
+        fits = [(v.score, v.node) for v in verdicts if v.fits]
+        if fits:
+            node = max(fits)[1]
+            bound += admit(states[node], pod)
+            decider.update(published(states[node]))
+    every = cold + warm
+    return {"synthetic_nodes": len(names), "filter_calls": len(every), "bound": bound,
+            "distinct_node_states": len({(v.machine_key, v.held_key)
+                                         for v in decider.views.values()}),
+            "setup_s": round(setup, 1),
+            **{f"filter_p{p}_ms": round(1000 * pct(every, p), 2) for p in (50, 99)},
+            **{f"cold_p{p}_ms": round(1000 * pct(cold, p), 2) for p in (50, 99)},
+            "cold_max_ms": round(1000 * max(cold, default=0.0), 2),
+            **{f"warm_p{p}_ms": round(1000 * pct(warm, p), 2) for p in (50, 99)},
+            "cold_calls": len(cold)}
+
+
+def inprocess_scheduler(nodes: int, pods: int, seed: int, lag: int = 40,
+                        bind_lag: int = 8, bind_verb: bool = False) -> dict[str, Any]:
+    """What the scheduler asks the extender (:class:`numalign.extender.fleet.Fleet`, as
+    its server runs it) for ``pods`` pods over ``nodes`` empty nodes of the bench's mix:
+    for each pod, filter over the nodes its resource requests fit (the scheduler's own
+    check, counting the pods it bound), prioritize over the nodes that passed (the
+    ExtenderArgs JSON parsed, the answers serialized), the binding made ``bind_lag``
+    pods later (the pods filtered meanwhile see it in flight): by the extender's bind
+    verb (``bind_verb``: the ExtenderBindingArgs parsed; its Binding's API call not
+    counted), else seen on the pod watch; each
+    node admits and publishes ``lag`` pods after the binding (the agent's
+    coalesced writes), so reservations and pods in flight are counted meanwhile.
+    Reports ms per filter and per prioritize call, the pods placed per second, and the
+    pods a node refused after the extender approved them (the two disagreeing)."""
+    from numalign.agent.state import NodeState
+    from numalign.extender.fleet import Fleet
+    from numalign.extender.protocol import (
+        filter_result,
+        parse_args,
+        parse_binding,
+        priority_list,
+    )
+    from numalign.topology.fit import check_fit, fit_requests
+    from numalign.topology.pod import pod_from_dict
+
+    states: dict[str, NodeState] = {}
+    for f, count in node_mix(nodes):
+        machine = load_machine(f)
+        for i in range(count):
+            states[f"{machine.name}-{i}"] = NodeState(f"{machine.name}-{i}", machine)
+
+    fleet = Fleet()
+    fleet.load_nodetopologies([published(st) for st in states.values()])
+    names = list(states)
+    pending: list[tuple[int, str, dict[str, Any]]] = []
+    binding: list[tuple[int, dict[str, Any], bytes | None]] = []
+    binds: list[float] = []
+    unclaimed = 0
+    filters: list[float] = []
+    priorities: list[float] = []
+    asked: dict[str, list[dict[str, int]]] = {n: [] for n in names}
+    bound = refused = unplaced = 0
+    t_all = time.perf_counter()
+    for i, p in enumerate(workload(pods, seed + 3)):
+        pod = with_resolved(p, f"s-{i}")
+        model = pod_from_dict(pod)
+        # the scheduler's own resource fit, with the pods it bound counted at once
+        fitting = [n for n in names if check_fit(states[n].machine, model, asked[n]) is None]
+        body = json.dumps({"Pod": pod, "NodeNames": fitting}).encode()
+        t = time.perf_counter()
+        args = parse_args(body)
+        verdicts = fleet.filter(args.pod, args.node_names)
+        result = filter_result(args, verdicts)
+        json.dumps(result)
+        filters.append(time.perf_counter() - t)
+        passed = [v.node for v in verdicts if v.fits]
+        if passed:
+            body = json.dumps({"Pod": pod, "NodeNames": passed}).encode()
+            t = time.perf_counter()
+            args = parse_args(body)
+            scores = priority_list(fleet.filter(args.pod, args.node_names, approve=False))
+            json.dumps(scores)
+            priorities.append(time.perf_counter() - t)
+            node = max((s["Score"], s["Host"]) for s in scores)[1]
+            binding.append((i + bind_lag, {**pod, "spec": {**pod["spec"], "nodeName": node}},
+                            None))
+            if bind_verb:  # the pod watch sees the binding the extender made later
+                binding[-1] = (i + bind_lag, binding[-1][1], json.dumps({
+                    "PodName": pod["metadata"]["name"],
+                    "PodNamespace": pod["metadata"]["namespace"],
+                    "PodUID": pod["metadata"]["uid"], "Node": node}).encode())
+            pending.append((i + lag, node, pod))
+            asked[node].append(fit_requests(model))
+        else:
+            unplaced += 1
+        while binding and binding[0][0] <= i:
+            _, seen, verb = binding.pop(0)
+            if verb is not None:
+                t = time.perf_counter()
+                b = parse_binding(verb)
+                if fleet.claim(b.uid, b.node) is None:
+                    unclaimed += 1
+                binds.append(time.perf_counter() - t)
+            fleet.pod("MODIFIED", seen)
+        while pending and pending[0][0] <= i:
+            _, node, done = pending.pop(0)
+            if admit(states[node], done):
+                bound += 1
+            else:  # the node refused it: the pod watch sees it Failed
+                refused += 1
+                asked[node].remove(fit_requests(pod_from_dict(done)))
+                fleet.pod("MODIFIED", {**done, "spec": {**done["spec"], "nodeName": node},
+                                       "status": {"phase": "Failed"}})
+            fleet.node_topology("MODIFIED", published(states[node]))
+    took = time.perf_counter() - t_all
+    return {"nodes": len(names), "pods": pods, "bind_verb": bind_verb, "bind_lag": bind_lag,
+            "admitted": bound, "refused_by_node": refused, "no_node": unplaced,
+            "bind_refused": unclaimed,
+            **({f"bind_p{q}_ms": round(1000 * pct(binds, q), 2) for q in (50, 99)}
+               if binds else {}),
+            "pods_per_s": round(pods / took, 1),
+            **{f"filter_p{q}_ms": round(1000 * pct(filters, q), 2) for q in (50, 99)},
+            **{f"prioritize_p{q}_ms": round(1000 * pct(priorities, q), 2) for q in (50, 99)}}
