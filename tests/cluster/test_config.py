@@ -22,6 +22,15 @@ from typing import Any
 import pytest
 import yaml
 
+from admission_objects import (
+    event_v1_yaml,
+    event_yaml,
+    forged_value,
+    new_node_name,
+    nodetopology_yaml,
+    pod_yaml,
+    status_patch,
+)
 from numalign.api.wire import (
     ANN_ALLOCATION,
     ANN_REJECTION,
@@ -104,19 +113,6 @@ def impersonate(kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
     return make
 
 
-def _node() -> str:
-    return f"cfg-node-{uuid.uuid4().hex[:6]}"
-
-
-def _nodetopology(name: str) -> str:
-    return yaml.safe_dump({"apiVersion": "numalign.io/v1alpha1", "kind": "NodeTopology",
-                           "metadata": {"name": name}})
-
-
-def _status_patch() -> str:
-    return json.dumps({"status": {"observedPolicyGeneration": 0}})
-
-
 def _refused(proc: subprocess.CompletedProcess[str], *fragments: str) -> None:
     assert proc.returncode != 0, f"expected a refusal, got:\n{proc.stdout}"
     assert "Forbidden" in proc.stderr or "forbidden" in proc.stderr, proc.stderr
@@ -188,19 +184,19 @@ def test_rbac_grants_each_identity_its_half(installed: Install, kubectl: Kubectl
 
 def test_agent_writes_only_its_own_nodetopology(installed: Install, kubectl: Kubectl,
                                                 impersonate: Callable[..., Path]) -> None:
-    mine, other = _node(), _node()
+    mine, other = new_node_name(), new_node_name()
     agent = str(impersonate(AGENT, {NODE_NAME_EXTRA: [mine]}))
     try:
-        kubectl("--kubeconfig", agent, "create", "-f", "-", input=_nodetopology(mine))
+        kubectl("--kubeconfig", agent, "create", "-f", "-", input=nodetopology_yaml(mine))
         _refused(kubectl("--kubeconfig", agent, "create", "-f", "-",
-                         input=_nodetopology(other), check=False),
+                         input=nodetopology_yaml(other), check=False),
                  f"on node {mine} may write only objects of its own node",
                  f"NodeTopology {other}")
-        kubectl("create", "-f", "-", input=_nodetopology(other))  # as admin
+        kubectl("create", "-f", "-", input=nodetopology_yaml(other))  # as admin
         kubectl("--kubeconfig", agent, "patch", f"nodetopology/{mine}", "--subresource=status",
-                "--type=merge", "-p", _status_patch())
+                "--type=merge", "-p", status_patch())
         _refused(kubectl("--kubeconfig", agent, "patch", f"nodetopology/{other}",
-                         "--subresource=status", "--type=merge", "-p", _status_patch(),
+                         "--subresource=status", "--type=merge", "-p", status_patch(),
                          check=False),
                  f"NodeTopology {other}")
     finally:
@@ -242,7 +238,7 @@ def test_agent_writes_status_only_of_pods_on_its_node(agent_with_emulation_right
                                                       kubectl: Kubectl,
                                                       impersonate: Callable[..., Path],
                                                       namespace: str) -> None:
-    mine, other = _node(), _node()
+    mine, other = new_node_name(), new_node_name()
     for name, node in (("here", mine), ("there", other)):
         kubectl("create", "-n", namespace, "-f", "-", input=yaml.safe_dump({
             "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
@@ -258,56 +254,35 @@ def test_agent_writes_status_only_of_pods_on_its_node(agent_with_emulation_right
              f"pod {namespace}/there", f'(on node "{other}")')
 
 
-def _event(namespace: str, kind: str, name: str, reporter: str) -> str:
-    return yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Event",
-        "metadata": {"name": f"ev-{uuid.uuid4().hex[:8]}", "namespace": namespace},
-        "involvedObject": {"apiVersion": "v1", "kind": kind, "name": name,
-                           "namespace": namespace},
-        "reason": "Test", "message": "m", "type": "Normal",
-        "source": {"component": "numalign-agent", "host": reporter},
-        "reportingComponent": "numalign-agent", "reportingInstance": reporter})
-
-
 def test_agent_events_only_about_its_own_node(agent_with_emulation_rights: None,
                                               kubectl: Kubectl,
                                               impersonate: Callable[..., Path],
                                               namespace: str) -> None:
-    mine, other = _node(), _node()
+    mine, other = new_node_name(), new_node_name()
     agent = str(impersonate(AGENT, {NODE_NAME_EXTRA: [mine]}))
     kubectl("--kubeconfig", agent, "create", "-f", "-",
-            input=_event(namespace, "Pod", "p", mine))
+            input=event_yaml(namespace, "Pod", "p", mine))
     kubectl("--kubeconfig", agent, "create", "-f", "-",
-            input=_event(namespace, "Node", mine, mine))
+            input=event_yaml(namespace, "Node", mine, mine))
     for kind, name, reporter in (("Pod", "p", other), ("Node", other, mine),
                                  ("Secret", "s", mine)):
         proc = kubectl("--kubeconfig", agent, "create", "-f", "-",
-                       input=_event(namespace, kind, name, reporter), check=False)
+                       input=event_yaml(namespace, kind, name, reporter), check=False)
         assert proc.returncode != 0, (kind, name, reporter)
         assert "ValidatingAdmissionPolicy 'numalign-agent-events'" in proc.stderr, proc.stderr
-
-
-def _event_v1(namespace: str, kind: str, name: str, reporter: str) -> str:
-    return yaml.safe_dump({
-        "apiVersion": "events.k8s.io/v1", "kind": "Event",
-        "metadata": {"name": f"ev-{uuid.uuid4().hex[:8]}", "namespace": namespace},
-        "regarding": {"apiVersion": "v1", "kind": kind, "name": name, "namespace": namespace},
-        "reason": "Test", "note": "m", "type": "Normal", "action": "Test",
-        "eventTime": "2026-01-01T00:00:00.000000Z",
-        "reportingController": "numalign.io/agent", "reportingInstance": reporter})
 
 
 def test_agent_events_v1_only_about_its_own_node(agent_with_emulation_rights: None,
                                                  kubectl: Kubectl,
                                                  impersonate: Callable[..., Path],
                                                  namespace: str) -> None:
-    mine, other = _node(), _node()
+    mine, other = new_node_name(), new_node_name()
     agent = str(impersonate(AGENT, {NODE_NAME_EXTRA: [mine]}))
     kubectl("--kubeconfig", agent, "create", "-f", "-",
-            input=_event_v1(namespace, "Pod", "p", mine))
+            input=event_v1_yaml(namespace, "Pod", "p", mine))
     for kind, name, reporter in (("Pod", "p", other), ("Node", other, mine)):
         proc = kubectl("--kubeconfig", agent, "create", "-f", "-",
-                       input=_event_v1(namespace, kind, name, reporter), check=False)
+                       input=event_v1_yaml(namespace, kind, name, reporter), check=False)
         assert proc.returncode != 0, (kind, name, reporter)
         # Converted to core/v1 (matchPolicy Equivalent) and refused by the same policy.
         assert "ValidatingAdmissionPolicy 'numalign-agent-events'" in proc.stderr, proc.stderr
@@ -333,9 +308,9 @@ def test_operator_creates_only_its_record_and_replacements(installed: Install,
 def test_agent_without_node_bound_token_writes_nothing(installed: Install, kubectl: Kubectl,
                                                        impersonate: Callable[..., Path]
                                                        ) -> None:
-    name = _node()
+    name = new_node_name()
     agent = str(impersonate(AGENT))
-    _refused(kubectl("--kubeconfig", agent, "create", "-f", "-", input=_nodetopology(name),
+    _refused(kubectl("--kubeconfig", agent, "create", "-f", "-", input=nodetopology_yaml(name),
                      check=False),
              "has no node-bound token")
 
@@ -343,9 +318,9 @@ def test_agent_without_node_bound_token_writes_nothing(installed: Install, kubec
 def test_policy_leaves_other_identities_alone(installed: Install, kubectl: Kubectl,
                                               impersonate: Callable[..., Path]) -> None:
     # The operator (no node-name extra) is not the agent: only RBAC applies to it.
-    name = _node()
+    name = new_node_name()
     operator = str(impersonate(OPERATOR))
-    kubectl("create", "-f", "-", input=_nodetopology(name))
+    kubectl("create", "-f", "-", input=nodetopology_yaml(name))
     try:
         kubectl("--kubeconfig", operator, "patch", f"nodetopology/{name}", "--type=merge",
                 "-p", json.dumps({"spec": {"policy": "best-effort"}}))
@@ -397,24 +372,6 @@ GUARD = "numalign-pod-annotations"
 TRUSTED_ONLY = (ANN_RESOLVED, ANN_ALLOCATION, ANN_REJECTION)
 
 
-def _pod(name: str, annotations: dict[str, str] | None = None, node: str | None = None,
-         gates: list[str] | None = None) -> str:
-    spec: dict[str, Any] = {"containers": [{"name": "c", "image": "registry.example/none:1"}]}
-    if node:
-        spec["nodeName"] = node
-    if gates:
-        spec["schedulingGates"] = [{"name": g} for g in gates]
-    return yaml.safe_dump({"apiVersion": "v1", "kind": "Pod",
-                           "metadata": {"name": name, "annotations": annotations or {}},
-                           "spec": spec})
-
-
-def _value(annotation: str) -> str:
-    return {ANN_RESOLVED: '{"policy":"none","scope":"container","source":"pod"}',
-            ANN_ALLOCATION: '{"numaNodes":[0],"containers":{"c":{"cpus":"1-7"}}}',
-            ANN_REJECTION: "forged"}.get(annotation, "true")
-
-
 def _denied(proc: subprocess.CompletedProcess[str], by: str, *fragments: str) -> None:
     assert proc.returncode != 0, f"expected a refusal, got:\n{proc.stdout}"
     assert by in proc.stderr, proc.stderr
@@ -437,18 +394,18 @@ def test_namespace_editor_is_refused_each_annotation_on_create(
     vap = f"ValidatingAdmissionPolicy '{GUARD}'"
     for i, ann in enumerate((ANN_ALLOCATION, ANN_REJECTION, ANN_TOLERATE_UNPLACED)):
         _denied(kubectl("--kubeconfig", editor, "create", "-n", namespace, "-f", "-",
-                        input=_pod(f"p{i}", {ann: _value(ann)}), check=False), vap, ann)
+                        input=pod_yaml(f"p{i}", {ann: forged_value(ann)}), check=False), vap, ann)
     # numalign.io/resolved at creation: the mutating webhook writes it, and refuses the
     # creator's own (the policy cannot tell the two apart).
     with operator(kubeconfig, k8s_client, tmp_path / "operator.log"):
         _denied(kubectl("--kubeconfig", editor, "create", "-n", namespace, "-f", "-",
-                        input=_pod("forged", {ANN_RESOLVED: _value(ANN_RESOLVED)}),
+                        input=pod_yaml("forged", {ANN_RESOLVED: forged_value(ANN_RESOLVED)}),
                         check=False),
                 'admission webhook "resolve.numalign.io" denied the request',
                 f"{ANN_RESOLVED} is numalign's")
         # A plain pod is created, with the resolved policy the webhook wrote.
         kubectl("--kubeconfig", editor, "create", "-n", namespace, "-f", "-",
-                input=_pod("plain"))
+                input=pod_yaml("plain"))
     pod = json.loads(kubectl("get", "-n", namespace, "pod/plain", "-o", "json").stdout)
     assert ANN_RESOLVED in pod["metadata"]["annotations"]
 
@@ -456,9 +413,9 @@ def test_namespace_editor_is_refused_each_annotation_on_create(
 def test_namespace_editor_is_refused_each_annotation_on_update(
         kubectl: Kubectl, editor: str, namespace: str) -> None:
     vap = f"ValidatingAdmissionPolicy '{GUARD}'"
-    four = {a: _value(a) for a in (*TRUSTED_ONLY, ANN_TOLERATE_UNPLACED)}
-    kubectl("create", "-n", namespace, "-f", "-", input=_pod("p", four))  # as admin
-    kubectl("create", "-n", namespace, "-f", "-", input=_pod("q"))
+    four = {a: forged_value(a) for a in (*TRUSTED_ONLY, ANN_TOLERATE_UNPLACED)}
+    kubectl("create", "-n", namespace, "-f", "-", input=pod_yaml("p", four))  # as admin
+    kubectl("create", "-n", namespace, "-f", "-", input=pod_yaml("q"))
     for ann in TRUSTED_ONLY:
         _denied(kubectl("--kubeconfig", editor, "annotate", "-n", namespace, "--overwrite",
                         "pod/p", f"{ann}=changed", check=False),
@@ -466,7 +423,7 @@ def test_namespace_editor_is_refused_each_annotation_on_update(
         _denied(kubectl("--kubeconfig", editor, "annotate", "-n", namespace, "pod/p",
                         f"{ann}-", check=False), vap, ann)
         _denied(kubectl("--kubeconfig", editor, "annotate", "-n", namespace, "pod/q",
-                        f"{ann}={_value(ann)}", check=False), vap, ann)
+                        f"{ann}={forged_value(ann)}", check=False), vap, ann)
     _denied(kubectl("--kubeconfig", editor, "annotate", "-n", namespace, "pod/q",
                     f"{ANN_TOLERATE_UNPLACED}=true", check=False),
             vap, f"{ANN_TOLERATE_UNPLACED} is allowed only on pods in the namespaces "
@@ -485,7 +442,7 @@ def test_tolerate_unplaced_in_the_namespaces_an_admin_lists(
         kubectl: Kubectl, editor: str, namespace: str, wait: Callable[..., Any]) -> None:
     param = ["-n", NS, "configmap/numalign-pod-annotations"]
     before = json.loads(kubectl("get", *param, "-o", "json").stdout)["data"]
-    tolerant = _pod("tolerant", {ANN_TOLERATE_UNPLACED: "true"})
+    tolerant = pod_yaml("tolerant", {ANN_TOLERATE_UNPLACED: "true"})
     _denied(kubectl("--kubeconfig", editor, "create", "-n", namespace, "-f", "-",
                     input=tolerant, check=False), f"ValidatingAdmissionPolicy '{GUARD}'",
             ANN_TOLERATE_UNPLACED)
@@ -504,19 +461,19 @@ def test_tolerate_unplaced_in_the_namespaces_an_admin_lists(
 def test_numaligns_identities_write_the_annotations(
         agent_with_emulation_rights: None, kubectl: Kubectl,
         impersonate: Callable[..., Path], namespace: str) -> None:
-    node = _node()
-    kubectl("create", "-n", namespace, "-f", "-", input=_pod("p", node=node))
+    node = new_node_name()
+    kubectl("create", "-n", namespace, "-f", "-", input=pod_yaml("p", node=node))
     operator_kc = str(impersonate(OPERATOR))
     kubectl("--kubeconfig", operator_kc, "annotate", "-n", namespace, "pod/p",
-            f"{ANN_RESOLVED}={_value(ANN_RESOLVED)}")
+            f"{ANN_RESOLVED}={forged_value(ANN_RESOLVED)}")
     agent = str(impersonate(AGENT, {NODE_NAME_EXTRA: [node]}))
     for ann in (ANN_ALLOCATION, ANN_REJECTION):
         kubectl("--kubeconfig", agent, "patch", "-n", namespace, "pod/p",
                 "--subresource=status", "--type=merge",
-                "-p", json.dumps({"metadata": {"annotations": {ann: _value(ann)}}}))
+                "-p", json.dumps({"metadata": {"annotations": {ann: forged_value(ann)}}}))
     pod = json.loads(kubectl("get", "-n", namespace, "pod/p", "-o", "json").stdout)
     assert {a: pod["metadata"]["annotations"].get(a) for a in TRUSTED_ONLY} == {
-        a: _value(a) for a in TRUSTED_ONLY}
+        a: forged_value(a) for a in TRUSTED_ONLY}
 
 
 # ----------------------------------------------------------------------------------
@@ -538,10 +495,10 @@ def test_operator_deletes_only_topology_rejected_pods(
         installed: Install, kubectl: Kubectl, impersonate: Callable[..., Path],
         namespace: str) -> None:
     operator_kc = str(impersonate(OPERATOR))
-    node = _node()
+    node = new_node_name()
     for name, phase, reason in (("running", "Running", None), ("evicted", "Failed", "Evicted"),
                                 ("rejected", "Failed", REJECT_REASON)):
-        kubectl("create", "-n", namespace, "-f", "-", input=_pod(name, node=node))
+        kubectl("create", "-n", namespace, "-f", "-", input=pod_yaml(name, node=node))
         _set_status(kubectl, namespace, name, phase, reason)
     _denied(kubectl("--kubeconfig", operator_kc, "delete", "-n", namespace, "pod/running",
                     "--wait=false", check=False), RESTRICTION,
@@ -558,7 +515,7 @@ def test_operator_changes_only_the_pod_metadata_it_owns(
         namespace: str) -> None:
     operator_kc = str(impersonate(OPERATOR))
     kubectl("create", "-n", namespace, "-f", "-",
-            input=_pod("p", {"team": "a"}, gates=[GATE, "example.com/other"]))
+            input=pod_yaml("p", {"team": "a"}, gates=[GATE, "example.com/other"]))
 
     def as_operator(*args: str) -> subprocess.CompletedProcess[str]:
         return kubectl("--kubeconfig", operator_kc, *args, "-n", namespace, check=False)
@@ -576,7 +533,7 @@ def test_operator_changes_only_the_pod_metadata_it_owns(
     _denied(json_patch({"op": "remove", "path": "/spec/schedulingGates/1"}), RESTRICTION,
             "scheduling gate")
     # What it owns: the resolved policy, its warning mark, its own gate.
-    assert as_operator("annotate", "pod/p", f"{ANN_RESOLVED}={_value(ANN_RESOLVED)}",
+    assert as_operator("annotate", "pod/p", f"{ANN_RESOLVED}={forged_value(ANN_RESOLVED)}",
                        "numalign.io/override-warning=[]").returncode == 0
     assert json_patch({"op": "test", "path": "/spec/schedulingGates/0/name", "value": GATE},
                       {"op": "remove", "path": "/spec/schedulingGates/0"}).returncode == 0
@@ -611,13 +568,13 @@ def test_operator_creates_replacements_only_unbound_and_never_in_kube_system(
     marks = {ANN_REDEPLOY_OF: "web", ANN_REDEPLOY_OF_UID: str(uuid.uuid4())}
     name = f"web-r1-{uuid.uuid4().hex[:6]}"
     _denied(kubectl("--kubeconfig", operator_kc, "create", "-n", "kube-system", "-f", "-",
-                    input=_pod(name, marks), check=False), RESTRICTION,
+                    input=pod_yaml(name, marks), check=False), RESTRICTION,
             f"may not create pods in kube-system (pod kube-system/{name})")
     _denied(kubectl("--kubeconfig", operator_kc, "create", "-n", namespace, "-f", "-",
-                    input=_pod(name, marks, node="node-a"), check=False), RESTRICTION,
+                    input=pod_yaml(name, marks, node="node-a"), check=False), RESTRICTION,
             "may create only replacements of rejected pods")
     _denied(kubectl("--kubeconfig", operator_kc, "create", "-n", namespace, "-f", "-",
-                    input=_pod(name), check=False), RESTRICTION,
+                    input=pod_yaml(name), check=False), RESTRICTION,
             "may create only replacements of rejected pods")
     kubectl("--kubeconfig", operator_kc, "create", "-n", namespace, "-f", "-",
-            input=_pod(name, marks))
+            input=pod_yaml(name, marks))
