@@ -5,9 +5,6 @@ reserved CPU) and the ``single-numa-node`` Topology Manager policy."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,8 +14,6 @@ import yaml
 from kubernetes import client
 
 from e2e_helpers import wait_for
-from numalign.agent import nrt
-from numalign.agent import podfingerprint as pfp
 from numalign.agent.podresources import PodResourcesError
 from numalign.api.wire import (
     EVENT_REDEPLOY,
@@ -44,6 +39,7 @@ from realnode_helpers import (
     wait_running,
     workload_pod,
 )
+from realnode_reports import explain, nodetopology, nrt_fingerprint, podresources
 
 pytestmark = pytest.mark.cluster
 
@@ -57,9 +53,6 @@ def real_node(dev_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Ite
     logs = tmp_path_factory.mktemp("realnode-logs")
     with running_real_node(dev_cluster, logs, "realnode", policy="single-numa-node") as node:
         yield node
-
-
-Allocations = dict[str, dict[str, tuple[str, dict[str, list[str]]]]]
 
 
 @pytest.fixture
@@ -122,78 +115,6 @@ def test_a_burstable_pod_shares_the_pool_with_the_reserved_cpu(
     assert real_node.state()["reservedCPUs"] in pool
 
 
-def _podresources(node: Any, namespace: str) -> Allocations:
-    """What the kubelet's PodResources API lists for ``namespace``: pod -> container ->
-    (cpulist, {resource: sorted device ids})."""
-    import asyncio
-
-    from numalign.agent.podresources import PodResourcesClient
-    from numalign.topology.quantity import format_cpulist
-
-    async def read() -> Any:
-        c = PodResourcesClient(str(node.pod_resources_socket))
-        try:
-            return await c.snapshot()
-        finally:
-            await c.close()
-
-    snap = asyncio.run(read())
-    return {p.name: {c.name: (format_cpulist(list(c.cpus)),
-                              {d.resource: sorted(d.ids) for d in c.devices})
-                     for c in p.containers}
-            for p in snap.pods if p.namespace == namespace}
-
-
-def _nodetopology(k8s_client: Any, namespace: str) -> Allocations:
-    """The same, as the real node's NodeTopology status shows it."""
-    nt = client.CustomObjectsApi(k8s_client).get_cluster_custom_object(
-        "numalign.io", "v1alpha1", "nodetopologies", "localhost")
-    out: Allocations = {}
-    for pod in (nt.get("status") or {}).get("admitted") or []:
-        if pod.get("namespace") != namespace:
-            continue
-        out[pod["pod"]] = {
-            c["name"]: (c.get("cpus") or "",
-                        {r: sorted(ids) for r, ids in (c.get("devices") or {}).items()})
-            for c in pod.get("containers") or []}
-    return out
-
-
-def _nrt_fingerprint(k8s_client: Any, core: client.CoreV1Api, namespace: str,
-                     exclusive: list[str]) -> bool:
-    """Whether the real node's NodeResourceTopology fingerprint is that of the pods the
-    scheduler plugin counts (its Dedicated informer: the node's pods not Pending; method
-    with-exclusive-resources), ``exclusive`` of ``namespace`` among them."""
-    nrt_obj = client.CustomObjectsApi(k8s_client).get_cluster_custom_object(
-        "topology.node.k8s.io", "v1alpha2", "noderesourcetopologies", "localhost")
-    pods = core.list_pod_for_all_namespaces(field_selector="spec.nodeName=localhost").items
-    entries = [pfp.pod_entry(k8s_client.sanitize_for_serialization(p)) for p in pods]
-    counted = [e for e in entries if e.listed(pfp.INFORMER_DEDICATED)
-               and e.exclusive(nrt.resource_names(nrt_obj))]
-    assert {e.name for e in counted if e.namespace == namespace} <= set(exclusive)
-    if {e.name for e in counted if e.namespace == namespace} != set(exclusive):
-        return False
-    attrs = {a["name"]: a["value"] for a in nrt_obj.get("attributes") or []}
-    return bool(attrs.get(pfp.ATTRIBUTE) == pfp.sign((e.namespace, e.name) for e in counted))
-
-
-def _explain(kubeconfig: Path, namespace: str, name: str) -> dict[str, Any]:
-    """``numalign explain POD -o json`` on the real node: the kubelet's decision beside the
-    engine's replay. Prints one row of the engine-vs-kubelet table."""
-    proc = subprocess.run([sys.executable, "-m", "numalign.cli", "explain", name, "-n",
-                           namespace, "-o", "json"], capture_output=True, text=True,
-                          env=dict(os.environ, KUBECONFIG=str(kubeconfig)), timeout=120,
-                          check=False)
-    assert proc.returncode == 0, proc.stderr
-    doc: dict[str, Any] = json.loads(proc.stdout)
-    kubelet = doc["kubelet"]
-    print(f"[engine-vs-kubelet] {name}: kubelet admit={kubelet.get('admit')} "
-          f"containers={kubelet.get('containers')}; engine admit={doc.get('admit')} "
-          f"allocation={(doc.get('allocation') or {}).get('containers')}; "
-          f"agree={kubelet.get('agree')}", flush=True)
-    return doc
-
-
 def _delete_and_forget(core: client.CoreV1Api, node: Any, namespace: str) -> None:
     """Delete the namespace's pods (and what would recreate them) and wait until the
     kubelet released what they held."""
@@ -205,7 +126,7 @@ def _delete_and_forget(core: client.CoreV1Api, node: Any, namespace: str) -> Non
     for pod in core.list_namespaced_pod(namespace).items:
         core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
     wait_for(lambda: not core.list_namespaced_pod(namespace).items
-             and not _podresources(node, namespace), 120, "the pods gone from the real node")
+             and not podresources(node, namespace), 120, "the pods gone from the real node")
 
 
 def test_pods_with_devices_nodetopology_shows_what_podresources_reports(
@@ -217,7 +138,7 @@ def test_pods_with_devices_nodetopology_shows_what_podresources_reports(
     wait_running(core, namespace, "shared-dev")
 
     kubelet = wait_for(lambda: (lambda pr: pr if len(pr) == 2 else None)(
-        _podresources(real_node, namespace)), 60, "PodResources to list both pods")
+        podresources(real_node, namespace)), 60, "PodResources to list both pods")
     cpus, devices = kubelet["pinned-dev"]["work"]
     assert cpus != "" and cpus != real_node.state()["reservedCPUs"]
     assert len(devices[DEVICE]) == 1
@@ -229,12 +150,12 @@ def test_pods_with_devices_nodetopology_shows_what_podresources_reports(
     device_numa = {d.id: d.numa_node for d in real_node.machine().devices}
     assert device_numa[devices[DEVICE][0]] == numa[cpus]
 
-    wait_for(lambda: _nodetopology(k8s_client, namespace) == kubelet, 60,
+    wait_for(lambda: nodetopology(k8s_client, namespace) == kubelet, 60,
              f"NodeTopology localhost to show what PodResources lists: {kubelet}")
     # Its NodeResourceTopology (dev up --real-node publishes it) carries the pod
     # fingerprint scheduler-plugins computes from the API server's pods: both hold
     # exclusive resources (a pinned pod; a device the object lists).
-    wait_for(lambda: _nrt_fingerprint(k8s_client, core, namespace, ["pinned-dev", "shared-dev"]),
+    wait_for(lambda: nrt_fingerprint(k8s_client, core, namespace, ["pinned-dev", "shared-dev"]),
              60, "NodeResourceTopology localhost to carry the pods' fingerprint")
 
     logs = wait_for(lambda: (lambda o: o if "Cpus_allowed_list" in o else None)(
@@ -244,7 +165,7 @@ def test_pods_with_devices_nodetopology_shows_what_podresources_reports(
     assert pinned.spec.node_name == "localhost"
 
     for name in ("pinned-dev", "shared-dev"):
-        doc = _explain(kubeconfig, namespace, name)
+        doc = explain(kubeconfig, namespace, name)
         assert doc["kubelet"]["admit"] is True and doc["kubelet"]["agree"] is True, doc
 
 
@@ -264,8 +185,8 @@ def test_the_kubelet_rejects_what_single_numa_node_cannot_align(
     assert pod.spec.node_name == "localhost"
     assert pod.status.reason == "TopologyAffinityError"
     assert "Topology" in (pod.status.message or "")
-    assert not _podresources(real_node, namespace)
-    doc = _explain(kubeconfig, namespace, "misfit")
+    assert not podresources(real_node, namespace)
+    doc = explain(kubeconfig, namespace, "misfit")
     assert doc["kubelet"]["admit"] is False and doc["admit"] is False, doc
     assert doc["kubelet"]["agree"] is True, doc
 
@@ -275,9 +196,9 @@ def test_restarts_keep_the_pods_and_the_reported_state(
         k8s_client: Any) -> None:
     core.create_namespaced_pod(namespace, workload_pod("steady", extra={DEVICE: "1"}))
     before = wait_running(core, namespace, "steady")
-    kubelet = wait_for(lambda: _podresources(real_node, namespace) or None, 60,
+    kubelet = wait_for(lambda: podresources(real_node, namespace) or None, 60,
                        "PodResources to list the pod")
-    wait_for(lambda: _nodetopology(k8s_client, namespace) == kubelet, 60,
+    wait_for(lambda: nodetopology(k8s_client, namespace) == kubelet, 60,
              "NodeTopology localhost to show the pod")
     nts = client.CustomObjectsApi(k8s_client)
 
@@ -287,7 +208,7 @@ def test_restarts_keep_the_pods_and_the_reported_state(
 
     def republished() -> Any:
         try:
-            return _nodetopology(k8s_client, namespace) == kubelet
+            return nodetopology(k8s_client, namespace) == kubelet
         except client.exceptions.ApiException as e:
             if e.status == 404:
                 return False
@@ -307,12 +228,12 @@ def test_restarts_keep_the_pods_and_the_reported_state(
     assert _cpu_manager_state(real_node)["entries"][before.metadata.uid]["work"] == cpus_before
     def relisted() -> bool:
         try:
-            return _podresources(real_node, namespace) == kubelet
+            return podresources(real_node, namespace) == kubelet
         except PodResourcesError:  # its socket is not there yet
             return False
 
     wait_for(relisted, 60, "the restarted kubelet's PodResources to list the same allocation")
-    wait_for(lambda: _nodetopology(k8s_client, namespace) == kubelet, 60,
+    wait_for(lambda: nodetopology(k8s_client, namespace) == kubelet, 60,
              "NodeTopology localhost to show the same allocation")
     out = kubectl("exec", "-n", namespace, "steady", "--", "/workload", "status")
     assert status_line(out.stdout, "Cpus_allowed_list") == cpus_before
