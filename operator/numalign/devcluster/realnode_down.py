@@ -9,15 +9,16 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from numalign.api.kube import REQUEST_ERRORS
 
 from . import kubeproxy
-from .cluster import Log
+from .cluster import DevCluster, Log
 from .hostcgroups import (
     ForeignNameError,
     delete_bridge,
@@ -27,9 +28,24 @@ from .hostcgroups import (
     remove_cgroups,
     unmount_under,
 )
+from .processes import Process
 
-if TYPE_CHECKING:
-    from .realnode import RealNode
+
+class NodeOnDisk(Protocol):
+    """What the teardown uses of :class:`numalign.devcluster.realnode.RealNode`."""
+
+    cluster: DevCluster
+    dir: Path
+    name: str
+    bridge: str
+    cgroup_root: str
+
+    def state(self) -> dict[str, Any]: ...
+
+    def process(self, name: str) -> Process: ...
+
+    def ctr(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]: ...
+
 
 CONTAINER_LOGS = Path("/var/log/containers")  # where the kubelet links container logs
 # The kubelet's device plugin registry is there whatever its --root-dir: its mount
@@ -39,7 +55,7 @@ DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")
 HOST_DIRS = (DEVICE_PLUGINS, DEVICE_PLUGINS.parent, CONTAINER_LOGS, Path("/var/log/pods"))
 
 
-def tear_down(node: RealNode, say: Log, keep_logs: bool = False) -> bool:
+def tear_down(node: NodeOnDisk, say: Log, keep_logs: bool = False) -> bool:
     """Stop everything and remove the containers, mounts, cgroups, network and state
     (``keep_logs``: all but ``logs/``, e.g. after a failed start); False when there was
     no real node."""
@@ -102,7 +118,7 @@ def own_name(recorded: Any, check: Callable[[str], str], derived: str, say: Log)
         return derived
 
 
-def _deregister(node: RealNode) -> None:
+def _deregister(node: NodeOnDisk) -> None:
     """Remove the Node and its NodeTopology from a control plane that still runs."""
     if not node.cluster.is_running():
         return
@@ -113,7 +129,7 @@ def _deregister(node: RealNode) -> None:
             kube.request("DELETE", path)
 
 
-def _remove_containers(node: RealNode) -> None:
+def _remove_containers(node: NodeOnDisk) -> None:
     """Kill and delete every task and container containerd holds for the CRI (the
     shims then exit and remove their sockets)."""
     proc = node.ctr("tasks", "list", "--quiet", timeout=30)
@@ -127,7 +143,7 @@ def _remove_containers(node: RealNode) -> None:
         node.ctr("containers", "delete", c, timeout=30)
 
 
-def _remove_log_links(node: RealNode) -> None:
+def _remove_log_links(node: NodeOnDisk) -> None:
     logs = str(node.dir / "pod-logs")
     with contextlib.suppress(OSError):
         for link in CONTAINER_LOGS.iterdir():
