@@ -1,5 +1,6 @@
 """The ``numalign`` command: one subcommand per module in ``numalign.commands`` (``-`` in a
-command's name is ``_`` in its module's)."""
+command's name is ``_`` in its module's), but ``dev``, whose module is in the development
+install only (``numalign.devcluster``: not in the runtime wheel)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,11 @@ SUBCOMMANDS: dict[str, str] = {
     "extender-certs": "write the extender's and kube-scheduler's TLS certificates",
     "dev": "local control plane for the demo and the tests (up, down, kubeconfig)",
 }
+
+
+# Subcommands whose module is not numalign.commands.<name>: the development install's.
+MODULES: dict[str, str] = {"dev": "numalign.devcluster.command"}
+DEV_INSTALL = "pip install -e '.[dev]' from a checkout of numalign"
 
 
 def usage() -> str:
@@ -41,10 +47,14 @@ def main(argv: list[str] | None = None) -> int:
     if name not in SUBCOMMANDS:
         print(f"numalign: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
-    module_name = f"numalign.commands.{name.replace('-', '_')}"
+    module_name = MODULES.get(name, f"numalign.commands.{name.replace('-', '_')}")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
+        if name in MODULES and e.name in (module_name, module_name.rpartition(".")[0]):
+            print(f"numalign: {name!r} needs the development install (it is not in the "
+                  f"runtime wheel): {DEV_INSTALL}", file=sys.stderr)
+            return 2
         if e.name == module_name:
             print(f"numalign: command {name!r} is not available in this build", file=sys.stderr)
             return 2

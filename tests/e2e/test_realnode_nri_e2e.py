@@ -47,7 +47,7 @@ from numalign.api.wire import (
     TOPOLOGY_MESSAGE,
     Allocation,
 )
-from numalign.commands import dev
+from numalign.devcluster import command as dev
 from operator_helpers import delete_policy, operator, policy
 from realnode_helpers import (
     DEVICE,

@@ -13,8 +13,8 @@ import yaml
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from numalign.commands import dev
 from numalign.devcluster import DevCluster, MachineSpec, MachineSpecError
+from numalign.devcluster import command as dev
 from numalign.devcluster.addons import ADDONS, ClusterInfo, metrics_url
 from numalign.devcluster.certs import generate
 from numalign.devcluster.cluster import write_kubeconfig

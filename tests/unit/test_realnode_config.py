@@ -13,8 +13,8 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 from numalign.api.wire import LABEL_MANAGED, MANAGED_NRI
-from numalign.commands import dev
 from numalign.devcluster import certs, kubeproxy
+from numalign.devcluster import command as dev
 from numalign.devcluster.cluster import CLUSTER_CIDR, DevCluster
 from numalign.devcluster.images import PAUSE_IMAGE
 from numalign.devcluster.realnode import RealNode, RealNodeError

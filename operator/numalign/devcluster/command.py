@@ -27,27 +27,27 @@ import threading
 import time
 from pathlib import Path
 
-from ..devcluster.addons import MachineSpec, MachineSpecError
-from ..devcluster.build import BuildError, ensure_built
-from ..devcluster.cluster import DevCluster, DevClusterError, default_state_dir
-from ..devcluster.crds import CrdError
-from ..devcluster.demo import REPO, SAMPLES, Demo, DemoResult, Kubectl, pods_of, story
-from ..devcluster.helmbuild import ensure_helm_built
-from ..devcluster.images.numalign_image import (
+from ..topology.errors import MachineError
+from ..topology.text import printable
+from .addons import MachineSpec, MachineSpecError
+from .build import BuildError, ensure_built
+from .cluster import DevCluster, DevClusterError, default_state_dir
+from .crds import CrdError
+from .demo import REPO, SAMPLES, Demo, DemoResult, Kubectl, pods_of, story
+from .helmbuild import ensure_helm_built
+from .images.numalign_image import (
     IMAGE,
     LOCK,
     build_image,
     repo_root,
     update_lock,
 )
-from ..devcluster.images.oci import ImageError
-from ..devcluster.install import METHODS, Installer
-from ..devcluster.nodebuild import ensure_node_built
-from ..devcluster.oracle_build import ensure_oracle_built
-from ..devcluster.realnode import PROCESSES, RealNode, cannot_run_containers
-from ..devcluster.realnode_config import MODE_KUBELET, MODE_NRI
-from ..topology.errors import MachineError
-from ..topology.text import printable
+from .images.oci import ImageError
+from .install import METHODS, Installer
+from .nodebuild import ensure_node_built
+from .oracle_build import ensure_oracle_built
+from .realnode import PROCESSES, RealNode, cannot_run_containers
+from .realnode_config import MODE_KUBELET, MODE_NRI
 
 REAL_NODE_MACHINE = SAMPLES / "realnode" / "realnode-2numa.yaml"
 
@@ -306,9 +306,9 @@ def _mode_text(state: dict[str, object]) -> str:
 
 
 def _device_plugin(args: argparse.Namespace) -> int:
-    from ..devcluster.deviceplugin import DevicePluginError, run_device_plugin
     from ..topology.errors import MachineError
     from ..topology.machine import load_machine
+    from .deviceplugin import DevicePluginError, run_device_plugin
 
     try:
         machine = load_machine(args.machine)
