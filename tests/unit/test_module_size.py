@@ -1,6 +1,6 @@
 """Every hand-written Python module of the project (operator/, tests/, bench/, plugins/)
-stays under 600 lines: a module past that is split by job before it merges. Generated protobuf and gRPC
-modules (``*_pb2.py``, ``*_pb2_grpc.py``) are protoc's output and exempt."""
+stays under 600 lines: a module past that is split by job before it merges. Generated
+protobuf and gRPC modules (``*_pb2.py``, ``*_pb2_grpc.py``) are protoc's output and exempt."""
 
 from __future__ import annotations
 
