@@ -182,7 +182,8 @@ def test_scripts_run_with_the_images_interpreter(tmp_path: Path) -> None:
 def test_wheel_sources_leave_build_leftovers_out(tmp_path: Path) -> None:
     for rel in ("pyproject.toml", "README.md", "operator/numalign/__init__.py",
                 "operator/numalign/__pycache__/x.cpython-311.pyc",
-                "operator/numalign.egg-info/PKG-INFO", "build/lib/numalign/__init__.py"):
+                "operator/numalign.egg-info/PKG-INFO", "build/lib/numalign/__init__.py",
+                "operator/numalign/devcluster/cluster.py", "operator/numalign/testing/x.py"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("x")
     assert [p.as_posix() for p in dev_image.source_files(tmp_path)] == [
@@ -190,6 +191,8 @@ def test_wheel_sources_leave_build_leftovers_out(tmp_path: Path) -> None:
     key = dev_image.source_key(tmp_path)
     (tmp_path / "operator/numalign.egg-info/SOURCES.txt").write_text("new")
     assert dev_image.source_key(tmp_path) == key, "a build's egg-info changes nothing"
+    (tmp_path / "operator/numalign/devcluster/cluster.py").write_text("new")
+    assert dev_image.source_key(tmp_path) == key, "nor the dev cluster (not in the wheel)"
     (tmp_path / "operator/numalign/__init__.py").write_text("y")
     assert dev_image.source_key(tmp_path) != key
 

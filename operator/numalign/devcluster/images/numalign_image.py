@@ -74,6 +74,9 @@ LABELS = {
 LOCK = "requirements.lock"
 # The files the wheel is built from (the Dockerfile's build context, .dockerignore)
 SOURCES = ("pyproject.toml", "README.md", "operator")
+# What the runtime wheel leaves out (pyproject.toml's packages.find): the development
+# install's packages, so that changing them builds no new image.
+DEV_ONLY = ("operator/numalign/devcluster", "operator/numalign/testing")
 # Bumped when the way a layer is made changes, so older cached layers are not reused.
 RECIPE = "1"
 
@@ -151,8 +154,8 @@ def update_lock(repo: Path, log: Log) -> Path:
 
 
 def source_files(repo: Path) -> list[Path]:
-    """The files the wheel is built from (paths relative to ``repo``), without byte code
-    and build metadata left by earlier builds."""
+    """The files the wheel is built from (paths relative to ``repo``), without byte code,
+    build metadata left by earlier builds, or the development install's packages."""
     out: list[Path] = []
     for top in SOURCES:
         base = repo / top
@@ -161,7 +164,8 @@ def source_files(repo: Path) -> list[Path]:
             continue
         out += sorted(p.relative_to(repo) for p in base.rglob("*") if p.is_file()
                       and not any(part == "__pycache__" or part.endswith(".egg-info")
-                                  for part in p.parts) and p.suffix != ".pyc")
+                                  for part in p.parts) and p.suffix != ".pyc"
+                      and not any(p.relative_to(repo).is_relative_to(d) for d in DEV_ONLY))
     return out
 
 
