@@ -111,7 +111,7 @@ def _identity(obj: Obj) -> str:
 @pytest.mark.parametrize("fields", [{}, {"namePrefix": "prod-"},
                                     {"namePrefix": "team-a-", "namespace": "numalign-a"}],
                          ids=["default", "prefix", "prefix+namespace"])
-def test_admission_policies_bind_the_exact_identities_in_anydefault_overlay(
+def test_admission_policies_bind_the_exact_identities_in_any_overlay(
         tmp_path: Path, fields: dict[str, str]) -> None:
     """Every policy is bound; each binding's parameter is the ServiceAccount that the
     workload it confines runs as; the match is that exact user, not a name suffix."""
