@@ -6,7 +6,6 @@ show the placer's decisions."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest

@@ -22,10 +22,11 @@ a view node with no kernel node of its own mapping to all of them.
 
 The decisions and the ledger are the node's :class:`~numalign.agent.state.NodeState`, as on
 an emulated node (one decide, release and restore): on a real node the agent's own
-(``state``), which its status, NodeResourceTopology and metrics read; the placer keeps beside
-it only which container runs where (container id -> pod uid, exclusive or shared). Pods are looked up by
-uid (:class:`PodView`: the pod as Kubernetes has it and its resolved policy); a container
-of a pod the lookup does not know (not from Kubernetes) runs in the shared pool.
+(``state``), which its status, NodeResourceTopology and metrics read; the placer keeps
+beside it only which container runs where (container id -> pod uid, exclusive or shared).
+Pods are looked up by uid (:class:`PodView`: the pod as Kubernetes has it and its resolved
+policy); a container of a pod the lookup does not know (not from Kubernetes) runs in the
+shared pool.
 :meth:`EnginePlacer.free` is the one path that gives a pod's resources back (deleted,
 finished, or its sandbox gone). After a (re)connection, :meth:`EnginePlacer.synchronize`
 rebuilds the state with :meth:`NodeState.restore <numalign.agent.state.NodeState.restore>`
