@@ -8,7 +8,9 @@ Ready False, ``status.kubelet.podResources``, a log line) and retries with backo
 
 Given the runtime's NRI socket (``nri_socket``), on a node labelled
 ``numalign.io/managed=nri`` numalign places the containers instead (agent/nri/managed.py):
-``status.admitted`` then shows numalign's decisions, with the condition NRIPlacement.
+``status.admitted`` then shows numalign's decisions, with the condition NRIPlacement. The
+node has one state (:attr:`NodeAgent.state`): the NRI placer decides in it and rebuilds it
+after a restart, and the status, NodeResourceTopology and ``/metrics`` read it.
 """
 
 from __future__ import annotations
