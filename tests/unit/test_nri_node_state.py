@@ -203,3 +203,35 @@ def test_a_placer_given_the_nodes_state_decides_in_it() -> None:
     assert len(state.ledger.free_cpus()) == 1  # CPU 0 reserved, 2-3 taken
     # the agent's pod watch, not the decision, says which pods left Pending
     assert "p" not in state.pods
+
+
+def test_the_kubelets_answer_keeps_the_placers_decisions() -> None:
+    """On a numalign-managed node the kubelet's PodResources answer gives the node its
+    devices and allocatable, never its pods (its managers are none): the placer's decisions
+    stay, and their CPUs stay held on the kubelet's machine."""
+    from numalign.agent.kubelet_view import apply_snapshot
+    from numalign.agent.nri.placer import EnginePlacer, PodView
+    from numalign.agent.podresources import (
+        Allocatable,
+        DeviceSet,
+        KubeletContainer,
+        KubeletPod,
+        Snapshot,
+    )
+    from numalign.api.wire import Resolved
+
+    state = NodeState(NODE, MACHINE, admits=False)
+    pods = {"p": PodView(k8s_pod("p", "2"), Resolved(SNN, "container")),
+            "q": PodView(k8s_pod("q", "3"), Resolved(SNN, "container"))}
+    placer = EnginePlacer(MACHINE, pods.get, memory_nodes=[0], state=state)
+    assert placer.decide("p") is True and placer.decide("q") is False
+    held = set(state.admitted["p"].allocation.cpus)
+    nic = DeviceSet("example.com/nic", ("nic-1",), (1,))
+    kubelets = KubeletPod("ns", "p", (KubeletContainer("main", cpus=()),))
+    assert apply_snapshot(state, MACHINE, Snapshot([kubelets], Allocatable((), (nic,))), None,
+                          {("ns", "p"): "p"}, managed=True)
+    assert [d.id for d in state.machine.devices] == ["nic-1"]
+    assert set(state.admitted) == {"p"} and state.decided == {"p": True, "q": False}
+    assert state.admitted["p"].allocation.cpus and set(state.ledger.free_cpus()) == (
+        set(MACHINE.cpus) - held)
+    assert state.ledger.free_devices("example.com/nic") == ["nic-1"]
