@@ -1,17 +1,19 @@
 """Reading back what a numalign-managed real node did (tests/e2e/test_realnode_nri_e2e.py):
 the containers containerd runs for a pod, each one's cgroup cpuset and its process's
-``Cpus_allowed_list``, and numalign's decision for it (``numalign.io/allocation`` and
-``NodeTopology`` status)."""
+``Cpus_allowed_list``, numalign's decision for it (``numalign.io/allocation`` and
+``NodeTopology`` status), and the agent's ``/metrics``."""
 
 from __future__ import annotations
 
 import json
 import re
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client
+from prometheus_client.parser import text_string_to_metric_families
 
 from numalign.api.wire import ANN_ALLOCATION, Allocation, parse_allocation
 from numalign.topology.quantity import parse_cpulist
@@ -167,3 +169,64 @@ def admitted_container_cpus(entry: dict[str, Any], name: str) -> set[int]:
         if c.get("name") == name:
             return cpus(c.get("cpus") or "")
     return set()
+
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def scrape(url: str) -> Samples:
+    """The samples a ``/metrics`` endpoint serves: (name, labels) -> value."""
+    with urllib.request.urlopen(url, timeout=10) as r:
+        text = r.read().decode()
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def sample(got: Samples, name: str, **labels: str) -> float:
+    """One sample's value; 0 when it is not served (a counter not started yet)."""
+    return got.get((name, frozenset(labels.items())), 0.0)
+
+
+def on_node(core: client.CoreV1Api, node: str = "localhost") -> list[Any]:
+    """Every pod bound to ``node``, in every namespace, not finished."""
+    return [p for p in core.list_pod_for_all_namespaces(
+        field_selector=f"spec.nodeName={node}").items
+        if p.status.phase not in ("Failed", "Succeeded")]
+
+
+def held_exclusively(core: client.CoreV1Api, node: str = "localhost") -> set[int]:
+    """The CPUs numalign gave exclusively to the pods bound to ``node`` that have not
+    finished (their ``numalign.io/allocation``)."""
+    out: set[int] = set()
+    for p in on_node(core, node):
+        alloc = allocation(p)
+        for name in (alloc.containers if alloc is not None else {}):
+            out |= exclusive(alloc, name)
+    return out
+
+
+def no_cpu_twice(node: Any, core: client.CoreV1Api, namespace: str) -> dict[str, Running]:
+    """Every running container of ``namespace`` has the cpuset numalign decided (its
+    exclusive CPUs, else the shared pool: the machine's CPUs no container holds
+    exclusively), in its cgroup and for its process, and no CPU is exclusive to two
+    containers or shared with one that holds it exclusively. Returns them by id."""
+    pods = {p.metadata.uid: p for p in on_node(core)}
+    held: dict[int, str] = {}  # CPU -> the one container it is exclusive to
+    for pod in pods.values():
+        alloc = allocation(pod)
+        for c in (alloc.containers if alloc is not None else {}):
+            here = f"{pod.metadata.namespace}/{pod.metadata.name}/{c}"
+            for cpu in exclusive(alloc, c):
+                assert cpu not in held, f"CPU {cpu} given to {held[cpu]} and to {here}"
+                held[cpu] = here
+    pool = set(node.machine().cpus) - set(held)
+    assert pool, "the shared pool is empty"
+    got = running(node, namespace=namespace)
+    for r in got.values():
+        pod = pods[r.pod_uid]
+        alloc = allocation(pod)
+        want = exclusive(alloc, r.name) or pool
+        assert r.cgroup_cpus == want, (pod.metadata.name, r.name, r.cgroup_cpus, want, held)
+        assert r.status_cpus == want, (pod.metadata.name, r.name, r.status_cpus, want)
+        assert r.cgroup_mems == expected_mems(alloc, r.name), (pod.metadata.name, r)
+    return got

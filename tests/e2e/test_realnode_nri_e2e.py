@@ -33,8 +33,11 @@ from nri_helpers import (
     containers,
     cpus,
     exclusive,
-    expected_mems,
+    held_exclusively,
+    no_cpu_twice,
     running,
+    sample,
+    scrape,
 )
 from numalign.api.wire import (
     ANN_ALLOCATION,
@@ -155,40 +158,6 @@ def _printed(kubectl: Any, namespace: str, pod: str) -> str:
         f"{pod}'s first lines"))
 
 
-def _on_node(core: client.CoreV1Api) -> list[Any]:
-    """Every pod bound to the real node, in every namespace, not finished."""
-    return [p for p in core.list_pod_for_all_namespaces(
-        field_selector="spec.nodeName=localhost").items
-        if p.status.phase not in ("Failed", "Succeeded")]
-
-
-def _no_cpu_twice(node: Any, core: client.CoreV1Api, namespace: str) -> dict[str, Running]:
-    """Every running container of ``namespace`` has the cpuset numalign decided (its
-    exclusive CPUs, else the shared pool: the machine's CPUs no container holds
-    exclusively), in its cgroup and for its process, and no CPU is exclusive to two
-    containers or shared with one that holds it exclusively. Returns them by id."""
-    pods = {p.metadata.uid: p for p in _on_node(core)}
-    held: dict[int, str] = {}  # CPU -> the one container it is exclusive to
-    for pod in pods.values():
-        alloc = allocation(pod)
-        for c in (alloc.containers if alloc is not None else {}):
-            here = f"{pod.metadata.namespace}/{pod.metadata.name}/{c}"
-            for cpu in exclusive(alloc, c):
-                assert cpu not in held, f"CPU {cpu} given to {held[cpu]} and to {here}"
-                held[cpu] = here
-    pool = set(node.machine().cpus) - set(held)
-    assert pool, "the shared pool is empty"
-    got = running(node, namespace=namespace)
-    for r in got.values():
-        pod = pods[r.pod_uid]
-        alloc = allocation(pod)
-        want = exclusive(alloc, r.name) or pool
-        assert r.cgroup_cpus == want, (pod.metadata.name, r.name, r.cgroup_cpus, want, held)
-        assert r.status_cpus == want, (pod.metadata.name, r.name, r.status_cpus, want)
-        assert r.cgroup_mems == expected_mems(alloc, r.name), (pod.metadata.name, r)
-    return got
-
-
 def test_two_pods_run_where_their_own_policies_put_them(
         nri_node: Any, core: client.CoreV1Api, namespace: str, kubectl: Any,
         k8s_client: Any, kubeconfig: Path, tmp_path: Path) -> None:
@@ -231,7 +200,7 @@ def test_two_pods_run_where_their_own_policies_put_them(
             pool = all_cpus - mine
             wait_for(lambda: _status_cpus_of(_exec_status(kubectl, namespace, "shared"))
                      == pool, 60, f"the shared pod's cpuset to become the pool {pool}")
-            got = _no_cpu_twice(nri_node, core, namespace)
+            got = no_cpu_twice(nri_node, core, namespace)
             by_pod = {r.pod_uid: r for r in got.values()}
             assert by_pod[spread_pod.metadata.uid].cgroup_cpus == mine
             assert by_pod[shared.metadata.uid].cgroup_cpus == pool
@@ -325,7 +294,7 @@ def test_a_pod_numalign_cannot_align_never_starts_and_is_redeployed(
             delete_policy(k8s_client, name)
 
 
-def test_the_agent_killed_and_restarted_gives_no_cpu_twice(
+def test_the_agent_killed_and_restarted_givesno_cpu_twice(
         nri_node: Any, core: client.CoreV1Api, namespace: str, kubectl: Any,
         k8s_client: Any) -> None:
     """While a pinned pod and a shared one run and a third is being created, the agent
@@ -339,7 +308,7 @@ def test_the_agent_killed_and_restarted_gives_no_cpu_twice(
     mine = exclusive(wait_for(lambda: allocation(core.read_namespaced_pod("pinned", namespace)),
                               60, "pinned's numalign.io/allocation"), "work")
     assert len(mine) == 1
-    before = _no_cpu_twice(nri_node, core, namespace)
+    before = no_cpu_twice(nri_node, core, namespace)
     cpusets = {r.pod_uid: (r.id, r.cgroup_cpus) for r in before.values()}
     assert cpusets[pinned.metadata.uid][1] == mine
     assert cpusets[shared.metadata.uid][1] == set(nri_node.machine().cpus) - mine
@@ -370,7 +339,7 @@ def test_the_agent_killed_and_restarted_gives_no_cpu_twice(
 
     def settled() -> dict[str, Running] | None:
         try:
-            got = _no_cpu_twice(nri_node, core, namespace)
+            got = no_cpu_twice(nri_node, core, namespace)
         except AssertionError:
             return None
         return got if len(got) == 3 else None
@@ -378,7 +347,7 @@ def test_the_agent_killed_and_restarted_gives_no_cpu_twice(
     try:
         after = wait_for(settled, 120, "every container's cpuset as numalign decided")
     except AssertionError:
-        _no_cpu_twice(nri_node, core, namespace)  # says what differs
+        no_cpu_twice(nri_node, core, namespace)  # says what differs
         raise
     by_pod = {r.pod_uid: (r.id, r.cgroup_cpus) for r in after.values()}
     # The running pods kept their containers and their cpusets.
@@ -475,7 +444,7 @@ def test_a_finished_pod_frees_its_cpu_and_a_forged_record_does_not_move_it(
     assert admitted_container_cpus(entries.get((namespace, "claimant"), {}), "work") == set()
 
 
-def test_devices_missing_after_a_kubelet_restart_give_no_cpu_twice(
+def test_devices_missing_after_a_kubelet_restart_giveno_cpu_twice(
         nri_node: Any, core: client.CoreV1Api, namespace: str, k8s_client: Any) -> None:
     """The kubelet restarts while its device plugin is away: for a while it reports no
     sample device, and the agent's machine lacks the one a running pod holds. That pod
@@ -503,5 +472,88 @@ def test_devices_missing_after_a_kubelet_restart_give_no_cpu_twice(
             nri_node.restart("device-plugin")
     wait_for(lambda: _published_devices(k8s_client) == {"dev0", "dev1"}, 90,
              "the sample devices back in NodeTopology localhost status")
-    _no_cpu_twice(nri_node, core, namespace)
+    no_cpu_twice(nri_node, core, namespace)
     assert _cpus_of(nri_node, core, pinned) == mine
+
+
+# ----------------------------------------------------------------- the agent's metrics
+
+ADMISSIONS = "numalign_topology_manager_admission_requests_total"
+CPU_PINS = "numalign_cpu_manager_pinning_requests_total"
+MEMORY_PINS = "numalign_memory_manager_pinning_requests_total"
+EXCLUSIVE = "numalign_cpu_manager_exclusive_cpu_allocation_count"
+PER_NUMA = "numalign_cpu_manager_allocation_per_numa"
+SHARED_POOL = "numalign_cpu_manager_shared_pool_size_millicores"
+
+
+def test_the_agents_metrics_count_the_pods_numalign_placed(
+        nri_node: Any, core: client.CoreV1Api, namespace: str, k8s_client: Any,
+        kubeconfig: Path, tmp_path: Path) -> None:
+    """The agent's /metrics are numalign's decisions on this node (the NRI placer decides
+    in the node state the metrics read): each pod placed is an admission request under its
+    policy, each Guaranteed container a CPU and a memory pinning request, and the shared
+    pool is the allocatable CPUs no pod holds exclusively."""
+    url = nri_node.metrics_url("agent")
+    assert url, nri_node.state()["commands"]["agent"]["argv"]
+    snn, node = "single-numa-node", "localhost"
+    allocatable = set(nri_node.machine().cpus) - cpus(str(nri_node.state()["reservedCPUs"]))
+    numa_of = {c.id: c.numa for c in nri_node.machine().cpus.values()}
+
+    def counters() -> tuple[float, ...]:
+        got = scrape(url)
+        return (*(sample(got, m, node=node, policy=snn)
+                  for m in (ADMISSIONS, CPU_PINS, MEMORY_PINS)),
+                sample(got, ADMISSIONS, node=node, policy="none"))
+
+    def pool_and_exclusive() -> tuple[float, float]:
+        got = scrape(url)
+        return sample(got, SHARED_POOL, node=node), sample(got, EXCLUSIVE, node=node,
+                                                           policy=snn)
+
+    def expected_pool() -> float:
+        return float(len(allocatable - held_exclusively(core, node)) * 1000)
+
+    name = f"nrm-{namespace}"[:60]
+    with operator(kubeconfig, k8s_client, tmp_path / "op.log") as op:
+        policy(k8s_client, name, {"policy": snn, "namespaces": [namespace]})
+        try:
+            got = scrape(url)
+            assert sample(got, "numalign_agent_node_info", node=node, mode="nri") == 1
+            assert sample(got, SHARED_POOL, node=node) == expected_pool(), got
+            base = counters()
+
+            def since() -> tuple[float, ...]:
+                return tuple(a - b for a, b in zip(counters(), base, strict=True))
+
+            # Guaranteed, 1 CPU: one admission under single-numa-node, its container's CPU
+            # and memory pinned; the one allocatable CPU is no longer shared.
+            core.create_namespaced_pod(namespace, workload_pod("pinned"))
+            wait_running(core, namespace, "pinned")
+            mine = exclusive(wait_for(lambda: allocation(core.read_namespaced_pod(
+                "pinned", namespace)), 60, "pinned's numalign.io/allocation"), "work")
+            assert len(mine) == 1 and mine <= allocatable
+            assert since() == (1, 1, 1, 0)
+            assert pool_and_exclusive() == (expected_pool(), 1) == (
+                len(allocatable - mine) * 1000, 1)
+            (cpu,) = mine
+            assert sample(scrape(url), PER_NUMA, node=node, policy=snn,
+                          numa_node=str(numa_of[cpu])) == 1
+
+            # Burstable: admitted, nothing pinned, in the shared pool.
+            core.create_namespaced_pod(namespace, burstable_pod("shared"))
+            wait_running(core, namespace, "shared")
+            assert since() == (2, 1, 1, 0)
+
+            # Deleted: its CPU is shared again.
+            core.delete_namespaced_pod("pinned", namespace, grace_period_seconds=0)
+            wait_for(lambda: pool_and_exclusive() == (len(allocatable) * 1000, 0), 60,
+                     f"the agent's shared pool back to {sorted(allocatable)}")
+
+            # The next Guaranteed pod takes it.
+            core.create_namespaced_pod(namespace, workload_pod("again"))
+            wait_running(core, namespace, "again")
+            assert since() == (3, 2, 2, 0)
+            assert pool_and_exclusive() == (expected_pool(), 1)
+            assert "Traceback" not in op.text()
+        finally:
+            delete_policy(k8s_client, name)

@@ -133,31 +133,35 @@ def _uid_key(uid: str, pod: KubeletPod) -> str:
 
 def apply_snapshot(state: NodeState, base: Machine, snap: Snapshot,
                    config: KubeletConfig | None,
-                   uids: Mapping[tuple[str, str], str],
-                   placed: Mapping[str, PlacedPod] | None = None) -> bool:
+                   uids: Mapping[tuple[str, str], str], managed: bool = False) -> bool:
     """Make ``state`` show what the kubelet reports; True when anything changed.
 
     ``base`` is the discovered machine, ``uids`` the pods' uids by (namespace, name) as
     the API server has them (a pod the API server does not show yet gets an empty uid).
-    ``placed``: on a numalign-managed node, the pods numalign placed (by uid), shown
-    instead of the kubelet's (whose managers are ``none``); devices and allocatable are
-    still the kubelet's.
+    ``managed``: a numalign-managed node, whose state holds numalign's decisions (the NRI
+    placer's) instead of the kubelet's (whose managers are ``none``): they stay, their
+    ledger rebuilt on the kubelet's machine; devices and allocatable are still the
+    kubelet's.
     """
     machine = machine_with_devices(base, snap.allocatable.devices)
     changed = False
     if machine != state.machine:
-        state.machine = machine
+        if managed:
+            state.set_machine(machine)
+        else:
+            state.machine = machine
         changed = True
-    resolved = resolved_of(config)
-    admitted: dict[str, PlacedPod] = dict(placed or {})
-    for pod in snap.pods if placed is None else ():
-        uid = uids.get((pod.namespace, pod.name), "")
-        admitted[_uid_key(uid, pod)] = PlacedPod(pod.namespace, pod.name, uid, resolved,
-                                                   pod_allocation(machine, pod))
-    if admitted != state.admitted:
-        state.admitted = admitted
-        state.decided = {k: True for k in admitted}
-        changed = True
+    if not managed:
+        resolved = resolved_of(config)
+        admitted: dict[str, PlacedPod] = {}
+        for pod in snap.pods:
+            uid = uids.get((pod.namespace, pod.name), "")
+            admitted[_uid_key(uid, pod)] = PlacedPod(pod.namespace, pod.name, uid, resolved,
+                                                       pod_allocation(machine, pod))
+        if admitted != state.admitted:
+            state.admitted = admitted
+            state.decided = {k: True for k in admitted}
+            changed = True
     zones = zone_allocatable(machine, snap.allocatable, config)
     if zones != state.zone_allocatable:
         state.zone_allocatable = zones

@@ -8,7 +8,9 @@ Ready False, ``status.kubelet.podResources``, a log line) and retries with backo
 
 Given the runtime's NRI socket (``nri_socket``), on a node labelled
 ``numalign.io/managed=nri`` numalign places the containers instead (agent/nri/managed.py):
-``status.admitted`` then shows numalign's decisions, with the condition NRIPlacement.
+``status.admitted`` then shows numalign's decisions, with the condition NRIPlacement. The
+node has one state (:attr:`NodeAgent.state`): the NRI placer decides in it and rebuilds it
+after a restart, and the status, NodeResourceTopology and ``/metrics`` read it.
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ class NodeAgent:
         self._wake = asyncio.Event()
         self._problem: str | None = None
         self.refreshes = 0
+        self._seen_version = -1  # the state's version at the last refresh
         # with the runtime's NRI socket: numalign places containers when the node says so
         self.managed: ManagedNode | None = None
         if nri_socket:
@@ -95,7 +98,7 @@ class NodeAgent:
             # own /sys), not those of a view laid over it at --root
             self.managed = ManagedNode(
                 kube, name, machine, Path(nri_socket), memory_nodes=kernel_memory_nodes(),
-                pod_resources=self.client, on_change=self.wake,
+                pod_resources=self.client, on_change=self.wake, state=self.state,
                 on_snapshot=lambda snap: machine_with_devices(self.base_machine,
                                                               snap.allocatable.devices))
 
@@ -139,13 +142,13 @@ class NodeAgent:
         st = self.state
         problem: str | None = None
         changed = False
-        # a numalign-managed node: the pods numalign placed, not the kubelet's
-        admitted = managed.admitted() if managed is not None else None
         if self.client is not None:
             try:
                 snap = await self.client.snapshot()
+                # a numalign-managed node: the state holds the pods numalign placed (its NRI
+                # placer decides in it), not the kubelet's
                 changed = apply_snapshot(st, self.base_machine, snap, self.config, self.uids,
-                                         admitted)
+                                         managed is not None)
                 if managed is not None:  # the devices the kubelet reports, for the engine
                     managed.kubelet_machine(st.machine)
             except PodResourcesError as e:
@@ -153,12 +156,9 @@ class NodeAgent:
             except Exception as e:  # a bad answer must not stop the agent
                 problem = (f"{self.client.socket}: cannot use the answer: "
                            f"{type(e).__name__}: {e}")
-        elif admitted is not None and admitted != st.admitted:
-            st.admitted = admitted
-            st.decided = {k: True for k in admitted}
-            st.version += 1
-            changed = True
         if managed is not None:
+            # the placer's decisions (and releases) since the last reading
+            changed = changed or st.version != self._seen_version
             s = managed.status
             placement = (s.active, s.reason, s.message)
             if placement != st.placement:
@@ -186,7 +186,8 @@ class NodeAgent:
                        "allocations (PodResources)")
         if self._config_problem:
             message += f"; {self._config_problem}"
-        rejected = max(self._rejected_before, len(self.rejected))
+        # the pods the kubelet failed with TopologyAffinityError, and those numalign rejected
+        rejected = max(self._rejected_before, len(self.rejected | set(st.rejections)))
         if (settings, ready, message, rejected) != (st.kubelet, st.ready, st.ready_message,
                                                     st.rejected_total):
             st.kubelet, st.ready, st.ready_message = settings, ready, message
@@ -195,6 +196,7 @@ class NodeAgent:
             changed = True
         if changed:
             self.publisher.mark(st.name)
+        self._seen_version = st.version
         return ready
 
     def wake(self) -> None:

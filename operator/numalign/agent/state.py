@@ -6,7 +6,10 @@ rebuilds itself after a restart from what the agent published (NodeTopology stat
 for pods the status lacks, what is written on the pods (``numalign.io/allocation``, a
 claim believed only when it matches the pod: :mod:`.records`). Both agent modes keep
 their node here: the emulating agent and the NRI placer of a numalign-managed node
-(:mod:`.nri.placer`), which holds the kubelet's reserved CPUs out of the ledger too.
+(:mod:`.nri.placer`), which holds the kubelet's reserved CPUs out of the ledger too. A real
+node has one state, the agent's (``admits=False``): on a numalign-managed node the NRI placer
+decides in it, so that its status, NodeResourceTopology and metrics show those decisions;
+there the agent's pod watch, not the decisions, says which pods left Pending.
 """
 
 from __future__ import annotations
@@ -89,7 +92,9 @@ def is_terminal(pod: Mapping[str, Any]) -> bool:
 
 
 class NodeState:
-    """Allocation state of one node."""
+    """Allocation state of one node. ``admits``: an emulated node, whose decisions are its
+    pods' phases (the set of pods out of Pending follows them); on a real node (False) the
+    kubelet writes the phases and the agent's pod watch keeps that set (:meth:`track`)."""
 
     def __init__(self, name: str, machine: Machine, index: int = 0, admits: bool = True,
                  reserved: Iterable[int] = ()) -> None:
@@ -150,6 +155,19 @@ class NodeState:
         if machine == self.machine:
             return
         self.machine = machine
+        self._rebuild()
+
+    def show(self, pods: Mapping[str, PlacedPod]) -> None:
+        """Hold ``pods`` as admitted as they were recorded, deciding nothing (what a
+        numalign-managed node published, until its runtime's state is read): a fresh ledger
+        with their allocations, as far as the machine takes them."""
+        self.reset()
+        self.admitted.update(pods)
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        """A fresh ledger with every admitted pod's allocation."""
+        machine = self.machine
         self.ledger = self._fresh_ledger()
         for uid, held in self.admitted.items():
             problem = None
@@ -159,7 +177,7 @@ class NodeState:
                 if problem is None:
                     break
             if problem is not None or alloc is not held.allocation:
-                log.warning("%s: pod %s/%s keeps %s of its allocation on the new machine: %s",
+                log.warning("%s: pod %s/%s keeps %s of its allocation on this machine: %s",
                             self.name, held.namespace, held.name,
                             "nothing" if problem else "part", problem or "devices it lacks")
         self.version += 1
@@ -202,6 +220,11 @@ class NodeState:
         self.version += 1
         return True
 
+    def _follow(self, pod: Mapping[str, Any], phase: str | None = None) -> None:
+        """A decision's phase, on an emulated node (on a real node the kubelet's counts)."""
+        if self.admits:
+            self.track(pod, phase)
+
     def decide(self, pod: Mapping[str, Any], resolved: Resolved,
                devices: Sequence[DeviceOverride] = ()) -> Decision:
         """Admit or reject ``pod`` (once: a decided pod gets its first answer again).
@@ -226,7 +249,7 @@ class NodeState:
             return self.refuse(pod, result.reason or REJECT_REASON, result.message or "",
                                resolved)
         self.decided[uid] = True
-        self.track(pod, "Running")
+        self._follow(pod, "Running")
         self.version += 1
         alloc = result.allocation or Allocation()
         ns, name = pod_key(pod)
@@ -239,7 +262,7 @@ class NodeState:
         uid = pod_uid(pod)
         self.decided[uid] = False
         self.rejections[uid] = (reason, message)
-        self.track(pod, "Failed")
+        self._follow(pod, "Failed")
         self.version += 1
         if reason == REJECT_REASON:  # status.rejected counts TopologyAffinityErrors
             self.rejected_total += 1
@@ -250,7 +273,8 @@ class NodeState:
         resources."""
         self.rejections.pop(uid, None)
         was_decided = self.decided.pop(uid, None) is not None
-        self.untrack(uid)
+        if self.admits:
+            self.untrack(uid)
         held = self.admitted.pop(uid, None)
         if held is not None:
             engine.release(self.ledger, uid)
@@ -299,7 +323,7 @@ class NodeState:
             ann = (meta.get("annotations") or {}).get(ANN_ALLOCATION)
             if phase == "Failed" or phase == "Succeeded":
                 self.decided[uid] = False
-                self.track(pod)
+                self._follow(pod)
                 if phase == "Failed" and st.get("reason") == REJECT_REASON:
                     report.rejected.append(uid)
                 continue
@@ -307,7 +331,7 @@ class NodeState:
                 continue
             if phase == "Running" or ann is not None or uid in by_uid or uid in own:
                 to_restore.append((pod, ann))
-                self.track(pod, "Running")
+                self._follow(pod, "Running")
                 continue
             pending.append(pod)
         # What the agent itself published first, in the order it published them (the

@@ -51,7 +51,7 @@ from numalign.agent.nri.placer import EnginePlacer, cpulist
 from numalign.agent.nri.plugin import CpuSet, NriPlugin, Placement, Rejected
 from numalign.agent.nri.pods import PodIndex
 from numalign.agent.podresources import PodResourcesClient, PodResourcesError, Snapshot
-from numalign.agent.state import PlacedPod, published_pods
+from numalign.agent.state import NodeState, PlacedPod
 from numalign.api.kube import MERGE_PATCH, Kube, pod_path, q
 from numalign.api.kube.listwatch import list_watch
 from numalign.api.nodetopology import (
@@ -67,7 +67,6 @@ from numalign.api.wire import (
     MANAGED_NRI,
     NRI_PLUGIN_NAME,
     REJECTED_PREFIX,
-    node_default,
 )
 from numalign.topology.machine import Machine
 
@@ -160,14 +159,14 @@ class ManagedNode:
                  on_change: Callable[[], None] = lambda: None,
                  on_snapshot: Callable[[Snapshot], Machine] | None = None,
                  plugin_index: str = "50", retry_s: float = 1.0, wait_s: float = 5.0,
-                 poll_s: float = 2.0) -> None:
+                 poll_s: float = 2.0, state: NodeState | None = None) -> None:
         self.kube = kube
         self.name = name
         self.socket_path = socket_path
         self.index = PodIndex()
         self.placer = EnginePlacer(machine, self.index, memory_nodes=memory_nodes,
                                    wait_for=self.index.wait_for,
-                                   wait_s=wait_s, name=name)
+                                   wait_s=wait_s, name=name, state=state)
         self.plugin = NriPlugin(self, name=NRI_PLUGIN_NAME, index=plugin_index,
                                 socket_path=socket_path, retry_s=retry_s)
         self.pod_resources = pod_resources
@@ -209,8 +208,9 @@ class ManagedNode:
 
     def on_published(self, nodetopology: Mapping[str, Any] | None) -> None:
         """This agent's NodeTopology as it found it at start: the plugin's first
-        synchronize restores the pods' allocations from its ``status.admitted``."""
-        self.placer.published = nodetopology
+        synchronize restores the pods' allocations from its ``status.admitted``, which the
+        node's state shows until then."""
+        self.placer.show_published(nodetopology)
 
     def on_node_spec(self, spec: Mapping[str, Any] | None) -> None:
         self.index.on_node_spec(spec)
@@ -399,19 +399,11 @@ class ManagedNode:
     # -- what NodeTopology status shows ------------------------------------------------------
 
     def admitted(self) -> dict[str, PlacedPod]:
-        """The pods numalign placed, with what their containers' cgroups got. Until the
-        plugin's first synchronize, what the status said when this agent started: the next
-        restart must find it there, not an empty list."""
-        if not self.placer.synchronized and self.placer.published is not None:
-            return published_pods(self.name, self.placer.published)
-        out: dict[str, PlacedPod] = {}
-        for uid, held in self.placer.admitted.items():
-            view = self.index(uid)
-            resolved = view.resolved if view is not None else node_default(
-                self.index.node_spec)
-            out[uid] = PlacedPod(held.namespace, held.name, uid, resolved, held.allocation,
-                                   held.pod)
-        return out
+        """The pods numalign placed, with what their containers' cgroups got (the node's
+        state: the agent publishes them from there). Until the plugin's first synchronize,
+        what the status said when this agent started: the next restart must find it there,
+        not an empty list."""
+        return dict(self.placer.admitted)
 
     # -- running --------------------------------------------------------------------------------
 

@@ -21,16 +21,19 @@ node): ``cpuset.mems`` names only memory nodes the kernel has (:func:`kernel_mem
 a view node with no kernel node of its own mapping to all of them.
 
 The decisions and the ledger are the node's :class:`~numalign.agent.state.NodeState`, as on
-an emulated node (one decide, release and restore); the placer keeps beside it only which
-container runs where (container id -> pod uid, exclusive or shared). Pods are looked up by
-uid (:class:`PodView`: the pod as Kubernetes has it and its resolved policy); a container
-of a pod the lookup does not know (not from Kubernetes) runs in the shared pool.
+an emulated node (one decide, release and restore): on a real node the agent's own
+(``state``), which its status, NodeResourceTopology and metrics read; the placer keeps
+beside it only which container runs where (container id -> pod uid, exclusive or shared).
+Pods are looked up by uid (:class:`PodView`: the pod as Kubernetes has it and its resolved
+policy); a container of a pod the lookup does not know (not from Kubernetes) runs in the
+shared pool.
 :meth:`EnginePlacer.free` is the one path that gives a pod's resources back (deleted,
 finished, or its sandbox gone). After a (re)connection, :meth:`EnginePlacer.synchronize`
 rebuilds the state with :meth:`NodeState.restore <numalign.agent.state.NodeState.restore>`
 from the pods the runtime still runs: what this agent decided first (its own decisions
 before a reconnection, else its published NodeTopology status, :attr:`EnginePlacer.published`),
-a pod's recorded allocation only for pods those lack and only when it matches the pod.
+a pod's recorded allocation only for pods those lack and only when it matches the pod. Until
+then the state shows what that status says (:meth:`EnginePlacer.show_published`).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from typing import Any
 
 from numalign.agent.nri.devices import Assigned, assigned_overrides
 from numalign.agent.nri.plugin import CpuSet, Placement, Rejected
-from numalign.agent.state import NodeState, PlacedPod
+from numalign.agent.state import NodeState, PlacedPod, published_pods
 from numalign.api.nodestatus import RESERVED_UID
 from numalign.api.wire import REJECT_REASON, Allocation, Resolved
 from numalign.topology import quantity
@@ -90,7 +93,7 @@ class EnginePlacer:
                  reserved_cpus: Iterable[int] = (), memory_nodes: Iterable[int] = (0,),
                  on_admit: Callable[[str, Allocation], None] | None = None,
                  wait_for: Callable[[str, float], Awaitable[bool]] | None = None,
-                 wait_s: float = 5.0, name: str = "") -> None:
+                 wait_s: float = 5.0, name: str = "", state: NodeState | None = None) -> None:
         self.lookup = lookup
         self.wait_for = wait_for
         self.wait_s = wait_s
@@ -103,7 +106,14 @@ class EnginePlacer:
         if not self.memory_nodes:
             raise ValueError("memory_nodes: at least one kernel memory node is needed")
         self.on_admit = on_admit  # (uid, allocation): the agent records it on the pod
-        self.state = NodeState(name or machine.name, machine, reserved=reserved)
+        if state is None:
+            state = NodeState(name or machine.name, machine, reserved=reserved)
+        else:  # the node's one state (the agent's), on this machine, deciding nothing yet
+            state.set_machine(machine)
+            if reserved != state.reserved:
+                state.reserved = reserved
+                state.reset()
+        self.state = state
         # the agent's NodeTopology as it found it at start: what the first synchronize
         # restores from (later ones from what this placer decided since)
         self.published: Mapping[str, Any] | None = None
@@ -152,6 +162,15 @@ class EnginePlacer:
     def set_machine(self, machine: Machine) -> None:
         """The node's machine changed (devices the kubelet reports)."""
         self.state.set_machine(machine)
+
+    def show_published(self, published: Mapping[str, Any] | None) -> None:
+        """The agent's NodeTopology as it found it at start: what the first synchronize
+        restores from; until then the state shows the pods its ``status.admitted`` lists,
+        their allocations held (a restarted agent publishes them again, not an empty list
+        that a second restart would find)."""
+        self.published = published
+        if not self._synchronized:
+            self.state.show(published_pods(self.state.name, published))
 
     # -- views ----------------------------------------------------------------------------
 
@@ -249,13 +268,21 @@ class EnginePlacer:
         the pool, and each exclusive container its recorded cpuset again (the same for one
         that kept it; the right one for a container the runtime created while the plugin
         was away, say because the agent died in the middle of its creation)."""
-        own = dict(self.state.admitted)  # decided by this process: believed first
+        # decided by this process: believed first (before the first synchronize, the state
+        # shows what it published: restored from that instead)
+        own = dict(self.state.admitted) if self._synchronized else {}
         published = None if self._synchronized else self.published
         self.state.reset()
         self.shared.clear()
         self.exclusive.clear()
         running = [view.pod for p in pods if (view := self.lookup(str(p.uid))) is not None]
         report = self.state.restore(published, running, own)
+        recorded = {str(e.get("uid")) for e in ((published or {}).get("status") or {}).get(
+            "admitted") or [] if isinstance(e, Mapping)}
+        for uid in report.restored:  # from the pod's own record: its policy as resolved now
+            view = self.lookup(uid)
+            if uid not in own and uid not in recorded and view is not None:
+                self.state.admitted[uid].resolved = view.resolved
         self._synchronized, self.published = True, None
         if report.restored or report.refused or report.dropped:
             log.info("NRI: synchronized: %d pods restored, %d refused, %d gone",
