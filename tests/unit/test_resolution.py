@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
+from numalign.topology.policies import names
 from numalign.api.resolution import (
     ANN_POLICY,
     ANN_SCOPE,
     NODE_UNKNOWN,
-    POLICIES,
     PodMeta,
     PolicyRef,
     Resolved,
@@ -186,7 +186,7 @@ def test_override_takes_options_of_the_governing_policy() -> None:
 
 def test_override_policies_unset_allows_all() -> None:
     p = tp("p", podOverrides={"allowed": True})
-    for pol in POLICIES:
+    for pol in names():
         assert resolve(over("x", policy=pol), {}, [p]).policy == pol
 
 
