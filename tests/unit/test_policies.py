@@ -6,10 +6,10 @@ without any of them knowing it."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+
 import pytest
 
 import testdata
-from toy_policy import AtMostTwo
 from numalign.commands.merge import decide
 from numalign.topology.admit import admit_pod
 from numalign.topology.errors import TopologyError
@@ -21,7 +21,6 @@ from numalign.topology.merge import REJECT_REASON, merge
 from numalign.topology.pod import pod_from_dict
 from numalign.topology.policies import (
     BUILTIN,
-    AlignmentPolicy,
     get_policy,
     kubelet_names,
     names,
@@ -29,6 +28,7 @@ from numalign.topology.policies import (
     unregister,
 )
 from numalign.topology.policy import PolicyOptions
+from toy_policy import AtMostTwo
 
 
 @pytest.fixture

@@ -129,15 +129,14 @@ def test_wire_and_resolution_carry_a_registered_policy(toy: str) -> None:
     entry = parse_admitted({"pod": "p", "uid": "u", "policy": toy, "scope": "container"})
     assert (entry.resolved.policy, entry.resolved.problems) == (toy, ())
     # a pod override names it; the TopologyPolicy allows any policy
-    tp = PolicyRef.from_object({"metadata": {"name": "t"}, "spec": {
-        "policy": "restricted", "podOverrides": {"allowed": True}}})
-    pod = PodMeta("p", "ns", annotations={"numalign.io/policy": toy})
+    tp = PolicyRef("t", {"policy": "restricted", "podOverrides": {"allowed": True}})
+    pod = PodMeta("ns", annotations={"numalign.io/policy": toy})
     got = resolve(pod, {}, [tp])
     assert (got.policy, got.source, got.problems) == (toy, "pod", ())
     policies.unregister(toy)
     with pytest.raises(WireError, match=f"policy must be one of none, best-effort, "
-                                        f'restricted, single-numa-node, got "{toy}"'):
-        parse_resolved(value)
+                                        f"restricted, single-numa-node, got '{toy}'"):
+        parse_resolved(json.dumps({"policy": toy}))
 
 
 def _scrape(states: list[NodeState]) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -150,8 +149,8 @@ def _scrape(states: list[NodeState]) -> dict[tuple[str, frozenset[tuple[str, str
     return out
 
 
-def _pod(name: str, cpus: int) -> dict[str, Any]:
-    res = {"cpu": str(cpus), "memory": "256Mi"}
+def _pod(name: str, cpus: int, memory: str) -> dict[str, Any]:
+    res = {"cpu": str(cpus), "memory": memory}
     return {"metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"},
             "spec": {"nodeName": "m-0", "containers": [
                 {"name": "app", "image": "pause",
@@ -166,9 +165,10 @@ def test_an_emulated_node_admits_by_it_and_nrt_and_metrics_name_it(
     node = NodeState("m-0", load_machine(path))
     node.default = node_default({"policy": toy, "scope": "container"})
     under = Resolved(toy, "container")
-    assert node.decide(_pod("two", 6), under).admit  # two NUMA nodes
-    wide = node.decide(_pod("three", 5), under)  # 5 more CPUs: three NUMA nodes
+    # 9 CPUs and 9Gi need three NUMA nodes (preferred: restricted would admit it)
+    wide = node.decide(_pod("three", 9, "9Gi"), under)
     assert not wide.admit and wide.reason == "TopologyAffinityError"
+    assert node.decide(_pod("two", 6, "5Gi"), under).admit  # two NUMA nodes
     got = _scrape([node])
     key = frozenset({"node": "m-0", "policy": toy}.items())
     assert got[("numalign_topology_manager_admission_requests_total", key)] == 2

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from numalign.topology.policies import names
 from numalign.api.resolution import (
     ANN_POLICY,
     ANN_SCOPE,
@@ -28,6 +27,7 @@ from numalign.api.resolution import (
 )
 from numalign.api.selectors import selector_matches, selectors_disjoint
 from numalign.api.wire import resolved_or_none
+from numalign.topology.policies import names
 
 
 def tp(name: str, **spec: Any) -> PolicyRef:

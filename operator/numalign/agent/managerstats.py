@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from numalign.topology.admit import AdmitResult
 from numalign.topology.pod import Container, Pod
-from numalign.topology.policies import known, get_policy
+from numalign.topology.policies import get_policy, known
 from numalign.topology.policy import SCOPE_CONTAINER, SCOPE_POD
 from numalign.topology.providers import guaranteed_cpus, memory_request
 

@@ -35,7 +35,7 @@ def _policies(value: object, where: str) -> list[AlignmentPolicy]:
     if isinstance(value, type) and issubclass(value, AlignmentPolicy):
         try:
             value = value()
-        except Exception as e:  # noqa: BLE001 - a plugin's constructor may raise anything
+        except Exception as e:
             raise PolicyPluginError(f"policy plugin {where}: cannot create "
                                     f"{value.__name__}: {e}") from None
     if isinstance(value, AlignmentPolicy):
@@ -55,7 +55,7 @@ def load_spec(spec: str) -> list[AlignmentPolicy]:
     where = repr(spec.strip())
     try:
         module = importlib.import_module(module_name)
-    except Exception as e:  # noqa: BLE001 - whatever the module raises, say which one
+    except Exception as e:
         raise PolicyPluginError(f"policy plugin {where}: cannot import {module_name!r}: "
                                 f"{type(e).__name__}: {e}") from None
     attr = attribute or MODULE_ATTRIBUTE
