@@ -33,11 +33,12 @@ class PolicyPluginError(Exception):
 
 def _policies(value: object, where: str) -> list[AlignmentPolicy]:
     if isinstance(value, type) and issubclass(value, AlignmentPolicy):
+        cls = value
         try:
-            value = value()
-        except Exception as e:
+            value = cls()
+        except Exception as e:  # a plugin's constructor may raise anything
             raise PolicyPluginError(f"policy plugin {where}: cannot create "
-                                    f"{value.__name__}: {e}") from None
+                                    f"{cls.__name__}: {e}") from None
     if isinstance(value, AlignmentPolicy):
         return [value]
     if isinstance(value, Iterable) and not isinstance(value, (str, bytes)):
