@@ -56,7 +56,7 @@ def load_spec(spec: str) -> list[AlignmentPolicy]:
     where = repr(spec.strip())
     try:
         module = importlib.import_module(module_name)
-    except Exception as e:
+    except Exception as e:  # whatever the module raises, say which one
         raise PolicyPluginError(f"policy plugin {where}: cannot import {module_name!r}: "
                                 f"{type(e).__name__}: {e}") from None
     attr = attribute or MODULE_ATTRIBUTE
