@@ -37,7 +37,8 @@ from numalign.api.wire import (
 from numalign.topology import policies
 from numalign.topology.errors import TopologyError
 from numalign.topology.machine import load_machine
-from numalign.topology.policies.loader import PolicyPluginError, load_plugins, load_spec
+from numalign.topology.policies import load_plugins
+from numalign.topology.policies.loader import PolicyPluginError, load_spec
 from toy_policy import NAME as TOY
 from toy_policy import AtMostTwo
 

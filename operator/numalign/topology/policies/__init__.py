@@ -33,10 +33,25 @@ def _load_plugins() -> None:
     global _plugins_loaded
     if _plugins_loaded:
         return
-    from .loader import load_plugins
-
     load_plugins()
     _plugins_loaded = True
+
+
+def load_plugins(env: str | None = None, *, entry_points: bool = True) -> list[str]:
+    """Register the policies of the plugins ``env`` (default:
+    ``$NUMALIGN_POLICY_MODULES``) and the ``numalign.policies`` entry points name; the
+    names registered. Raises PolicyPluginError (a module that cannot be loaded, or a
+    policy whose name another one has)."""
+    from .loader import PolicyPluginError, plugin_policies
+
+    added: list[str] = []
+    for spec, policy in plugin_policies(env, entry_points=entry_points):
+        try:
+            register(policy)
+        except ValueError as e:
+            raise PolicyPluginError(f"policy plugin {spec!r}: {e}") from None
+        added.append(policy.name)
+    return added
 
 
 def _lookup(name: object) -> AlignmentPolicy | None:
@@ -105,4 +120,4 @@ def unregister(name: str) -> None:
 
 
 __all__ = ["BUILTIN", "AlignmentPolicy", "check_policy", "get_policy", "known",
-           "kubelet_names", "names", "register", "unregister"]
+           "kubelet_names", "load_plugins", "names", "register", "unregister"]

@@ -11,7 +11,8 @@ Two ways to name one, both read by :func:`load_plugins`:
 What an entry names is a policy (an :class:`AlignmentPolicy` instance, or a subclass
 with a no-argument constructor) or a sequence of them; a bare module entry takes the
 module's ``POLICIES``. A module that cannot be imported, or names no policy, raises
-:class:`PolicyPluginError` naming the module and the problem.
+:class:`PolicyPluginError` naming the module and the problem (so does a policy whose
+name is taken).
 """
 
 from __future__ import annotations
@@ -72,21 +73,13 @@ def _entry_point_specs() -> list[str]:
     return [ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)]
 
 
-def load_plugins(env: str | None = None, *, entry_points: bool = True) -> list[str]:
-    """Import and register the plugins ``env`` (default: ``$NUMALIGN_POLICY_MODULES``)
-    and the entry points name; the names registered. Raises PolicyPluginError."""
-    from . import register
-
+def plugin_policies(env: str | None = None, *,
+                    entry_points: bool = True) -> list[tuple[str, AlignmentPolicy]]:
+    """The policies ``env`` (default: ``$NUMALIGN_POLICY_MODULES``) and the entry points
+    name, each with its entry, imported (the registry's ``load_plugins`` registers them).
+    Raises PolicyPluginError."""
     raw = os.environ.get(ENV, "") if env is None else env
     specs = [s.strip() for s in raw.split(",") if s.strip()]
     if entry_points:
         specs += _entry_point_specs()
-    added: list[str] = []
-    for spec in specs:
-        for policy in load_spec(spec):
-            try:
-                register(policy)
-            except ValueError as e:
-                raise PolicyPluginError(f"policy plugin {spec!r}: {e}") from None
-            added.append(policy.name)
-    return added
+    return [(spec, policy) for spec in specs for policy in load_spec(spec)]
