@@ -27,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 from pydantic.alias_generators import to_camel
-from pydantic_core import core_schema
+from pydantic_core import PydanticCustomError, core_schema
 
 from numalign.topology import policies
 from numalign.topology.machine import MAX_NUMA_NODES as ENGINE_MAX_NUMA_NODES
@@ -54,8 +54,9 @@ class _PolicyName:
 
     def check(self, value: str) -> str:
         known = (value in self.allowed()) if self.kubelet else policies.known(value)
-        if not known:
-            raise ValueError(f"Input should be {_one_of(self.allowed())}")
+        if not known:  # worded as pydantic words a Literal's
+            raise PydanticCustomError("literal_error", "Input should be {expected}",
+                                      {"expected": _one_of(self.allowed())})
         return value
 
     def __get_pydantic_core_schema__(
