@@ -40,7 +40,6 @@ API_VERSION = f"{GROUP}/{VERSION}"
 CATEGORY = "numalign"
 
 
-
 class _PolicyName:
     """A policy name from the registry (``numalign.topology.policies``), checked when a
     model is validated and listed as the schema's enum when a CRD is generated: every
