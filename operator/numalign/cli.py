@@ -18,6 +18,10 @@ SUBCOMMANDS: dict[str, str] = {
     "extender-certs": "write the extender's and kube-scheduler's TLS certificates",
     "dev": "local control plane for the demo and the tests (up, down, kubeconfig)",
 }
+# Long-running commands load the policy plugins (NUMALIGN_POLICY_MODULES, the
+# numalign.policies entry points) at start, so that a bad one stops them at once; the
+# others load them only when a policy name is not a built-in one.
+LOADS_PLUGINS = frozenset({"agent", "operator", "extender"})
 
 
 # Subcommands whose module is not numalign.commands.<name>: the development install's.
@@ -59,7 +63,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"numalign: command {name!r} is not available in this build", file=sys.stderr)
             return 2
         raise
-    code: int = module.main(args[1:])
+    from numalign.topology import policies
+    from numalign.topology.policies.loader import PolicyPluginError
+
+    try:
+        if name in LOADS_PLUGINS:
+            policies.names()
+        code: int = module.main(args[1:])
+    except PolicyPluginError as e:
+        print(f"numalign {name}: {e}", file=sys.stderr)
+        return 1
     return code
 
 

@@ -178,14 +178,17 @@ def test_summary() -> None:
 
 
 def test_api_policy_and_scope_names_are_the_engines() -> None:
-    # The CRD enums come from the api's Literal types; the engine decides with its own
-    # names. A policy added to one and not the other would pass validation and then fail
+    # The CRD's policy enum is the engine's registry (tests/unit/test_registered_policy.py);
+    # the scope enum comes from the api's Literal type, the engine decides with its own
+    # names. A scope added to one and not the other would pass validation and then fail
     # admission, so the two lists must stay equal.
-    from numalign.api.common import POLICIES as API_POLICIES
     from numalign.api.common import SCOPES as API_SCOPES
-    from numalign.topology.policy import POLICIES, SCOPES
+    from numalign.topology.policies import names
+    from numalign.topology.policy import SCOPES
 
-    assert API_POLICIES == POLICIES
+    tp = next(c for c in crdgen.crds() if c["spec"]["names"]["kind"] == "TopologyPolicy")
+    spec = tp["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert spec["properties"]["policy"]["enum"] == list(names())
     assert API_SCOPES == SCOPES
 
 

@@ -6,12 +6,10 @@ without any of them knowing it."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import get_args
 
 import pytest
 
 import testdata
-from numalign.api.common import Policy
 from numalign.commands.merge import decide
 from numalign.topology.admit import admit_pod
 from numalign.topology.errors import TopologyError
@@ -23,22 +21,14 @@ from numalign.topology.merge import REJECT_REASON, merge
 from numalign.topology.pod import pod_from_dict
 from numalign.topology.policies import (
     BUILTIN,
-    AlignmentPolicy,
     get_policy,
+    kubelet_names,
     names,
     register,
     unregister,
 )
-from numalign.topology.policy import POLICIES, PolicyOptions
-
-
-class AtMostTwo(AlignmentPolicy):
-    """Toy: admits a preferred hint at most two NUMA nodes wide."""
-
-    name = "at-most-two"
-
-    def admits(self, hint: TopologyHint) -> bool:
-        return hint.preferred and (hint.mask is None or hint.mask.bit_count() <= 2)
+from numalign.topology.policy import PolicyOptions
+from toy_policy import AtMostTwo
 
 
 @pytest.fixture
@@ -58,10 +48,11 @@ def _guaranteed(cpus: int) -> dict[str, object]:
             "spec": {"containers": [{"name": "app", "resources": {"limits": res}}]}}
 
 
-def test_builtin_policies_are_the_apis_and_the_kubelets() -> None:
-    assert tuple(p.name for p in BUILTIN) == POLICIES == get_args(Policy)
-    assert [get_policy(n).aligns for n in POLICIES] == [False, True, True, True]
-    assert [n for n in POLICIES if get_policy(n).single_numa] == ["single-numa-node"]
+def test_builtin_policies_are_the_kubelets() -> None:
+    kubelet = ("none", "best-effort", "restricted", "single-numa-node")
+    assert tuple(p.name for p in BUILTIN) == kubelet_names() == names() == kubelet
+    assert [get_policy(n).aligns for n in kubelet] == [False, True, True, True]
+    assert [n for n in kubelet if get_policy(n).single_numa] == ["single-numa-node"]
 
 
 def test_unknown_policy_is_refused_in_the_kubelets_words() -> None:

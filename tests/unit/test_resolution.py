@@ -12,7 +12,6 @@ from numalign.api.resolution import (
     ANN_POLICY,
     ANN_SCOPE,
     NODE_UNKNOWN,
-    POLICIES,
     PodMeta,
     PolicyRef,
     Resolved,
@@ -28,6 +27,7 @@ from numalign.api.resolution import (
 )
 from numalign.api.selectors import selector_matches, selectors_disjoint
 from numalign.api.wire import resolved_or_none
+from numalign.topology.policies import names
 
 
 def tp(name: str, **spec: Any) -> PolicyRef:
@@ -186,7 +186,7 @@ def test_override_takes_options_of_the_governing_policy() -> None:
 
 def test_override_policies_unset_allows_all() -> None:
     p = tp("p", podOverrides={"allowed": True})
-    for pol in POLICIES:
+    for pol in names():
         assert resolve(over("x", policy=pol), {}, [p]).policy == pol
 
 

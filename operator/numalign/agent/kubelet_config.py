@@ -14,7 +14,8 @@ from typing import Any
 import yaml
 
 from numalign.topology.errors import TopologyError
-from numalign.topology.policy import check_policy, check_scope, parse_policy_options
+from numalign.topology.policies import check_policy
+from numalign.topology.policy import check_scope, parse_policy_options
 from numalign.topology.quantity import format_cpulist, parse_cpulist
 
 KIND = "KubeletConfiguration"
@@ -63,7 +64,7 @@ def parse_kubelet_config(doc: Any, where: str = "kubelet configuration") -> Kube
     if kind is not None and kind != KIND:
         raise TopologyError(f"{where}: kind", f"must be {KIND}, got {kind!r}")
     policy = check_policy(_str(doc, "topologyManagerPolicy", "none", where),
-                          f"{where}: topologyManagerPolicy")
+                          f"{where}: topologyManagerPolicy", kubelet=True)
     scope = check_scope(_str(doc, "topologyManagerScope", "container", where),
                         f"{where}: topologyManagerScope")
     raw_options = doc.get("topologyManagerPolicyOptions") or {}

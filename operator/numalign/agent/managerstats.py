@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 
 from numalign.topology.admit import AdmitResult
 from numalign.topology.pod import Container, Pod
-from numalign.topology.policy import POLICY_SINGLE_NUMA_NODE, SCOPE_CONTAINER, SCOPE_POD
+from numalign.topology.policies import get_policy
+from numalign.topology.policy import SCOPE_CONTAINER, SCOPE_POD
 from numalign.topology.providers import guaranteed_cpus, memory_request
 
 BOUNDARY_NUMA_NODE = "numa_node"
@@ -107,7 +108,9 @@ def record_admission(counts: ManagerCounts, pod: Pod | None, outcome: AdmitResul
     if pod is None or outcome is None:
         counts.admission_errors += 1
         return
-    aligned = outcome.policy == POLICY_SINGLE_NUMA_NODE
+    # the kubelet counts these under single-numa-node: here any policy whose hints that
+    # win are one NUMA node wide (the outcome's policy is a registered one)
+    aligned = get_policy(outcome.policy).single_numa
     failed_name, failed_manager = outcome.failed or (None, None)
     run = _Counter(counts, pod, managers)
     decisions = outcome.decisions

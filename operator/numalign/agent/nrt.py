@@ -17,7 +17,8 @@ The conversion (``build_nrt``, pure) follows the conventions those readers expec
   naming one) is left out (:func:`omitted_zones` lists them, the agent logs it);
 * top-level ``attributes`` as scheduler-plugins (``nodeconfig``) and NFD read them:
   ``topologyManagerPolicy`` (``single-numa-node``, ``restricted``, ``best-effort``,
-  ``none``), ``topologyManagerScope`` (``container``, ``pod``),
+  ``none``, or any policy registered in ``numalign.topology.policies``),
+  ``topologyManagerScope`` (``container``, ``pod``),
   ``topologyManagerMaxNUMANodes`` (the policy option ``max-allowable-numa-nodes`` the
   node's admission applies: given, else numalign's default 64), and, when options are
   given, ``topologyManagerPolicyOptions`` in the kubelet's flag syntax
@@ -26,7 +27,8 @@ The conversion (``build_nrt``, pure) follows the conventions those readers expec
   ``nodeTopologyPodsFingerprintMethod``, which the plugin's reserve-aware cache needs to
   resynchronise a node it marked dirty;
 * the deprecated ``topologyPolicies`` list (``SingleNUMANodeContainerLevel`` ...) older
-  plugin versions read, unless ``legacy_policies=False``.
+  plugin versions read, unless ``legacy_policies=False`` (or the policy is a registered
+  one of numalign's own, which that list has no value for).
 
 How it is called: with ``numalign agent --publish-nrt`` the agent's publisher
 (``publish.Publisher.write_nrt``) does this after each successful NodeTopology status
@@ -56,7 +58,9 @@ from typing import Any
 
 from numalign.api.kube import ApiError, Kube, q
 from numalign.api.wire import WireError, parse_options
-from numalign.topology.policy import POLICIES, SCOPES
+from numalign.topology.policies import known as known_policy
+from numalign.topology.policies import names as policy_names
+from numalign.topology.policy import SCOPES
 from numalign.topology.quantity import format_bytes, parse_cpulist, quantity_bytes
 
 from . import podfingerprint as pfp
@@ -207,8 +211,8 @@ def build_nrt(node: str, status: Mapping[str, Any], spec: Mapping[str, Any] | No
         zones.append(zone)
     policy = str((spec or {}).get("policy") or "none")
     scope = str((spec or {}).get("scope") or "container")
-    if policy not in POLICIES:
-        raise NrtError(f"spec.policy: {policy!r} is not one of {', '.join(POLICIES)}")
+    if not known_policy(policy):
+        raise NrtError(f"spec.policy: {policy!r} is not one of {', '.join(policy_names())}")
     if scope not in SCOPES:
         raise NrtError(f"spec.scope: {scope!r} is not one of {', '.join(SCOPES)}")
     try:
@@ -229,7 +233,7 @@ def build_nrt(node: str, status: Mapping[str, Any], spec: Mapping[str, Any] | No
         meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": node,
                                     "uid": node_uid}]
     out: JSON = {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta}
-    if legacy_policies:
+    if legacy_policies and (policy, scope) in _LEGACY:
         out["topologyPolicies"] = [_LEGACY[(policy, scope)]]
     out["attributes"] = attributes
     out["zones"] = zones

@@ -4,7 +4,6 @@ and the CRD generator (``python -m numalign.api.crdgen``)."""
 from .common import (
     API_VERSION,
     GROUP,
-    POLICIES,
     SCOPES,
     VERSION,
     Condition,
@@ -42,7 +41,6 @@ from .topologypolicy import (
 __all__ = [
     "API_VERSION",
     "GROUP",
-    "POLICIES",
     "SCOPES",
     "VERSION",
     "AdmittedContainer",

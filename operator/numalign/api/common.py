@@ -1,5 +1,6 @@
-"""Shared pieces of the numalign custom resources: the base model, policy enums,
-label selectors, conditions and Kubernetes quantities.
+"""Shared pieces of the numalign custom resources: the base model, policy names (the
+registry's: they become the CRD enums), label selectors, conditions and Kubernetes
+quantities.
 
 The models are the single source of the CRD schemas (``numalign.api.crdgen``):
 field docstrings become the schema descriptions ``kubectl explain`` shows, pydantic
@@ -19,12 +20,16 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
     StringConstraints,
     field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError, core_schema
 
+from numalign.topology import policies
 from numalign.topology.machine import MAX_NUMA_NODES as ENGINE_MAX_NUMA_NODES
 
 from .wire import MIN_MAX_ALLOWABLE_NUMA_NODES
@@ -34,9 +39,46 @@ VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 CATEGORY = "numalign"
 
-Policy = Literal["none", "best-effort", "restricted", "single-numa-node"]
+
+class _PolicyName:
+    """A policy name from the registry (``numalign.topology.policies``), checked when a
+    model is validated and listed as the schema's enum when a CRD is generated: every
+    registered policy, or with ``kubelet`` the kubelet's own four."""
+
+    def __init__(self, kubelet: bool = False) -> None:
+        self.kubelet = kubelet
+
+    def allowed(self) -> tuple[str, ...]:
+        return policies.kubelet_names() if self.kubelet else policies.names()
+
+    def check(self, value: str) -> str:
+        known = (value in self.allowed()) if self.kubelet else policies.known(value)
+        if not known:  # worded as pydantic words a Literal's
+            raise PydanticCustomError("literal_error", "Input should be {expected}",
+                                      {"expected": _one_of(self.allowed())})
+        return value
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(self.check, handler(source))
+
+    def __get_pydantic_json_schema__(
+        self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> dict[str, Any]:
+        return {"enum": list(self.allowed()), "type": "string"}
+
+
+def _one_of(names: tuple[str, ...]) -> str:
+    quoted = [f"'{n}'" for n in names]
+    return " or ".join([", ".join(quoted[:-1]), quoted[-1]]) if len(quoted) > 1 else quoted[0]
+
+
+# A Topology Manager policy: a registered one (Policy) or, in a real kubelet's
+# configuration, one of the kubelet's own (KubeletPolicy).
+Policy = Annotated[str, _PolicyName()]
+KubeletPolicy = Annotated[str, _PolicyName(kubelet=True)]
 Scope = Literal["container", "pod"]
-POLICIES: tuple[str, ...] = get_args(Policy)
 SCOPES: tuple[str, ...] = get_args(Scope)
 
 MAX_NUMA_ID = 255

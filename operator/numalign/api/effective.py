@@ -25,7 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from numalign.topology.policy import OPTION_MAX_ALLOWABLE_NUMA_NODES, POLICIES, SCOPES
+from numalign.topology.policies import kubelet_names
+from numalign.topology.policy import OPTION_MAX_ALLOWABLE_NUMA_NODES, SCOPES
 
 from .nodetopology import NRI_NOT_PLACING, NRI_PLACEMENT
 from .wire import (
@@ -123,7 +124,7 @@ def kubelet_policy(settings: Any) -> Resolved:
     except WireError:
         options = parse_options({k: v for k, v in given.items()
                                  if k != OPTION_MAX_ALLOWABLE_NUMA_NODES})
-    return Resolved(policy if policy in POLICIES else "none",
+    return Resolved(policy if policy in kubelet_names() else "none",
                     scope if scope in SCOPES else DEFAULT_SCOPE, options, SOURCE_KUBELET)
 
 

@@ -15,6 +15,7 @@ from .common import (
     Condition,
     Count,
     CpuList,
+    KubeletPolicy,
     Model,
     NumaId,
     Policy,
@@ -202,7 +203,7 @@ class KubeletSettings(Model):
     """On a real node: the kubelet's own alignment settings, from its configuration file
     (the kubelet, not the operator's node default, admits the pods there)."""
 
-    topology_manager_policy: Policy
+    topology_manager_policy: KubeletPolicy
     """The kubelet's topologyManagerPolicy."""
     topology_manager_scope: Scope
     """The kubelet's topologyManagerScope."""

@@ -19,7 +19,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from numalign.topology.policy import POLICIES, SCOPES
+from numalign.topology import policies as registry
+from numalign.topology.policy import SCOPES
 from numalign.topology.text import clip, printable, quote
 
 from .selectors import selector_size, selectors_disjoint
@@ -228,7 +229,7 @@ def _override_problems(pod: PodMeta, winner: PolicyRef | None) -> tuple[
     scope = raw_scope.strip() if isinstance(raw_scope, str) else None
     po = winner.model.pod_overrides if winner is not None and winner.model else None
     allowed = po is not None and po.allowed
-    allowed_policies: list[str] = (list(po.policies or POLICIES)
+    allowed_policies: list[str] = (list(po.policies or registry.names())
                                    if po is not None and allowed else [])
     if not allowed:
         why = (f"TopologyPolicy/{winner.name} does not allow pod overrides"
@@ -238,7 +239,7 @@ def _override_problems(pod: PodMeta, winner: PolicyRef | None) -> tuple[
                         "remove the annotation")
         return None, None, problems
     if pol is not None and pol not in allowed_policies:
-        what = "is not a policy" if pol not in POLICIES else (
+        what = "is not a policy" if not registry.known(pol) else (
             f"is not allowed by TopologyPolicy/{winner.name if winner else '?'}")
         problems.append(f"{ANN_POLICY}: {quote(raw_pol)} {what}; allowed values: "
                         f"{', '.join(allowed_policies)}")

@@ -19,11 +19,12 @@ from numalign.topology.gpu.requests import ANNOTATION as GPU_ANNOTATION
 from numalign.topology.machine import MAX_NUMA_ID, MAX_NUMA_NODES
 from numalign.topology.merge import REJECT_MESSAGE as REJECT_MESSAGE  # the engine's
 from numalign.topology.merge import REJECT_REASON as REJECT_REASON
+from numalign.topology.policies import known as known_policy
+from numalign.topology.policies import names as policy_names
 from numalign.topology.policy import (
     KUBELET_MIN_MAX_ALLOWABLE_NUMA_NODES,
     OPTION_MAX_ALLOWABLE_NUMA_NODES,
     OPTION_PREFER_CLOSEST_NUMA_NODES,
-    POLICIES,
     SCOPE_CONTAINER,
     SCOPES,
     PolicyOptions,
@@ -250,8 +251,8 @@ def parse_resolved(value: str) -> Resolved:
                         f"TopologyPolicy/NAME, got {quote(source)}")
     if policy is None and scope is None and source == SOURCE_NODE_DEFAULT:
         return DEFERRED
-    if policy not in POLICIES:
-        raise WireError(f"{where}: policy must be one of {', '.join(POLICIES)}, "
+    if not known_policy(policy):
+        raise WireError(f"{where}: policy must be one of {', '.join(policy_names())}, "
                         f"got {quote(policy)}")
     scope = DEFAULT_SCOPE if scope is None else scope
     if scope not in SCOPES:
@@ -274,7 +275,7 @@ def node_default(spec: Mapping[str, Any] | None) -> Resolved:
     """What a node's ``NodeTopology.spec`` (its default, pushed by the operator) gives a
     pod: that policy, source node-default; ``none`` when it has none. Never raises:
     a bad scope is the default scope, bad options are none."""
-    if not isinstance(spec, Mapping) or spec.get("policy") not in POLICIES:
+    if not isinstance(spec, Mapping) or not known_policy(spec.get("policy")):
         return NONE
     scope = spec.get("scope")
     try:
@@ -557,8 +558,8 @@ def parse_admitted(entry: Any, where: str = "status.admitted entry") -> Admitted
     ns = str(entry.get("namespace") or "default")
     problems: list[str] = []
     policy = entry.get("policy") or "none"
-    if policy not in POLICIES:
-        problems.append(f"{where}.policy: must be one of {', '.join(POLICIES)}, "
+    if not known_policy(policy):
+        problems.append(f"{where}.policy: must be one of {', '.join(policy_names())}, "
                         f"got {quote(policy)}")
         policy = "none"
     scope = entry.get("scope") or DEFAULT_SCOPE

@@ -36,10 +36,10 @@ from numalign.topology.errors import TopologyError
 from numalign.topology.ledger import Ledger
 from numalign.topology.machine import Machine, load_machine
 from numalign.topology.pod import pod_from_dict
+from numalign.topology.policies import check_policy
 from numalign.topology.policy import (
     SCOPE_CONTAINER,
     PolicyOptions,
-    check_policy,
     check_scope,
     parse_policy_options,
 )

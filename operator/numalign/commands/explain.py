@@ -65,9 +65,9 @@ from numalign.topology.explain import Explanation, explain_pod
 from numalign.topology.ledger import Ledger
 from numalign.topology.machine import load_machine
 from numalign.topology.pod import pod_from_dict
+from numalign.topology.policies import check_policy
 from numalign.topology.policy import (
     SCOPE_CONTAINER,
-    check_policy,
     check_scope,
     parse_policy_options,
 )

@@ -23,6 +23,7 @@ from numalign.topology.errors import TopologyError
 from numalign.topology.hints import ProviderHints, TopologyHint
 from numalign.topology.merge import merge
 from numalign.topology.policies import get_policy
+from numalign.topology.policies.loader import PolicyPluginError
 from numalign.topology.policy import PolicyOptions, parse_policy_options
 
 USAGE = """usage: numalign merge < LINES.jsonl
@@ -260,6 +261,8 @@ def run(lines: Iterable[str | bytes | LineTooLong], out: IO[str]) -> int:
             reply = {"error": "not valid JSON: nested too deeply"}
         except TopologyError as e:
             reply = {"error": str(e)}
+        except PolicyPluginError:
+            raise  # not this line's fault: numalign's main says it and stops
         except Exception as e:  # never a traceback
             reply = {"error": f"internal error: {type(e).__name__}: {e}"}
         if "error" in reply:

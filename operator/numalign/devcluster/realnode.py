@@ -39,7 +39,8 @@ import yaml
 from numalign.api.kube import REQUEST_ERRORS, nt_path
 from numalign.api.wire import NRI_PLUGIN_NAME, SOURCE_KUBELET
 from numalign.topology.machine import Machine, load_machine
-from numalign.topology.policy import POLICIES, SCOPES
+from numalign.topology.policies import kubelet_names
+from numalign.topology.policy import SCOPES
 
 from . import certs, kubeproxy
 from .addons import metrics_flags, metrics_url
@@ -269,9 +270,9 @@ class RealNode:
             if spec.get("scope") and scope is None:
                 scope = str(spec["scope"])
         policy, scope = policy or DEFAULT_POLICY, scope or DEFAULT_SCOPE
-        if policy not in POLICIES:
+        if policy not in kubelet_names():  # a real kubelet knows only its own
             raise RealNodeError(f"topology policy {policy!r}: expected one of "
-                                f"{', '.join(POLICIES)}")
+                                f"{', '.join(kubelet_names())}")
         if scope not in SCOPES:
             raise RealNodeError(f"topology scope {scope!r}: expected one of "
                                 f"{', '.join(SCOPES)}")

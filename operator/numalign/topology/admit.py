@@ -45,7 +45,7 @@ from .managers.devices import (
 from .managers.memory import MemoryProvider
 from .merge import REJECT_MESSAGE, REJECT_REASON, MergeResult, merge
 from .pod import HUGEPAGES_PREFIX, Container, Pod, is_hugepages
-from .policies import get_policy
+from .policies import AlignmentPolicy, get_policy
 from .policy import SCOPE_CONTAINER, SCOPE_POD, PolicyOptions, check_scope
 
 UNEXPECTED_REASON = "UnexpectedAdmissionError"
@@ -162,12 +162,12 @@ class _Run:
     """One pod's admission: its hint providers (hint order: CPUs, memory, devices, as
     ``explain`` shows them) over one working copy of the ledger."""
 
-    def __init__(self, machine: Machine, ledger: Ledger, pod: Pod, policy: str,
+    def __init__(self, machine: Machine, ledger: Ledger, pod: Pod, policy: AlignmentPolicy,
                  options: PolicyOptions, overrides: Sequence[DeviceOverride]) -> None:
         self.machine = machine
         self.pod = pod
-        self.policy = policy
-        self.aligns = get_policy(policy).aligns
+        self.policy = policy  # looked up once, by admit_pod
+        self.aligns = policy.aligns
         self.options = options
         self.admission = Admission(machine, pod, ledger.copy())
         self.devices = DeviceProvider(self.admission, overrides)
@@ -230,7 +230,7 @@ class _Run:
         fixed = tuple((p.name, tuple((r, None if h is None else tuple(h))
                                      for r, h in a.fixed.items()))
                       for p, a in zip(self.providers, asks, strict=True))
-        return (self.policy, self.options, tuple(self.machine.numa_ids), fixed)
+        return (self.policy.name, self.options, tuple(self.machine.numa_ids), fixed)
 
     def allocate(self, c: Container, hint: TopologyHint) -> ContainerResult:
         """Allocate one container inside the merged hint, the kubelet's providers in the
@@ -267,12 +267,12 @@ def admit_pod(machine: Machine, ledger: Ledger, pod: Pod, policy: str,
     machine has is rejected, as the kubelet rejects it).
     """
     t0 = time.perf_counter()
-    get_policy(policy)
+    pol = get_policy(policy)
     check_scope(scope)
     opts = options if options is not None else PolicyOptions()
     if pod.uid in ledger.pods:
         raise TopologyError(f"pod {pod.name}", f"uid {pod.uid} is already admitted")
-    run = _Run(machine, ledger, pod, policy, opts, overrides)
+    run = _Run(machine, ledger, pod, pol, opts, overrides)
     decisions: list[UnitDecision] = []
     containers: dict[str, ContainerResult] = {}
 

@@ -77,13 +77,14 @@ class HintPlan:
 
 
 def plan_hints(demands: Sequence[Demand], numa_ids: Sequence[int],
-               distances: Mapping[int, Mapping[int, int]] | None, policy: str,
+               distances: Mapping[int, Mapping[int, int]] | None,
+               policy: str | AlignmentPolicy,
                prefer_closest: bool, full_limit: int = FULL_LIMIT,
                fixed: Sequence[Sequence[TopologyHint] | None] = ()) -> HintPlan:
     """Hint lists for ``demands``. ``fixed`` are the other resources' lists of the same
     decision (None = no preference, [] = cannot satisfy), which take part in the merge
-    as they are."""
-    pol = get_policy(policy)
+    as they are. ``policy``: a name or the policy itself."""
+    pol = policy if isinstance(policy, AlignmentPolicy) else get_policy(policy)
     if not pol.aligns:
         return HintPlan([[] for _ in demands], "none")
     if len(numa_ids) <= full_limit:

@@ -163,7 +163,7 @@ class _Distances:
 
 
 def merge(
-    policy: str,
+    policy: str | AlignmentPolicy,
     providers: Sequence[ProviderHints],
     numa_ids: Sequence[int],
     distances: Mapping[int, Mapping[int, int]] | None,
@@ -173,9 +173,11 @@ def merge(
 
     Raises TopologyError for input the kubelet would refuse when building the policy:
     an unknown policy, more NUMA nodes than ``max-allowable-numa-nodes``, or
-    ``prefer-closest-numa-nodes`` without distances.
+    ``prefer-closest-numa-nodes`` without distances. ``policy`` is a name or the
+    policy itself (admission looks it up once and passes it).
     """
-    pol = get_policy(policy)
+    pol = policy if isinstance(policy, AlignmentPolicy) else get_policy(policy)
+    policy = pol.name
     if not pol.aligns:
         # The kubelet's none policy does not merge (and does not even parse options).
         return MergeResult(TopologyHint(None, False), True, policy,

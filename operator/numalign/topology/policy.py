@@ -1,4 +1,5 @@
-"""Topology Manager policy names, scopes and policy options, as the kubelet has them.
+"""Topology Manager policy names (the kubelet's; the registry, ``numalign.topology.policies``,
+lists every policy), scopes and policy options, as the kubelet has them.
 
 ``parse_policy_options`` mirrors the kubelet's ``NewPolicyOptions``: the same option
 names, the same parsing rules (Go's ``strconv.ParseBool`` / ``strconv.Atoi``) and the
@@ -18,12 +19,7 @@ POLICY_NONE = "none"
 POLICY_BEST_EFFORT = "best-effort"
 POLICY_RESTRICTED = "restricted"
 POLICY_SINGLE_NUMA_NODE = "single-numa-node"
-POLICIES: tuple[str, ...] = (
-    POLICY_NONE,
-    POLICY_BEST_EFFORT,
-    POLICY_RESTRICTED,
-    POLICY_SINGLE_NUMA_NODE,
-)
+# The list of policies is the registry's (numalign.topology.policies.names()).
 
 SCOPE_CONTAINER = "container"
 SCOPE_POD = "pod"
@@ -109,12 +105,6 @@ def parse_go_int(value: str) -> int:
     if n < _INT64_MIN or n > _INT64_MAX:
         raise ValueError(f"strconv.Atoi: parsing {go_quote(value)}: value out of range")
     return n
-
-
-def check_policy(policy: str, field: str = "policy") -> str:
-    if policy not in POLICIES:
-        raise TopologyError(field, f"unknown policy: {go_quote(policy)}")
-    return policy
 
 
 def check_scope(scope: str, field: str = "scope") -> str:
