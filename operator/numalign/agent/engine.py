@@ -17,7 +17,7 @@ from numalign.api.wire import (
     ContainerRecord,
     Resolved,
 )
-from numalign.topology.admit import AdmitResult, DeviceOverride
+from numalign.topology.admit import AdmitResult, ProviderKind
 from numalign.topology.errors import TopologyError
 from numalign.topology.fit import fit_requests
 from numalign.topology.hints import mask_ids
@@ -47,9 +47,9 @@ def new_ledger(machine: Machine) -> Ledger:
 
 
 def admit(machine: Machine, ledger: Ledger, pod: Mapping[str, Any], resolved: Resolved,
-          uid: str, devices: Sequence[DeviceOverride] = ()) -> EngineResult:
+          uid: str, devices: Sequence[ProviderKind] = ()) -> EngineResult:
     """Admit ``pod`` with ``resolved``; on success the ledger holds its allocation.
-    ``devices``: overrides for device resources someone else already assigned (a real
+    ``devices``: providers of device resources someone else already assigned (a real
     node's device manager), taken before the default ones."""
     model = pod_from_dict(pod)
     try:

@@ -1,3 +1,75 @@
-"""The kubelet's resource managers as hint providers behind one interface
-(:class:`~numalign.topology.managers.base.HintProvider`): CPUs, memory, devices (with
-the GPU groups' override)."""
+"""The registry of resource kinds: every kind of resource the admission aligns is one
+hint provider (:class:`~numalign.topology.managers.base.HintProvider`), made for each pod
+by its kind (:class:`~numalign.topology.managers.base.ProviderKind`). The admission
+(:func:`numalign.topology.admit.admit_pod`) walks :func:`providers_for`; nothing else
+names the kinds.
+
+Built in, in hint order: CPUs (``cpu``), memory and hugepages (``memory``), the device
+manager's devices (``devices``), GPU groups from ``numalign.io/gpus`` (``gpu-groups``).
+
+To add a resource kind: write one provider (``ask`` what it needs for a decision, its
+``hints``, ``allocate`` each container, what it ``claims`` from the plain device provider
+and ``report``\\s), and :func:`register` its kind; a caller with kinds of its own for one
+admission (the NRI agent's devices the kubelet assigned) passes them to ``admit_pod``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .base import Admission, HintProvider, Kind, ProviderKind
+from .cpu import CpuProvider
+from .devices import DeviceProvider
+from .gpu_groups import GpuGroups
+from .memory import MemoryProvider
+
+BUILTIN: tuple[ProviderKind, ...] = (
+    Kind("cpu", 10, CpuProvider),
+    Kind("memory", 20, MemoryProvider),
+    Kind("devices", 30, DeviceProvider),
+    GpuGroups(),
+)
+
+_KINDS: dict[str, ProviderKind] = {k.name: k for k in BUILTIN}
+
+
+def register(kind: ProviderKind) -> None:
+    """Add a kind of resource to every admission; raises ValueError if its name is taken."""
+    if kind.name in _KINDS:
+        raise ValueError(f"resource kind {kind.name!r} is already registered")
+    _KINDS[kind.name] = kind
+
+
+def unregister(name: str) -> None:
+    """Remove a registered kind (a built-in one cannot be removed)."""
+    if any(k.name == name for k in BUILTIN):
+        raise ValueError(f"resource kind {name!r} is built in")
+    _KINDS.pop(name, None)
+
+
+def names() -> list[str]:
+    """The registered kinds' names, in hint order."""
+    return [k.name for k in _ordered(())]
+
+
+def _ordered(extra: Iterable[ProviderKind]) -> list[ProviderKind]:
+    return sorted([*_KINDS.values(), *extra], key=lambda k: k.hint_order)
+
+
+def providers_for(admission: Admission,
+                  extra: Iterable[ProviderKind] = ()) -> list[HintProvider]:
+    """The pod's providers in hint order: every registered kind's and ``extra``'s that
+    take part. A device resource two providers claim belongs to the later; a provider
+    left with none of its claims takes no part. Sets ``admission.claimed``."""
+    made = [p for k in _ordered(extra) if (p := k.for_pod(admission)) is not None]
+    owner: dict[str, int] = {}
+    for i, p in enumerate(made):
+        owner.update(dict.fromkeys(p.claims, i))
+    kept = [p for i, p in enumerate(made)
+            if not p.claims or any(owner[r] == i for r in p.claims)]
+    admission.claimed = frozenset(owner)
+    return kept
+
+
+__all__ = ["BUILTIN", "Admission", "HintProvider", "Kind", "ProviderKind", "names",
+           "providers_for", "register", "unregister"]
