@@ -37,7 +37,6 @@ from .pod import Pod
 from .policies import get_policy
 from .policy import PolicyOptions
 
-
 JSON = dict[str, Any]
 
 

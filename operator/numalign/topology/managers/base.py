@@ -140,7 +140,7 @@ class ProviderKind(Protocol):
         ...
 
 
-@dataclass(frozen=True)
+@dataclass
 class Kind:
     """A :class:`ProviderKind` from a function making the provider."""
 
