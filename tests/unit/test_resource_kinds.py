@@ -44,6 +44,7 @@ class FpgaSlotsProvider:
     manager = "devices"
     allocation_order = 0
     claims = frozenset((RES,))
+    room_by_counts = False  # slots of one card, not any free ones
 
     def __init__(self, admission: Admission) -> None:
         self.a = admission
@@ -153,6 +154,8 @@ def test_a_toy_kind_is_aligned_on_one_card_under_every_aligning_policy(
     assert r.hint == TopologyHint(mask_of([1]), True)
     assert r.reports[KIND] == {"c0": "fpga1"}
     assert r.gpus == {}
+    # slots of one card are not counts per NUMA node: the extender decides afresh
+    assert not r.room_by_counts
     # the hints stand in the device manager's map, labelled by their provider
     dec = r.decisions[0]
     assert dec.provider_names == ["cpu", "memory", "devices"]
@@ -217,6 +220,6 @@ def test_without_the_kind_the_device_manager_splits_the_request() -> None:
     # two free slots and fpga0's two, 3 slots are placed across both cards
     ledger = held(Ledger(m), ["fpga1-s0", "fpga1-s1"])
     r = admit_pod(m, ledger, pod("p", 3), "best-effort", commit=False)
-    assert r.admit and KIND not in r.reports
+    assert r.admit and KIND not in r.reports and r.room_by_counts
     got = r.containers["c0"].allocation.devices[RES]
     assert len(got) == 3 and numa_of(m, got) == {0, 1}

@@ -133,6 +133,8 @@ class AdmitResult:
     # Admitted without commit: the ledger as a commit would leave it (the pod's record
     # shows what its containers hold after reuse between init and app containers)
     work: Ledger | None = field(default=None, repr=False, compare=False)
+    # every provider's allocation is counts per NUMA node (HintProvider.room_by_counts)
+    room_by_counts: bool = True
 
     @property
     def gpus(self) -> dict[str, list[str]]:
@@ -317,7 +319,8 @@ def admit_pod(machine: Machine, ledger: Ledger, pod: Pod, policy: str,
         return reject(short.reason, short.message, hint)
     result = AdmitResult(pod, policy, scope, True, None, None, hint, containers,
                          run.reports(), decisions, time.perf_counter() - t0,
-                         work=None if commit else run.work)
+                         work=None if commit else run.work,
+                         room_by_counts=all(p.room_by_counts for p in run.providers))
     if commit:
         ledger.replace_with(run.work)
         if pod.uid in ledger.pods:

@@ -119,6 +119,7 @@ class AssignedProvider:
     name = AssignedDevices.name
     manager = "devices"
     allocation_order = 0
+    room_by_counts = False  # the devices the kubelet assigned, not any free ones
 
     def __init__(self, kind: AssignedDevices, admission: Admission) -> None:
         self.kind = kind

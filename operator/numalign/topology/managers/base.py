@@ -101,6 +101,10 @@ class HintProvider(Protocol):
     allocation_order: int  # lower allocates first (kubelet: devices, CPUs, memory)
     # device resources it takes over from the device manager's plain provider
     claims: frozenset[str]
+    # its allocation is counts per NUMA node (CPUs, bytes, interchangeable devices): as
+    # many free on the same NUMA nodes admit the pod the same way (the scheduler
+    # extender's room check skips the engine only when every provider says so)
+    room_by_counts: bool
 
     def ask(self, unit: Sequence[Container]) -> Ask:
         """What the provider needs for the decision of ``unit``."""

@@ -17,6 +17,7 @@ class CpuProvider:
     name = "cpu"
     manager = "cpu"
     claims: frozenset[str] = frozenset()
+    room_by_counts = True
     allocation_order = 1
 
     def __init__(self, admission: Admission) -> None:

@@ -19,6 +19,7 @@ class DeviceProvider:
     manager = "devices"
     allocation_order = 0
     claims: frozenset[str] = frozenset()
+    room_by_counts = True
 
     def __init__(self, admission: Admission) -> None:
         self.a = admission

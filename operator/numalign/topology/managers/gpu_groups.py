@@ -25,6 +25,7 @@ class GpuGroupsProvider:
     name = NAME
     manager = "devices"
     allocation_order = 0  # with the device manager, after its plain devices
+    room_by_counts = False  # groups, not counts
 
     def __init__(self, admission: Admission, text: str) -> None:
         self.a = admission

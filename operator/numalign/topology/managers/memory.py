@@ -18,6 +18,7 @@ class MemoryProvider:
     name = "memory"
     manager = "memory"
     claims: frozenset[str] = frozenset()
+    room_by_counts = True
     allocation_order = 2
 
     def __init__(self, admission: Admission) -> None:
