@@ -223,3 +223,25 @@ def test_without_the_kind_the_device_manager_splits_the_request() -> None:
     assert r.admit and KIND not in r.reports and r.room_by_counts
     got = r.containers["c0"].allocation.devices[RES]
     assert len(got) == 3 and numa_of(m, got) == {0, 1}
+
+
+def test_the_kinds_allocation_reaches_the_nodes_status(fpga: None) -> None:
+    """The agent's admission walks the same registry: the slots the kind placed are the
+    container's devices on the wire record the node publishes."""
+    from numalign.agent.publish import build_status
+    from numalign.agent.state import NodeState
+    from numalign.api.wire import Resolved
+
+    st = NodeState("n", toy_machine())
+    res = {"cpu": "2", "memory": "1Gi", RES: "3"}
+    d = st.decide({"metadata": {"name": "p", "namespace": "ns", "uid": "uid-p"},
+                   "spec": {"containers": [{"name": "main", "resources": {
+                       "requests": res, "limits": res}}]}},
+                  Resolved("single-numa-node", "container", {}, "pod"))
+    assert d.admit and d.allocation is not None
+    assert d.allocation.numa_nodes == [1]
+    assert d.allocation.containers["main"].devices == {
+        RES: ["fpga1-s0", "fpga1-s1", "fpga1-s2"]}
+    (entry,) = build_status(st)["admitted"]
+    (main,) = entry["containers"]
+    assert main["devices"] == {RES: ["fpga1-s0", "fpga1-s1", "fpga1-s2"]}

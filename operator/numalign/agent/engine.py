@@ -50,7 +50,7 @@ def admit(machine: Machine, ledger: Ledger, pod: Mapping[str, Any], resolved: Re
           uid: str, devices: Sequence[ProviderKind] = ()) -> EngineResult:
     """Admit ``pod`` with ``resolved``; on success the ledger holds its allocation.
     ``devices``: providers of device resources someone else already assigned (a real
-    node's device manager), taken before the default ones."""
+    node's device manager), besides the registry's."""
     model = pod_from_dict(pod)
     try:
         result = admit_resolved(machine, ledger, model, resolved, devices=devices)

@@ -4,13 +4,30 @@ by its kind (:class:`~numalign.topology.managers.base.ProviderKind`). The admiss
 (:func:`numalign.topology.admit.admit_pod`) walks :func:`providers_for`; nothing else
 names the kinds.
 
-Built in, in hint order: CPUs (``cpu``), memory and hugepages (``memory``), the device
-manager's devices (``devices``), GPU groups from ``numalign.io/gpus`` (``gpu-groups``).
+Built in, in hint order: CPUs (``cpu``, 10), memory and hugepages (``memory``, 20), the
+device manager's devices (``devices``, 30), GPU groups from ``numalign.io/gpus``
+(``gpu-groups``, 50: :mod:`.gpu_groups`). A caller with kinds of its own for one
+admission passes them to ``admit_pod(providers=...)`` (the NRI agent's devices the
+kubelet assigned, 40: ``numalign.agent.nri.devices``).
 
-To add a resource kind: write one provider (``ask`` what it needs for a decision, its
-``hints``, ``allocate`` each container, what it ``claims`` from the plain device provider
-and ``report``\\s), and :func:`register` its kind; a caller with kinds of its own for one
-admission (the NRI agent's devices the kubelet assigned) passes them to ``admit_pod``.
+To add a resource kind, write one provider and :func:`register` its kind (a toy one:
+``tests/unit/test_resource_kinds.py``). The provider declares
+
+- ``name`` (explain labels its hints with it; ``AdmitResult.reports`` keys), ``manager``
+  (the kubelet hint provider it is part of: "cpu", "memory" or "devices"; a device-plugin
+  resource is "devices"), ``allocation_order`` (the kubelet allocates devices 0, CPUs 1,
+  memory 2),
+- ``claims``: the device resources it takes from the plain device provider,
+- ``room_by_counts``: whether as many free devices on the same NUMA nodes always admit
+  the pod the same way (the scheduler extender's shortcut; False decides afresh),
+
+and answers ``ask`` (demands for the hint generator, or hint lists as they are, for one
+decision), ``hints`` (its map for the merge), ``allocate`` (one container inside the
+merged hint, raising ``AllocationFailed`` with the kubelet's message) and ``report``.
+What it allocates into a container's ``devices`` is recorded in the ledger and goes, with
+no change elsewhere, to the node's wire record (``api/wire.py``), its NodeTopology status
+(``api/nodestatus.py``, ``agent/publish.py``) and the extender's room check; ``report``
+reaches ``AdmitResult.reports`` (GPU groups' also the wire record's ``gpus``).
 """
 
 from __future__ import annotations
