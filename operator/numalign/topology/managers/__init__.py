@@ -32,7 +32,7 @@ reaches ``AdmitResult.reports`` (GPU groups' also the wire record's ``gpus``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 
 from .base import Admission, HintProvider, Kind, ProviderKind
 from .cpu import CpuProvider
@@ -48,6 +48,7 @@ BUILTIN: tuple[ProviderKind, ...] = (
 )
 
 _KINDS: dict[str, ProviderKind] = {k.name: k for k in BUILTIN}
+_ORDER: list[ProviderKind] = list(BUILTIN)  # _KINDS in hint order
 
 
 def register(kind: ProviderKind) -> None:
@@ -55,6 +56,7 @@ def register(kind: ProviderKind) -> None:
     if kind.name in _KINDS:
         raise ValueError(f"resource kind {kind.name!r} is already registered")
     _KINDS[kind.name] = kind
+    _ORDER[:] = _ordered(())
 
 
 def unregister(name: str) -> None:
@@ -62,23 +64,27 @@ def unregister(name: str) -> None:
     if any(k.name == name for k in BUILTIN):
         raise ValueError(f"resource kind {name!r} is built in")
     _KINDS.pop(name, None)
+    _ORDER[:] = _ordered(())
 
 
 def names() -> list[str]:
     """The registered kinds' names, in hint order."""
-    return [k.name for k in _ordered(())]
+    return [k.name for k in _ORDER]
 
 
-def _ordered(extra: Iterable[ProviderKind]) -> list[ProviderKind]:
+def _ordered(extra: Sequence[ProviderKind]) -> list[ProviderKind]:
     return sorted([*_KINDS.values(), *extra], key=lambda k: k.hint_order)
 
 
 def providers_for(admission: Admission,
-                  extra: Iterable[ProviderKind] = ()) -> list[HintProvider]:
+                  extra: Sequence[ProviderKind] = ()) -> list[HintProvider]:
     """The pod's providers in hint order: every registered kind's and ``extra``'s that
     take part. A device resource two providers claim belongs to the later; a provider
     left with none of its claims takes no part. Sets ``admission.claimed``."""
-    made = [p for k in _ordered(extra) if (p := k.for_pod(admission)) is not None]
+    made = [p for k in (_ordered(extra) if extra else _ORDER)
+            if (p := k.for_pod(admission)) is not None]
+    if not any(p.claims for p in made):
+        return made
     owner: dict[str, int] = {}
     for i, p in enumerate(made):
         owner.update(dict.fromkeys(p.claims, i))
