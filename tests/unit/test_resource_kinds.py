@@ -245,3 +245,48 @@ def test_the_kinds_allocation_reaches_the_nodes_status(fpga: None) -> None:
     (entry,) = build_status(st)["admitted"]
     (main,) = entry["containers"]
     assert main["devices"] == {RES: ["fpga1-s0", "fpga1-s1", "fpga1-s2"]}
+
+
+def test_the_extender_decides_afresh_a_kind_placed_by_more_than_counts(fpga: None) -> None:
+    """Pods in flight leave as many free slots on the pod's NUMA node as it takes, but no
+    card with them all: the scheduler extender does not keep the verdict it gave without
+    them (a shortcut that counts devices per NUMA node), it decides with them held."""
+    from numalign.agent.publish import build_status
+    from numalign.agent.state import NodeState
+    from numalign.api.nodestatus import HeldPod
+    from numalign.api.wire import ANN_RESOLVED, Resolved
+    from numalign.extender.decide import Decider
+
+    m = machine_from_dict({
+        "name": "toy-fpga-2cards",
+        "numaNodes": [{"id": 0, "cpus": "0-3", "memory": "8Gi"},
+                      {"id": 1, "cpus": "4-7", "memory": "8Gi"}],
+        "devices": [{"resource": RES, "id": f"{card}-s{i}", "numaNode": 1,
+                     "groups": {"card": card}}
+                    for card in ("fpga1", "fpga2") for i in range(3)]})
+    st = NodeState("n0", m)
+    decider = Decider()
+    decider.update({"metadata": {"name": "n0", "resourceVersion": "1"}, "spec": {},
+                    "status": build_status(st)})
+    annotation = Resolved("single-numa-node", "container", source="pod").annotation()
+
+    def k8s(name: str) -> dict[str, Any]:
+        res = {"cpu": "1", "memory": "1Gi", RES: "2"}
+        return {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}",
+                             "annotations": {ANN_RESOLVED: annotation}},
+                "spec": {"containers": [{"name": "main", "image": "pause",
+                                         "resources": {"limits": res}}]}}
+
+    p = k8s("p")
+    assert decider.decide(p, "n0").fits
+    flying: list[tuple[dict[str, Any], HeldPod]] = []
+    for name in ("f1", "f2"):  # two slots of fpga1, then two of fpga2
+        f = k8s(name)
+        held = decider.decide(f, "n0", in_flight=flying).held_by(f)
+        assert held is not None
+        flying.append((f, held))
+    assert [sorted(i for _, a in h.containers for i in a.devices[RES])
+            for _, h in flying] == [["fpga1-s0", "fpga1-s1"], ["fpga2-s0", "fpga2-s1"]]
+    v = decider.decide(p, "n0", in_flight=flying)
+    assert (v.fits, v.reason) == (False, REJECT_REASON)
