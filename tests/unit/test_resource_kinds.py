@@ -1,7 +1,8 @@
 """A new kind of resource is one provider in the registry: a toy kind, FPGA slots whose
 request must come from one card (the plain device manager would split it across cards),
 admitted through ``admit_pod`` under the aligning policies, rejected as the kubelet
-rejects, reported, and gone again once unregistered."""
+rejects, reported, published on the node's status by the agent, decided afresh by the
+scheduler extender when pods are in flight, and gone again once unregistered."""
 
 from __future__ import annotations
 

@@ -47,7 +47,7 @@ JSON = dict[str, Any]
 class ResourceView:
     """One resource's hints as one provider gave them."""
 
-    provider: str  # cpu | memory | devices | gpu-groups
+    provider: str  # its kind: cpu | memory | devices | gpu-groups | a registered one
     resource: str | None  # None: the provider gave no output at all
     hints: list[TopologyHint] | None  # None: no preference; []: cannot satisfy
     prefers_winner: str = ""  # "yes" | "any" | "no" | "" (no winner)
