@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 import testdata
-from numalign.topology.admit import UNEXPECTED_REASON, AdmitResult, admit_pod, default_overrides
+from numalign.topology.admit import UNEXPECTED_REASON, AdmitResult, admit_pod
 from numalign.topology.errors import TopologyError
 from numalign.topology.hints import TopologyHint, mask_of
 from numalign.topology.ledger import ContainerAllocation, Ledger
@@ -326,8 +326,7 @@ def test_decisions_without_demands_follow_the_override_hints() -> None:
         led = Ledger(m)
         if taken:
             led.allocate("x", "c", ContainerAllocation(devices={"nvidia.com/gpu": tuple(taken)}))
-        return admit_pod(m, led, pod, "single-numa-node", "pod",
-                         overrides=default_overrides(m, pod), commit=False)
+        return admit_pod(m, led, pod, "single-numa-node", "pod", commit=False)
 
     first, second = admit([]), admit(on[0][:1])
     assert first.admit and first.hint == TopologyHint(mask_of([0]), True)

@@ -147,29 +147,25 @@ def test_each_container_keeps_the_devices_it_was_assigned() -> None:
 
 
 def test_device_hints_are_the_kubelets_for_allocated_devices() -> None:
-    from numalign.topology.admit import OverrideRequest
     from numalign.topology.pod import pod_from_dict
 
     pod = pod_from_dict(k8s_pod("p", "1", devices=2))
     ov = AssignedDevices(MACHINE, DEV, {"main": {DEV: ["nic-0", "nic-1"]}})
-
-    def req(count: int) -> OverrideRequest:
-        return OverrideRequest(MACHINE, pod, DEV, tuple(pod.containers), count,
-                               frozenset(), {})
+    unit = tuple(pod.containers)
 
     # two devices on two NUMA nodes: only the mask of both holds them, and it is the
     # narrowest any two devices of the resource fit in: preferred
-    hints = ov.hints(req(2))
+    hints = ov.hints(unit, 2)
     assert [(h.mask, h.preferred) for h in hints or []] == [(0b11, True)]
     # one of them: each node alone is preferred, both together not
-    hints = ov.hints(req(1))
+    hints = ov.hints(unit, 1)
     assert [(h.mask, h.preferred) for h in hints or []] == [(0b01, True), (0b10, True),
                                                             (0b11, False)]
     # devices without a NUMA node: no preference
     flat = machine_from_dict({"name": "flat", "numaNodes": [
         {"id": 0, "cpus": "0-1", "memory": "1Gi"}],
         "devices": [{"resource": DEV, "id": "x"}]})
-    assert AssignedDevices(flat, DEV, {"main": {DEV: ["x"]}}).hints(req(1)) is None
+    assert AssignedDevices(flat, DEV, {"main": {DEV: ["x"]}}).hints(unit, 1) is None
     # a device the node does not report is an error naming it
     with pytest.raises(TopologyError, match="nic-9"):
         AssignedDevices(MACHINE, DEV, {"main": {DEV: ["nic-9"]}})

@@ -17,7 +17,7 @@ from numalign.api.wire import (
     ContainerRecord,
     Resolved,
 )
-from numalign.topology.admit import AdmitResult, DeviceOverride
+from numalign.topology.admit import AdmitResult, ProviderKind
 from numalign.topology.errors import TopologyError
 from numalign.topology.fit import fit_requests
 from numalign.topology.hints import mask_ids
@@ -47,10 +47,10 @@ def new_ledger(machine: Machine) -> Ledger:
 
 
 def admit(machine: Machine, ledger: Ledger, pod: Mapping[str, Any], resolved: Resolved,
-          uid: str, devices: Sequence[DeviceOverride] = ()) -> EngineResult:
+          uid: str, devices: Sequence[ProviderKind] = ()) -> EngineResult:
     """Admit ``pod`` with ``resolved``; on success the ledger holds its allocation.
-    ``devices``: overrides for device resources someone else already assigned (a real
-    node's device manager), taken before the default ones."""
+    ``devices``: providers of device resources someone else already assigned (a real
+    node's device manager), besides the registry's."""
     model = pod_from_dict(pod)
     try:
         result = admit_resolved(machine, ledger, model, resolved, devices=devices)

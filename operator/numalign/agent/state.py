@@ -32,7 +32,7 @@ from numalign.api.wire import (
     parse_admitted,
     parse_allocation,
 )
-from numalign.topology.admit import DeviceOverride
+from numalign.topology.admit import ProviderKind
 from numalign.topology.ledger import Ledger
 from numalign.topology.machine import Machine
 from numalign.topology.policy import POLICY_NONE
@@ -226,7 +226,7 @@ class NodeState:
             self.track(pod, phase)
 
     def decide(self, pod: Mapping[str, Any], resolved: Resolved,
-               devices: Sequence[DeviceOverride] = ()) -> Decision:
+               devices: Sequence[ProviderKind] = ()) -> Decision:
         """Admit or reject ``pod`` (once: a decided pod gets its first answer again).
         ``devices``: what someone else already assigned (a real node's device manager)."""
         uid = pod_uid(pod)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from numalign.topology.admit import AdmitResult, DeviceOverride, admit_pod, default_overrides
-from numalign.topology.errors import TopologyError
+from numalign.topology.admit import AdmitResult, ProviderKind, admit_pod
+from numalign.topology.errors import InvalidPodRequest, TopologyError
 from numalign.topology.ledger import Ledger
 from numalign.topology.machine import Machine
 from numalign.topology.pod import Pod
@@ -26,16 +26,16 @@ class InvalidGpuRequest(TopologyError):
 
 
 def admit_resolved(machine: Machine, ledger: Ledger, model: Pod, resolved: Resolved, *,
-                   devices: Sequence[DeviceOverride] = (), commit: bool = True
+                   devices: Sequence[ProviderKind] = (), commit: bool = True
                    ) -> AdmitResult:
-    """Admit ``model`` under ``resolved`` with the GPU group hook; ``devices``: overrides
-    for device resources someone else already assigned (a real node's device manager),
-    taken before the default ones. Raises :class:`InvalidGpuRequest` for a bad GPU request
-    and TopologyError for an unknown policy or scope, or options this machine refuses."""
+    """Admit ``model`` under ``resolved`` with the registry's providers (GPU groups
+    included); ``devices``: providers of device resources someone else already assigned
+    (a real node's device manager), which the registry's GPU groups override. Raises
+    :class:`InvalidGpuRequest` for a bad GPU request and TopologyError for an unknown
+    policy or scope, or options this machine refuses."""
     try:
-        overrides = [*devices, *default_overrides(machine, model)]
-    except TopologyError as e:  # the refusal's message: escaped, whoever raised it
+        return admit_pod(machine, ledger, model, resolved.policy or "none",
+                         resolved.scope or "container", resolved.options.engine,
+                         providers=devices, commit=commit)
+    except InvalidPodRequest as e:  # the refusal's message: escaped, whoever raised it
         raise InvalidGpuRequest(printable(e.field), printable(e.problem)) from None
-    return admit_pod(machine, ledger, model, resolved.policy or "none",
-                     resolved.scope or "container", resolved.options.engine,
-                     overrides=overrides, commit=commit)

@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from numalign.topology.admit import admit_pod, default_overrides
+from numalign.topology.admit import admit_pod
 from numalign.topology.errors import TopologyError
 from numalign.topology.ledger import Ledger
 from numalign.topology.machine import Machine, load_machine
@@ -153,8 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             src = f"{path}: document {i + 1}" if multi else path
             try:
                 pod = pod_from_dict(doc)
-                result = admit_pod(machine, ledger, pod, policy, scope, options,
-                                   overrides=default_overrides(machine, pod))
+                result = admit_pod(machine, ledger, pod, policy, scope, options)
             except TopologyError as e:
                 _err(f"{src}: {e}")
                 status = 1

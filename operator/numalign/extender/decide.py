@@ -100,6 +100,8 @@ class Verdict:
     resolvable: bool = True
     note: str | None = None
     containers: tuple[tuple[str, ContainerAllocation], ...] = field(default=(), repr=False)
+    # its allocation is counts per NUMA node (AdmitResult.room_by_counts)
+    room_by_counts: bool = True
 
     @property
     def failure(self) -> str:
@@ -234,7 +236,8 @@ def decide(pod: Mapping[str, Any], view: NodeView | None,
     rec = result.work.pods.get(CANDIDATE_UID) if result.work is not None else None
     return Verdict(node, True, score=score_admission(view.machine, ledger, result),
                    numa_nodes=tuple(pod_numa(result)), policy=eff,
-                   containers=() if rec is None else tuple(rec.containers.items()))
+                   containers=() if rec is None else tuple(rec.containers.items()),
+                   room_by_counts=result.room_by_counts)
 
 
 def node_refusal(kind: str, error: TopologyError) -> tuple[str, str] | None:
@@ -265,6 +268,8 @@ def room_left(view: NodeView, reserved: Sequence[HeldPod], flying: Sequence[Held
     (decide again) near capacity, and for policy options, GPU group requests, containers
     aligned one by one, memory spanning NUMA nodes."""
     machine, model = view.machine, shape.model
+    if not verdict.room_by_counts:  # GPU groups, a kind placed by more than counts
+        return False
     if machine is None or model is None or resolved.options.given or ANN_GPUS in model.annotations:
         return False
     mine = [a for _, a in verdict.containers]

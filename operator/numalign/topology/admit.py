@@ -15,34 +15,27 @@ only malformed input (an unknown policy or scope) raises ``TopologyError``.
 
 Each container's memory is reported as the memory manager holds it: the NUMA nodes its
 memory may use (its block's affinity, kept when it reuses its init container's memory)
-and the bytes it took per node. A ``DeviceOverride`` replaces the device manager for a
-resource (GPU groups plug in here).
+and the bytes it took per node. The providers are the registry's
+(:mod:`numalign.topology.managers`, GPU groups included) and the caller's own kinds;
+what they report beyond the containers' records is in ``AdmitResult.reports``.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import TopologyError
 from .fit import check_fit_totals, fit_requests
-from .gpu.override import GpuAnnotationOverride
-from .gpu.requests import ANNOTATION as GPU_ANNOTATION
 from .hintgen import HintPlan, plan_hints
 from .hints import NumaMask, ProviderHints, TopologyHint, mask_ids
 from .ledger import MEMORY, ContainerAllocation, Ledger
 from .machine import Machine
-from .managers.base import Admission, AllocationFailed, Ask, HintProvider
-from .managers.cpu import CpuProvider
-from .managers.devices import (
-    DeviceOverride,
-    DeviceProvider,
-    OverrideAllocation,
-    OverrideRequest,
-)
-from .managers.memory import MemoryProvider
+from .managers import providers_for
+from .managers.base import Admission, AllocationFailed, Ask, HintProvider, ProviderKind
+from .managers.gpu_groups import NAME as GPU_GROUPS
 from .merge import REJECT_MESSAGE, REJECT_REASON, MergeResult, merge
 from .pod import HUGEPAGES_PREFIX, Container, Pod, is_hugepages
 from .policies import AlignmentPolicy, get_policy
@@ -50,16 +43,14 @@ from .policy import SCOPE_CONTAINER, SCOPE_POD, PolicyOptions, check_scope
 
 UNEXPECTED_REASON = "UnexpectedAdmissionError"
 
-# The device manager's override hook, as callers of admission know it.
-__all__ = ["UNEXPECTED_REASON", "AdmitResult", "AllocationFailed", "DeviceOverride",
-           "OverrideAllocation", "OverrideRequest", "admit_pod", "default_overrides"]
-
-OverrideFactory = Callable[[Machine, Pod], Sequence[DeviceOverride]]
+__all__ = ["UNEXPECTED_REASON", "AdmitResult", "AllocationFailed", "ProviderKind",
+           "admit_pod"]
 
 # Decisions without demands by what they depend on (_Run._key): a scheduler extender
 # decides one pod on many nodes. Bounded, oldest out first; what it keeps is read, never
 # changed.
-_Merged = tuple[HintPlan, tuple[ProviderHints, ...], MergeResult]
+# (the plan, the managers' maps, the merge, resource -> provider name)
+_Merged = tuple[HintPlan, tuple[ProviderHints, ...], MergeResult, dict[str, str]]
 DECISION_CACHE_SIZE = 256
 _DECISIONS: dict[Hashable, _Merged] = {}
 
@@ -69,7 +60,10 @@ _DECISIONS: dict[Hashable, _Merged] = {}
 
 @dataclass
 class UnitDecision:
-    """One Topology Manager decision (a container, or the pod): for `numalign explain`."""
+    """One Topology Manager decision (a container, or the pod): for `numalign explain`.
+    ``providers``: the kubelet's hint providers' maps (``provider_names``: "cpu",
+    "memory", "devices"), as the merge takes them; ``sources``: resource -> the name of
+    the numalign provider that gave its hints ("gpu-groups" for GPU groups' ones)."""
 
     unit: str  # container name, or "pod"
     providers: list[ProviderHints]
@@ -79,6 +73,7 @@ class UnitDecision:
     admit: bool
     plan: HintPlan | None = None
     seconds: float = 0.0
+    sources: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         provs: list[Any] = []
@@ -129,7 +124,7 @@ class AdmitResult:
     message: str | None
     hint: TopologyHint
     containers: dict[str, ContainerResult]
-    gpus: dict[str, list[str]]
+    reports: dict[str, Any]  # provider name -> what it reports (gpu-groups: its GPUs)
     decisions: list[UnitDecision]
     seconds: float = 0.0
     # An UnexpectedAdmissionError: the container whose allocation failed and the manager
@@ -138,6 +133,14 @@ class AdmitResult:
     # Admitted without commit: the ledger as a commit would leave it (the pod's record
     # shows what its containers hold after reuse between init and app containers)
     work: Ledger | None = field(default=None, repr=False, compare=False)
+    # every provider's allocation is counts per NUMA node (HintProvider.room_by_counts)
+    room_by_counts: bool = True
+
+    @property
+    def gpus(self) -> dict[str, list[str]]:
+        """GPU groups' placement: request name -> device ids (empty without one)."""
+        got: dict[str, list[str]] = self.reports.get(GPU_GROUPS) or {}
+        return got
 
     def to_json(self) -> dict[str, Any]:
         """The `numalign admit` output line."""
@@ -159,20 +162,21 @@ class AdmitResult:
 
 
 class _Run:
-    """One pod's admission: its hint providers (hint order: CPUs, memory, devices, as
-    ``explain`` shows them) over one working copy of the ledger."""
+    """One pod's admission: its hint providers (the registry's kinds and the caller's, in
+    hint order: CPUs, memory, devices, GPU groups) over one working copy of the ledger.
+    The providers that are parts of one kubelet manager give the merge one map, as that
+    manager does (``explain`` shows the managers' maps)."""
 
     def __init__(self, machine: Machine, ledger: Ledger, pod: Pod, policy: AlignmentPolicy,
-                 options: PolicyOptions, overrides: Sequence[DeviceOverride]) -> None:
+                 options: PolicyOptions, kinds: Sequence[ProviderKind]) -> None:
         self.machine = machine
         self.pod = pod
         self.policy = policy  # looked up once, by admit_pod
         self.aligns = policy.aligns
         self.options = options
         self.admission = Admission(machine, pod, ledger.copy())
-        self.devices = DeviceProvider(self.admission, overrides)
-        self.providers: tuple[HintProvider, ...] = (
-            CpuProvider(self.admission), MemoryProvider(self.admission), self.devices)
+        self.providers: tuple[HintProvider, ...] = tuple(providers_for(self.admission, kinds))
+        self.managers = list(dict.fromkeys(p.manager for p in self.providers))
         self.allocators: list[HintProvider] = sorted(
             self.providers, key=lambda p: p.allocation_order)
         self.stage: tuple[str, str] | None = None  # (container, manager) allocating now
@@ -181,9 +185,8 @@ class _Run:
     def work(self) -> Ledger:
         return self.admission.work
 
-    @property
-    def gpus(self) -> dict[str, list[str]]:
-        return self.devices.gpus
+    def reports(self) -> dict[str, Any]:
+        return {p.name: r for p in self.providers if (r := p.report()) is not None}
 
     def decide(self, name: str, unit: Sequence[Container]) -> UnitDecision:
         t0 = time.perf_counter()
@@ -199,9 +202,10 @@ class _Run:
                 if len(_DECISIONS) >= DECISION_CACHE_SIZE:
                     _DECISIONS.pop(next(iter(_DECISIONS)), None)
                 _DECISIONS[key] = got
-        plan, providers, result = got
-        return UnitDecision(name, list(providers), [p.name for p in self.providers], result,
-                            result.hint, result.admit, plan, time.perf_counter() - t0)
+        plan, providers, result, sources = got
+        return UnitDecision(name, list(providers), list(self.managers), result,
+                            result.hint, result.admit, plan, time.perf_counter() - t0,
+                            dict(sources))
 
     def _merge(self, asks: Sequence[Ask]) -> _Merged:
         demands = [d for a in asks for d in a.demands]
@@ -209,15 +213,20 @@ class _Run:
         machine = self.machine
         plan = plan_hints(demands, machine.numa_ids, machine.distances, self.policy,
                           self.options.prefer_closest_numa_nodes, fixed=fixed)
-        providers: list[ProviderHints] = []
+        maps: dict[str, dict[str, list[TopologyHint] | None]] = {
+            m: {} for m in self.managers}
+        sources: dict[str, str] = {}
         at = 0
         for p, a in zip(self.providers, asks, strict=True):
             lists = plan.lists[at:at + len(a.demands)]
             at += len(a.demands)
-            providers.append(p.hints(a, lists) or None)
+            got = p.hints(a, lists)
+            maps[p.manager].update(got)
+            sources.update(dict.fromkeys(got, p.name))
+        providers: list[ProviderHints] = [maps[m] or None for m in self.managers]
         result = merge(self.policy, providers, machine.numa_ids, machine.distances,
                        self.options)
-        return plan, tuple(providers), result
+        return plan, tuple(providers), result, sources
 
     def _key(self, asks: Sequence[Ask]) -> Hashable | None:
         """Everything the merge of a decision without demands depends on (a pod whose
@@ -239,7 +248,7 @@ class _Run:
         pod, machine, work = self.pod, self.machine, self.work
         alloc = ContainerAllocation(reusable=c.is_init)
         for p in self.allocators:
-            self.stage = (c.name, p.name)
+            self.stage = (c.name, p.manager)
             p.allocate(c, hint, alloc)
         try:
             work.allocate(pod.uid, c.name, alloc, pod_name=pod.name, namespace=pod.namespace)
@@ -259,12 +268,15 @@ class _Run:
 
 def admit_pod(machine: Machine, ledger: Ledger, pod: Pod, policy: str,
               scope: str = SCOPE_CONTAINER, options: PolicyOptions | None = None, *,
-              overrides: Sequence[DeviceOverride] = (), commit: bool = True) -> AdmitResult:
+              providers: Sequence[ProviderKind] = (), commit: bool = True) -> AdmitResult:
     """Admit ``pod`` on ``machine`` against ``ledger``; on admission (and ``commit``) the
-    ledger takes the pod's allocation, on rejection it is left untouched.
+    ledger takes the pod's allocation, on rejection it is left untouched. ``providers``:
+    kinds of resource of this admission only, beside the registry's.
 
-    Raises TopologyError for an unknown policy or scope (a pod asking for more than the
-    machine has is rejected, as the kubelet rejects it).
+    Raises TopologyError for an unknown policy or scope, InvalidPodRequest (a
+    TopologyError) for a pod's request of a kind that cannot be read (a bad
+    ``numalign.io/gpus``); a pod asking for more than the machine has is rejected, as
+    the kubelet rejects it.
     """
     t0 = time.perf_counter()
     pol = get_policy(policy)
@@ -272,7 +284,7 @@ def admit_pod(machine: Machine, ledger: Ledger, pod: Pod, policy: str,
     opts = options if options is not None else PolicyOptions()
     if pod.uid in ledger.pods:
         raise TopologyError(f"pod {pod.name}", f"uid {pod.uid} is already admitted")
-    run = _Run(machine, ledger, pod, pol, opts, overrides)
+    run = _Run(machine, ledger, pod, pol, opts, providers)
     decisions: list[UnitDecision] = []
     containers: dict[str, ContainerResult] = {}
 
@@ -305,15 +317,17 @@ def admit_pod(machine: Machine, ledger: Ledger, pod: Pod, policy: str,
     short = check_fit_totals(machine, pod, *ledger.requested())
     if short is not None:
         return reject(short.reason, short.message, hint)
+    result = AdmitResult(pod, policy, scope, True, None, None, hint, containers,
+                         run.reports(), decisions, time.perf_counter() - t0,
+                         work=None if commit else run.work,
+                         room_by_counts=all(p.room_by_counts for p in run.providers))
     if commit:
         ledger.replace_with(run.work)
         if pod.uid in ledger.pods:
             ledger.annotate(pod.uid, {"policy": policy, "scope": scope,
-                                      "hint": hint.to_json(), "gpus": run.gpus},
+                                      "hint": hint.to_json(), "gpus": result.gpus},
                             fit_requests(pod))
-    return AdmitResult(pod, policy, scope, True, None, None, hint, containers, run.gpus,
-                       decisions, time.perf_counter() - t0,
-                       work=None if commit else run.work)
+    return result
 
 
 def _pod_hint(decisions: Sequence[UnitDecision]) -> TopologyHint:
@@ -323,11 +337,3 @@ def _pod_hint(decisions: Sequence[UnitDecision]) -> TopologyHint:
     for m in masks:
         union = m if union is None else union | m
     return TopologyHint(union, all(d.hint.preferred for d in decisions))
-
-
-def default_overrides(machine: Machine, pod: Pod) -> list[DeviceOverride]:
-    """The overrides a pod gets by default: GPU groups when it has ``numalign.io/gpus``."""
-    text = pod.annotations.get(GPU_ANNOTATION)
-    if text is None:
-        return []
-    return [GpuAnnotationOverride(machine, text)]

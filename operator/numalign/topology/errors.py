@@ -14,3 +14,8 @@ class TopologyError(ValueError):
 
 class MachineError(TopologyError):
     """A machine description (file or discovered) is malformed."""
+
+
+class InvalidPodRequest(TopologyError):
+    """A pod's own request for a kind of resource (an annotation such as
+    ``numalign.io/gpus``) cannot be read or asks what the machine cannot name."""

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .admit import AdmitResult, DeviceOverride, admit_pod, default_overrides
+from .admit import AdmitResult, ProviderKind, admit_pod
 from .hints import NumaMask, TopologyHint, mask_ids, mask_of
 from .ledger import Ledger
 from .machine import Machine
@@ -36,8 +36,6 @@ from .merge import REJECT_REASON, Candidate, MergeResult
 from .pod import Pod
 from .policies import get_policy
 from .policy import PolicyOptions
-
-GPU_PROVIDER = "gpu-groups"
 
 JSON = dict[str, Any]
 
@@ -49,7 +47,7 @@ JSON = dict[str, Any]
 class ResourceView:
     """One resource's hints as one provider gave them."""
 
-    provider: str  # cpu | memory | devices | gpu-groups
+    provider: str  # its kind: cpu | memory | devices | gpu-groups | a registered one
     resource: str | None  # None: the provider gave no output at all
     hints: list[TopologyHint] | None  # None: no preference; []: cannot satisfy
     prefers_winner: str = ""  # "yes" | "any" | "no" | "" (no winner)
@@ -161,15 +159,14 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
-def _resource_views(result: AdmitResult, index: int,
-                    gpu_resources: set[str]) -> list[ResourceView]:
+def _resource_views(result: AdmitResult, index: int) -> list[ResourceView]:
     d = result.decisions[index]
     views: list[ResourceView] = []
     for name, prov in zip(d.provider_names, d.providers, strict=True):
         if prov is None:
             continue  # no output: nothing the pod asks for concerns this provider
         for res, hints in prov.items():
-            label = GPU_PROVIDER if name == "devices" and res in gpu_resources else name
+            label = d.sources.get(res, name)  # the provider that gave them
             views.append(ResourceView(label, res, None if hints is None else list(hints)))
     return views
 
@@ -255,10 +252,10 @@ def _why_non_preferred(win: Candidate, others: Sequence[Candidate],
 
 
 def _decision_view(result: AdmitResult, index: int, machine: Machine,
-                   options: PolicyOptions, gpu_resources: set[str]) -> DecisionView:
+                   options: PolicyOptions) -> DecisionView:
     d = result.decisions[index]
     pol = get_policy(result.policy)
-    views = _resource_views(result, index, gpu_resources)
+    views = _resource_views(result, index)
     m = d.merge
     all_nodes = mask_of(machine.numa_ids)
     gen: JSON = {}
@@ -328,17 +325,16 @@ def _summary(result: AdmitResult, views: Sequence[DecisionView]) -> str:
 def explain_pod(machine: Machine, pod: Pod, policy: str, scope: str,
                 options: PolicyOptions | None = None, ledger: Ledger | None = None, *,
                 source: str = "command line",
-                overrides: Sequence[DeviceOverride] | None = None) -> Explanation:
+                providers: Sequence[ProviderKind] = ()) -> Explanation:
     """Replay the admission of ``pod`` on ``machine`` (against ``ledger``, which is left
     unchanged) and explain it. Raises TopologyError for bad input (unknown policy or
     scope, a bad ``numalign.io/gpus``); a pod asking for more than the machine has is
     explained as the rejection the kubelet gives it."""
     opts = options if options is not None else PolicyOptions()
     base = ledger if ledger is not None else Ledger(machine)
-    ovs = list(overrides) if overrides is not None else default_overrides(machine, pod)
-    gpu_resources = {r for o in ovs for r in o.resources}
-    result = admit_pod(machine, base, pod, policy, scope, opts, overrides=ovs, commit=False)
-    views = [_decision_view(result, i, machine, opts, gpu_resources)
+    result = admit_pod(machine, base, pod, policy, scope, opts, providers=providers,
+                       commit=False)
+    views = [_decision_view(result, i, machine, opts)
              for i in range(len(result.decisions))]
     notes: list[str] = []
     for v in views:

@@ -22,10 +22,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from numalign.agent.podresources import KubeletPod
-from numalign.topology.admit import DeviceOverride, OverrideAllocation, OverrideRequest
 from numalign.topology.errors import TopologyError
 from numalign.topology.hints import NumaMask, TopologyHint
+from numalign.topology.ledger import ContainerAllocation
 from numalign.topology.machine import Machine
+from numalign.topology.managers.base import Admission, Ask, ProviderKind
+from numalign.topology.pod import Container
 from numalign.topology.providers import iterate_masks
 
 # container name -> resource -> device ids
@@ -64,13 +66,15 @@ def assigned_of(pod: KubeletPod) -> dict[str, dict[str, list[str]]]:
 
 
 class AssignedDevices:
-    """A :class:`~numalign.topology.admit.DeviceOverride` for one device resource: the
-    devices the kubelet assigned to each container, by NUMA node of ``machine``."""
+    """A resource kind (:class:`~numalign.topology.managers.base.ProviderKind`) of this
+    admission only, for one device resource: the devices the kubelet assigned to each
+    container, by NUMA node of ``machine``. Its provider claims the resource from the
+    plain device provider and allocates every container requesting it."""
 
-    per_container = True  # allocate() is asked for every container requesting the resource
+    name = "assigned-devices"
+    hint_order = 40  # after the device manager's plain devices, before GPU groups
 
     def __init__(self, machine: Machine, resource: str, assigned: Assigned) -> None:
-        self.resources: tuple[str, ...] = (resource,)
         self.resource = resource
         self.assigned = {c: list(per.get(resource, ())) for c, per in assigned.items()}
         devices = machine.devices_of(resource)
@@ -91,11 +95,11 @@ class AssignedDevices:
                 n += 1
         return n
 
-    def hints(self, req: OverrideRequest) -> list[TopologyHint] | None:
+    def hints(self, unit: Sequence[Container], count: int) -> list[TopologyHint] | None:
+        """The kubelet's hints for ``count`` devices of the decision of ``unit``."""
         if not self.domain:
             return None  # no device of the resource has a NUMA node: no preference
-        ids = [i for c in req.containers for i in self.assigned.get(c.name, ())]
-        count = req.count
+        ids = [i for c in unit for i in self.assigned.get(c.name, ())]
         narrowest = len(self.domain)
         hints: list[NumaMask] = []
         for mask in iterate_masks(self.domain):
@@ -105,16 +109,44 @@ class AssignedDevices:
                 hints.append(mask)
         return [TopologyHint(m, m.bit_count() == narrowest) for m in hints]
 
-    def allocate(self, req: OverrideRequest, mask: NumaMask | None) -> OverrideAllocation:
-        got: dict[str, list[str]] = {}
-        for c in req.containers:
-            ids = self.assigned.get(c.name, [])
-            if ids:
-                got.setdefault(self.resource, []).extend(ids)
-        return OverrideAllocation(got)
+    def for_pod(self, admission: Admission) -> AssignedProvider:
+        return AssignedProvider(self, admission)
 
 
-def assigned_overrides(machine: Machine, assigned: Assigned) -> list[DeviceOverride]:
+class AssignedProvider:
+    """The hint provider of :class:`AssignedDevices` for one pod."""
+
+    name = AssignedDevices.name
+    manager = "devices"
+    allocation_order = 0
+    room_by_counts = False  # the devices the kubelet assigned, not any free ones
+
+    def __init__(self, kind: AssignedDevices, admission: Admission) -> None:
+        self.kind = kind
+        self.a = admission
+        self.claims = frozenset((kind.resource,))
+
+    def ask(self, unit: Sequence[Container]) -> Ask:
+        res = self.kind.resource
+        if not any(res in c.requests for c in unit):
+            return Ask()
+        count = self.a.unit_value(unit, lambda c: int(c.request(res)))
+        return Ask(fixed={res: self.kind.hints(unit, count)})
+
+    def hints(self, ask: Ask,
+              lists: Sequence[list[TopologyHint]]) -> dict[str, list[TopologyHint] | None]:
+        return dict(ask.fixed)
+
+    def allocate(self, c: Container, hint: TopologyHint, alloc: ContainerAllocation) -> None:
+        ids = self.kind.assigned.get(c.name, [])
+        if ids and self.kind.resource in c.requests:
+            alloc.devices[self.kind.resource] = tuple(ids)
+
+    def report(self) -> None:
+        return None
+
+
+def assigned_kinds(machine: Machine, assigned: Assigned) -> list[ProviderKind]:
     """One :class:`AssignedDevices` per resource the kubelet assigned to the pod."""
     resources = sorted({r for per in assigned.values() for r, ids in per.items() if ids})
     return [AssignedDevices(machine, r, assigned) for r in resources]

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from numalign.agent.nri.devices import Assigned, assigned_overrides
+from numalign.agent.nri.devices import Assigned, assigned_kinds
 from numalign.agent.nri.plugin import CpuSet, Placement, Rejected
 from numalign.agent.state import NodeState, PlacedPod, published_pods
 from numalign.api.nodestatus import RESERVED_UID
@@ -221,8 +221,8 @@ class EnginePlacer:
         if view is None:
             return None
         try:
-            overrides = assigned_overrides(self.machine, devices) if devices else []
-            decision = self.state.decide(view.pod, view.resolved, overrides)
+            kinds = assigned_kinds(self.machine, devices) if devices else []
+            decision = self.state.decide(view.pod, view.resolved, kinds)
         except TopologyError as exc:  # a pod no placement can ever satisfy
             decision = self.state.refuse(view.pod, REJECT_REASON, str(exc), view.resolved)
         if not decision.admit or decision.allocation is None:

@@ -9,14 +9,15 @@ taken as they are), generates the hints of all the decision's demands together
 once), hands each provider its lists back (:meth:`HintProvider.hints`: its part of the
 merge's input), merges, and once the decision admits, has the providers allocate every
 container of the unit in the kubelet's order of ``Allocate`` calls
-(:attr:`HintProvider.allocation_order`). A new kind of resource is one provider.
+(:attr:`HintProvider.allocation_order`). A new kind of resource is one provider, made
+for each pod by a :class:`ProviderKind` in the registry (:mod:`numalign.topology.managers`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..hints import TopologyHint
 from ..ledger import ContainerAllocation, Ledger
@@ -37,6 +38,9 @@ class Admission:
     machine: Machine
     pod: Pod
     work: Ledger
+    # device resources a provider other than the device manager's claims (the device
+    # provider leaves them alone); set once every provider of the pod is made
+    claimed: frozenset[str] = frozenset()
 
     def unit_value(self, unit: Sequence[Container], value: Callable[[Container], int]) -> int:
         """A unit's request of one resource: the container's, or the pod's effective
@@ -62,6 +66,12 @@ class Admission:
         return {r: frozenset(self.work.free_devices(r)) | self.work.reusable_devices(uid, r)
                 for r in self.machine.device_resources}
 
+    def free_of(self, resources: Sequence[str]) -> dict[str, frozenset[str]]:
+        """:meth:`free_sets` of ``resources`` only (none free of one the machine lacks)."""
+        uid, have = self.pod.uid, self.machine.device_resources
+        return {r: frozenset(self.work.free_devices(r)) | self.work.reusable_devices(uid, r)
+                if r in have else frozenset() for r in resources}
+
 
 def _getter(per: Mapping[str, Mapping[str, int]], key: str) -> Callable[[Container], int]:
     def get(c: Container) -> int:
@@ -81,10 +91,20 @@ class Ask:
 
 
 class HintProvider(Protocol):
-    """One of the kubelet's hint providers (see the module docstring)."""
+    """One kind of resource as the kubelet's hint providers handle it, for one pod (see
+    the module docstring)."""
 
-    name: str  # as explain shows it: "cpu", "memory", "devices"
+    name: str  # its kind's name, as explain labels its hints: "cpu", "gpu-groups", ...
+    # the kubelet's hint provider it is part of ("cpu", "memory" or "devices"): providers
+    # of one manager give the merge one hint map, as that manager does
+    manager: str
     allocation_order: int  # lower allocates first (kubelet: devices, CPUs, memory)
+    # device resources it takes over from the device manager's plain provider
+    claims: frozenset[str]
+    # its allocation is counts per NUMA node (CPUs, bytes, interchangeable devices): as
+    # many free on the same NUMA nodes admit the pod the same way (the scheduler
+    # extender's room check skips the engine only when every provider says so)
+    room_by_counts: bool
 
     def ask(self, unit: Sequence[Container]) -> Ask:
         """What the provider needs for the decision of ``unit``."""
@@ -100,3 +120,37 @@ class HintProvider(Protocol):
         """Allocate container ``c`` inside ``hint`` into ``alloc``; raise
         :class:`AllocationFailed` with the kubelet's message when it cannot."""
         ...
+
+    def report(self) -> Any:
+        """What it reports of the pod's allocation beyond the containers' records
+        (:attr:`~numalign.topology.admit.AdmitResult.reports`, under :attr:`name`);
+        None: nothing."""
+        ...
+
+
+class ProviderKind(Protocol):
+    """A kind of resource in the registry: makes the pod's :class:`HintProvider`, or
+    None when the pod asks nothing of the kind."""
+
+    name: str
+    # where its hints stand among the others (cpu 10, memory 20, devices 30,
+    # gpu-groups 50): the order of the merge's input and of explain's rows
+    hint_order: int
+
+    def for_pod(self, admission: Admission) -> HintProvider | None:
+        """The provider for ``admission``'s pod; None: the kind takes no part. May raise
+        :class:`~numalign.topology.errors.InvalidPodRequest` when the pod's own request
+        for the kind cannot be read."""
+        ...
+
+
+@dataclass
+class Kind:
+    """A :class:`ProviderKind` from a function making the provider."""
+
+    name: str
+    hint_order: int
+    make: Callable[[Admission], HintProvider | None]
+
+    def for_pod(self, admission: Admission) -> HintProvider | None:
+        return self.make(admission)

@@ -15,6 +15,9 @@ from .base import Admission, AllocationFailed, Ask
 
 class CpuProvider:
     name = "cpu"
+    manager = "cpu"
+    claims: frozenset[str] = frozenset()
+    room_by_counts = True
     allocation_order = 1
 
     def __init__(self, admission: Admission) -> None:
@@ -28,6 +31,9 @@ class CpuProvider:
     def hints(self, ask: Ask,
               lists: Sequence[list[TopologyHint]]) -> dict[str, list[TopologyHint] | None]:
         return {"cpu": lists[0]} if lists else {}
+
+    def report(self) -> None:
+        return None
 
     def allocate(self, c: Container, hint: TopologyHint, alloc: ContainerAllocation) -> None:
         a = self.a

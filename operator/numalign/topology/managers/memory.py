@@ -16,6 +16,9 @@ from .base import Admission, AllocationFailed, Ask
 
 class MemoryProvider:
     name = "memory"
+    manager = "memory"
+    claims: frozenset[str] = frozenset()
+    room_by_counts = True
     allocation_order = 2
 
     def __init__(self, admission: Admission) -> None:
@@ -54,6 +57,9 @@ class MemoryProvider:
             if b:
                 out.setdefault(m, {})[kind] = b
         return out
+
+    def report(self) -> None:
+        return None
 
     def allocate(self, c: Container, hint: TopologyHint, alloc: ContainerAllocation) -> None:
         """The memory manager's Allocate: the default hint when the affinity is nil,
