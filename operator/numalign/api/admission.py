@@ -13,6 +13,7 @@ from numalign.topology.machine import Machine
 from numalign.topology.pod import Pod
 from numalign.topology.text import printable
 
+from .effective import EffectivePolicy
 from .wire import EVENT_INVALID_GPU, Resolved
 
 # A pod whose numalign.io/gpus cannot be read (or asks what the machine cannot name) is
@@ -25,10 +26,12 @@ class InvalidGpuRequest(TopologyError):
     mistake: the pod is refused rather than run without the GPU placement it asked for)."""
 
 
-def admit_resolved(machine: Machine, ledger: Ledger, model: Pod, resolved: Resolved, *,
+def admit_resolved(machine: Machine, ledger: Ledger, model: Pod,
+                   resolved: EffectivePolicy | Resolved, *,
                    devices: Sequence[DeviceOverride] = (), commit: bool = True
                    ) -> AdmitResult:
-    """Admit ``model`` under ``resolved`` with the GPU group hook; ``devices``: overrides
+    """Admit ``model`` under ``resolved`` (the effective policy, or a resolution as the
+    agent records it) with the GPU group hook; ``devices``: overrides
     for device resources someone else already assigned (a real node's device manager),
     taken before the default ones. Raises :class:`InvalidGpuRequest` for a bad GPU request
     and TopologyError for an unknown policy or scope, or options this machine refuses."""
@@ -36,6 +39,9 @@ def admit_resolved(machine: Machine, ledger: Ledger, model: Pod, resolved: Resol
         overrides = [*devices, *default_overrides(machine, model)]
     except TopologyError as e:  # the refusal's message: escaped, whoever raised it
         raise InvalidGpuRequest(printable(e.field), printable(e.problem)) from None
+    if isinstance(resolved, EffectivePolicy):
+        return admit_pod(machine, ledger, model, resolved.policy, resolved.scope,
+                         resolved.options.engine, overrides=overrides, commit=commit)
     return admit_pod(machine, ledger, model, resolved.policy or "none",
                      resolved.scope or "container", resolved.options.engine,
                      overrides=overrides, commit=commit)

@@ -45,7 +45,7 @@ from .managers.devices import (
 from .managers.memory import MemoryProvider
 from .merge import REJECT_MESSAGE, REJECT_REASON, MergeResult, merge
 from .pod import HUGEPAGES_PREFIX, Container, Pod, is_hugepages
-from .policies import get_policy
+from .policies import AlignmentPolicy, get_policy
 from .policy import SCOPE_CONTAINER, SCOPE_POD, PolicyOptions, check_scope
 
 UNEXPECTED_REASON = "UnexpectedAdmissionError"
@@ -257,17 +257,20 @@ class _Run:
         return ContainerResult(nodes, alloc, hint)
 
 
-def admit_pod(machine: Machine, ledger: Ledger, pod: Pod, policy: str,
+def admit_pod(machine: Machine, ledger: Ledger, pod: Pod, policy: AlignmentPolicy | str,
               scope: str = SCOPE_CONTAINER, options: PolicyOptions | None = None, *,
               overrides: Sequence[DeviceOverride] = (), commit: bool = True) -> AdmitResult:
-    """Admit ``pod`` on ``machine`` against ``ledger``; on admission (and ``commit``) the
-    ledger takes the pod's allocation, on rejection it is left untouched.
+    """Admit ``pod`` on ``machine`` against ``ledger`` under ``policy`` (the policy
+    object, or its name: looked up once, here); on admission (and ``commit``) the ledger
+    takes the pod's allocation, on rejection it is left untouched.
 
     Raises TopologyError for an unknown policy or scope (a pod asking for more than the
     machine has is rejected, as the kubelet rejects it).
     """
     t0 = time.perf_counter()
-    get_policy(policy)
+    if not isinstance(policy, AlignmentPolicy):
+        policy = get_policy(policy)
+    policy = policy.name
     check_scope(scope)
     opts = options if options is not None else PolicyOptions()
     if pod.uid in ledger.pods:
