@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 
 import testdata
+from numalign.agent.publish import build_status
+from numalign.agent.state import NodeState
 from numalign.api.effective import (
     NodeKind,
     NodePolicy,
@@ -169,3 +171,25 @@ def test_the_engine_takes_the_policy_object_or_its_name_alike() -> None:
     by_name = admit_pod(machine, Ledger(machine), pod, "single-numa-node")
     assert by_object.admit and by_name.admit
     assert (by_object.policy, by_object.hint) == (by_name.policy, by_name.hint)
+
+
+@pytest.mark.parametrize(("placement", "kind"), [
+    (None, NodeKind.KUBELET_MANAGED),
+    ((False, "NotManaged", "no label"), NodeKind.KUBELET_MANAGED),
+    ((False, "KubeletManagersOn", "refused"), NodeKind.KUBELET_MANAGED),
+    ((False, "Starting", "reading the Node's labels"), NodeKind.NUMALIGN_MANAGED),
+    ((True, "Registered", "placing"), NodeKind.NUMALIGN_MANAGED),
+])
+def test_the_agent_publishes_the_policy_of_the_kind_every_reader_sees(
+        placement: tuple[bool, str, str] | None, kind: NodeKind) -> None:
+    st = NodeState("n", load_machine(testdata.MACHINES / "seed-figure1.yaml"))
+    st.kubelet = {**KUBELET_SNN, "cpuManagerPolicy": "none"}
+    st.placement = placement
+    st.default = node_default(SPEC)
+    status = build_status(st)
+    assert NodeKind.of({"status": status}) is kind
+    applied = next(c for c in status["conditions"] if c["type"] == "PolicyApplied")
+    by_kubelet = applied["message"].startswith("the kubelet's Topology Manager policy")
+    assert by_kubelet == (kind is NodeKind.KUBELET_MANAGED)
+    if not by_kubelet:
+        assert applied["message"] == "node default policy restricted, scope container"
