@@ -30,9 +30,9 @@ def with_resolved(pod: dict[str, Any], uid: str) -> dict[str, Any]:
 
 def admit(st: Any, pod: dict[str, Any]) -> bool:
     """The emulated node ``st`` decides ``pod`` (and keeps it when admitted)."""
-    from numalign.api.effective import EMULATED, NodePolicy, effective_policy
+    from numalign.api.effective import NodeKind, NodePolicy, effective_policy
 
-    eff = effective_policy(pod, NodePolicy(EMULATED, st.default))
+    eff = effective_policy(pod, NodePolicy(NodeKind.EMULATED, st.default))
     return bool(st.decide(pod, eff.resolved).admit)
 
 

@@ -6,17 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from numalign.api.effective import (
-    EMULATED,
-    FROM_KUBELET,
-    FROM_NODE_DEFAULT,
-    FROM_POD,
-    KUBELET_MANAGED,
-    NUMALIGN_MANAGED,
-    NodePolicy,
-    effective_policy,
-    node_kind,
-)
+from numalign.api.effective import NodeKind, NodePolicy, Origin, effective_policy
 from numalign.api.nodetopology import NRI_PLACEMENT
 from numalign.api.wire import ANN_RESOLVED, DEFERRED, Resolved
 
@@ -50,29 +40,29 @@ def test_nri_managed_node_applies_the_pods_policy_not_the_kubelets_none() -> Non
     # single-numa-node still decides there (explain and the fit check used `none`).
     nt = _nt(SPEC, KUBELET_NONE, ("True", "Registered"))
     eff = effective_policy(_pod(SNN.annotation()), NodePolicy.from_nodetopology(nt))
-    assert (eff.node_kind, eff.origin) == (NUMALIGN_MANAGED, FROM_POD)
+    assert (eff.node_kind, eff.origin) == (NodeKind.NUMALIGN_MANAGED, Origin.POD)
     assert (eff.resolved.policy, eff.resolved.scope) == ("single-numa-node", "pod")
     assert not eff.by_kubelet
 
 
 def test_nri_node_stays_managed_while_the_plugin_starts_or_the_runtime_is_away() -> None:
     for reason in ("Starting", "RuntimeUnavailable"):
-        assert node_kind(_nt(SPEC, KUBELET_NONE, ("False", reason))["status"]) \
-            == NUMALIGN_MANAGED
+        assert NodeKind.of(_nt(SPEC, KUBELET_NONE, ("False", reason))) \
+            is NodeKind.NUMALIGN_MANAGED
 
 
 def test_unlabelled_or_refused_nri_node_is_its_kubelets() -> None:
     for reason in ("NotManaged", "KubeletManagersOn"):
         nt = _nt(SPEC, KUBELET_SNN, ("False", reason))
         eff = effective_policy(_pod(SNN.annotation()), NodePolicy.from_nodetopology(nt))
-        assert (eff.node_kind, eff.origin) == (KUBELET_MANAGED, FROM_KUBELET)
+        assert (eff.node_kind, eff.origin) == (NodeKind.KUBELET_MANAGED, Origin.KUBELET)
 
 
 def test_kubelet_managed_node_applies_its_kubelets_policy_scope_and_known_options() -> None:
     nt = _nt(SPEC, KUBELET_SNN)
     eff = effective_policy(_pod(Resolved("none").annotation()),
                            NodePolicy.from_nodetopology(nt))
-    assert eff.by_kubelet and eff.node_kind == KUBELET_MANAGED
+    assert eff.by_kubelet and eff.node_kind == NodeKind.KUBELET_MANAGED
     r = eff.resolved
     assert (r.policy, r.scope, r.source) == ("single-numa-node", "pod", "kubelet")
     assert dict(r.options.given) == {"prefer-closest-numa-nodes": "true"}
@@ -88,20 +78,20 @@ def test_kubelet_settings_that_are_not_a_policy_read_as_the_kubelets_defaults() 
 
 def test_emulated_node_pod_resolution_then_node_default() -> None:
     node = NodePolicy.from_nodetopology(_nt(SPEC))
-    assert node.kind == EMULATED
+    assert node.kind == NodeKind.EMULATED
     eff = effective_policy(_pod(SNN.annotation()), node)
-    assert (eff.origin, eff.resolved) == (FROM_POD, SNN)
+    assert (eff.origin, eff.resolved) == (Origin.POD, SNN)
     for ann in (None, DEFERRED.annotation()):
         eff = effective_policy(_pod(ann), node)
         assert (eff.origin, eff.resolved.policy, eff.problem) == \
-            (FROM_NODE_DEFAULT, "restricted", None)
+            (Origin.NODE_DEFAULT, "restricted", None)
 
 
 def test_malformed_resolution_falls_back_to_the_default_and_names_the_problem() -> None:
     node = NodePolicy.from_nodetopology(_nt(SPEC))
     for bad in ('{"policy": 7}', "not json", json.dumps({"policy": "x" * 5000})):
         eff = effective_policy(_pod(bad), node)
-        assert eff.origin == FROM_NODE_DEFAULT and eff.resolved.policy == "restricted"
+        assert eff.origin == Origin.NODE_DEFAULT and eff.resolved.policy == "restricted"
         assert eff.problem is not None and ANN_RESOLVED in eff.problem
 
 
@@ -109,5 +99,5 @@ def test_garbage_nodetopology_reads_as_an_emulated_node_with_no_default() -> Non
     for nt in (None, {}, {"spec": 3, "status": []},
                {"status": {"conditions": "x", "kubelet": ["y"]}}):
         node = NodePolicy.from_nodetopology(nt)  # type: ignore[arg-type]
-        assert node.kind == EMULATED and node.default.policy == "none"
+        assert node.kind == NodeKind.EMULATED and node.default.policy == "none"
         assert effective_policy({"metadata": None}, node).resolved.policy == "none"

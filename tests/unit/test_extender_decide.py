@@ -12,7 +12,7 @@ import pytest
 import testdata
 from numalign.agent.publish import build_status
 from numalign.agent.state import NodeState
-from numalign.api.effective import FROM_KUBELET, FROM_POD
+from numalign.api.effective import Origin
 from numalign.api.nodestatus import HeldPod
 from numalign.api.wire import ANN_GPUS, ANN_RESOLVED, REJECT_REASON, Resolved
 from numalign.extender.decide import (
@@ -166,12 +166,12 @@ def test_kubelet_managed_node_decides_by_its_kubelet_and_holds_reserved_cpus() -
     # the pod's own policy says none; the kubelet's single-numa-node decides
     p = pod("a", {"cpu": "12", "memory": "1Gi"}, policy="none")
     v = decide(p, view)
-    assert v.policy is not None and v.policy.origin == FROM_KUBELET
+    assert v.policy is not None and v.policy.origin is Origin.KUBELET
     assert v.fits and v.numa_nodes == (1,)  # NUMA node 0 keeps 8 of 16 CPUs for the system
     assert not decide(pod("b", {"cpu": "17", "memory": "1Gi"}, policy="none"), view).fits
     # on an emulated node the same pod's own policy applies
     v = decide(p, NodeView.from_nodetopology(published(st, 1)))
-    assert v.policy is not None and v.policy.origin == FROM_POD
+    assert v.policy is not None and v.policy.origin is Origin.POD
 
 
 def test_score_ranks_fewer_numa_nodes_then_distance() -> None:

@@ -61,7 +61,7 @@ from numalign.agent.nri.placer import EnginePlacer, PodView
 from numalign.agent.nri.plugin import Rejected
 from numalign.agent.publish import build_status, nodetopology_object
 from numalign.agent.state import NodeState, PlacedPod
-from numalign.api.effective import EMULATED, NUMALIGN_MANAGED, NodePolicy, effective_policy
+from numalign.api.effective import NodeKind, NodePolicy, effective_policy
 from numalign.api.nodestatus import HeldPod
 from numalign.api.nodetopology import NRI_REGISTERED
 from numalign.api.wire import ANN_RESOLVED, EVENT_INVALID_GPU, REJECT_REASON, Allocation
@@ -100,7 +100,7 @@ def scheduler_fits(machine: Machine, pod: JSON, requests: list[dict[str, int]]) 
 class Node:
     """One node: what it decides, and the NodeTopology it publishes."""
 
-    kind = EMULATED
+    kind = NodeKind.EMULATED
 
     def __init__(self, name: str, machine: Machine, spec: JSON) -> None:
         self.name = name
@@ -127,7 +127,7 @@ class Node:
 
     def bind(self, pod: JSON) -> Outcome:
         """The pod is bound here: the node decides it (and keeps it when admitted)."""
-        eff = effective_policy(pod, NodePolicy(EMULATED, self.state.default))
+        eff = effective_policy(pod, NodePolicy(NodeKind.EMULATED, self.state.default))
         try:
             d = self.state.decide(pod, eff.resolved)
         except Exception as e:  # as agent/emulate.py: a pod the engine cannot decide
@@ -150,7 +150,7 @@ class ManagedNode(Node):
     """A numalign-managed real node: the NRI placer decides, the agent publishes the
     placer's allocations with the kubelet's settings (managers none, reserved CPUs)."""
 
-    kind = NUMALIGN_MANAGED
+    kind = NodeKind.NUMALIGN_MANAGED
 
     def __init__(self, name: str, machine: Machine, spec: JSON, reserved: tuple[int, ...]
                  ) -> None:
@@ -175,7 +175,7 @@ class ManagedNode(Node):
 
     def bind(self, pod: JSON) -> Outcome:
         uid = str(pod["metadata"]["uid"])
-        eff = effective_policy(pod, NodePolicy(NUMALIGN_MANAGED, self.state.default))
+        eff = effective_policy(pod, NodePolicy(NodeKind.NUMALIGN_MANAGED, self.state.default))
         self.views[uid] = PodView(pod, eff.resolved)
         self.placer.lookup = self.views.get  # this node's (a trial's copy has its own)
         first = pod["spec"]["containers"][0]
@@ -334,7 +334,7 @@ def run_sequence(seed: int, counts: Counts | None = None, mix: Mix = FULL) -> Co
         for node, verdict in zip(f.candidates, f.verdicts, strict=True):
             truth = node.trial(pod)
             counts.verdicts += 1
-            counts.managed += node.kind == NUMALIGN_MANAGED
+            counts.managed += node.kind == NodeKind.NUMALIGN_MANAGED
             assert verdict.covered, f"{where(f.step, node, pod)}: not covered: {verdict.note}"
             if node.name in lagging or (node.name in f.crowded and not verdict.fits):
                 counts.stale += node.name in lagging

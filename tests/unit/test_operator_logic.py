@@ -269,15 +269,15 @@ def test_node_default_of_a_kubelet_managed_node_is_its_kubelets() -> None:
                                                    "nodeSelector": {}}}]
     kubelet = {"topologyManagerPolicy": "single-numa-node",
                "topologyManagerScope": "container", "cpuManagerPolicy": "static"}
-    want = desired_spec({}, pols, kubelet)
+    want = desired_spec({}, pols, {"status": {"kubelet": kubelet}})
     assert want == {"policy": "single-numa-node", "scope": "container", "source": "kubelet"}
     patch = spec_patch({"policy": "best-effort", "scope": "pod", "source": "TopologyPolicy/all",
                         "policyGeneration": 3}, want)
     assert patch == {"policy": "single-numa-node", "scope": "container", "options": None,
                      "source": "kubelet", "policyGeneration": 4}
     # a numalign-managed (NRI) node: numalign admits, the TopologyPolicy's default applies
-    nri = desired_spec({"numalign.io/managed": "nri"}, pols, {
-        **kubelet, "topologyManagerPolicy": "none", "cpuManagerPolicy": "none"})
+    nri = desired_spec({"numalign.io/managed": "nri"}, pols, {"status": {"kubelet": {
+        **kubelet, "topologyManagerPolicy": "none", "cpuManagerPolicy": "none"}}})
     assert nri["policy"] == "best-effort" and nri["source"] == "TopologyPolicy/all"
 
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from numalign.api.effective import EMULATED, NodePolicy, effective_policy
+from numalign.api.effective import NodeKind, NodePolicy, effective_policy
 from numalign.api.kube import MERGE_PATCH, NT_BASE, ApiError, Kube, nt_path, pod_path, q
 from numalign.api.kube.listwatch import list_watch
 from numalign.api.wire import (
@@ -451,7 +451,7 @@ class Emulator:
                 self.publisher.mark(node)
             return
         self._seen.setdefault(uid, time.monotonic())
-        eff = effective_policy(pod, NodePolicy(EMULATED, st.default))
+        eff = effective_policy(pod, NodePolicy(NodeKind.EMULATED, st.default))
         resolved, problem = eff.resolved, eff.problem
         try:
             decision = st.decide(pod, resolved)

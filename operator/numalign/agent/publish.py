@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from numalign.api.common import API_VERSION
+from numalign.api.effective import NodeKind
 from numalign.api.kube import JSON_PATCH, MERGE_PATCH, ApiError, Kube, nt_path
 from numalign.api.nodetopology import KIND, NRI_PLACEMENT, POLICY_APPLIED, READY
 from numalign.api.wire import Admitted
@@ -178,7 +179,10 @@ def build_status(state: NodeState, previous: Mapping[str, Any] | None = None,
 
     applied = state.observed_generation == state.spec_generation
     kubelet = state.kubelet
-    if kubelet is not None and not (state.placement is not None and state.placement[0]):
+    placement = cond(NRI_PLACEMENT, *state.placement) if state.placement is not None else None
+    kind = NodeKind.of({"status": {"kubelet": kubelet,
+                                   "conditions": [placement] if placement else []}})
+    if kubelet is not None and kind is NodeKind.KUBELET_MANAGED:
         # a kubelet-managed real node: the kubelet admits the pods under its own policy
         policy_text = (f"the kubelet's Topology Manager policy "
                        f"{kubelet.get('topologyManagerPolicy')}, scope "
@@ -202,8 +206,8 @@ def build_status(state: NodeState, previous: Mapping[str, Any] | None = None,
                     "devices": f"{len(devices) - n_used}/{len(devices)}",
                     "pods": len(admitted)},
     }
-    if state.placement is not None:
-        status["conditions"].append(cond(NRI_PLACEMENT, *state.placement))
+    if placement is not None:
+        status["conditions"].append(placement)
     if distances is not None:
         status["distances"] = distances
     if state.observed_generation is not None:

@@ -13,6 +13,7 @@ from numalign.topology.machine import Machine
 from numalign.topology.pod import Pod
 from numalign.topology.text import printable
 
+from .effective import EffectivePolicy
 from .wire import EVENT_INVALID_GPU, Resolved
 
 # A pod whose numalign.io/gpus cannot be read (or asks what the machine cannot name) is
@@ -25,15 +26,20 @@ class InvalidGpuRequest(TopologyError):
     mistake: the pod is refused rather than run without the GPU placement it asked for)."""
 
 
-def admit_resolved(machine: Machine, ledger: Ledger, model: Pod, resolved: Resolved, *,
+def admit_resolved(machine: Machine, ledger: Ledger, model: Pod,
+                   resolved: EffectivePolicy | Resolved, *,
                    devices: Sequence[ProviderKind] = (), commit: bool = True
                    ) -> AdmitResult:
-    """Admit ``model`` under ``resolved`` with the registry's providers (GPU groups
-    included); ``devices``: providers of device resources someone else already assigned
-    (a real node's device manager), which the registry's GPU groups override. Raises
-    :class:`InvalidGpuRequest` for a bad GPU request and TopologyError for an unknown
-    policy or scope, or options this machine refuses."""
+    """Admit ``model`` under ``resolved`` (the effective policy, or a resolution as the
+    agent records it) with the registry's providers (GPU groups included); ``devices``:
+    providers of device resources someone else already assigned (a real node's device
+    manager), which the registry's GPU groups override. Raises :class:`InvalidGpuRequest`
+    for a bad GPU request and TopologyError for an unknown policy or scope, or options
+    this machine refuses."""
     try:
+        if isinstance(resolved, EffectivePolicy):
+            return admit_pod(machine, ledger, model, resolved.policy, resolved.scope,
+                             resolved.options.engine, providers=devices, commit=commit)
         return admit_pod(machine, ledger, model, resolved.policy or "none",
                          resolved.scope or "container", resolved.options.engine,
                          providers=devices, commit=commit)

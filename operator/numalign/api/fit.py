@@ -21,7 +21,6 @@ from typing import Any
 from numalign.api.effective import NodePolicy, effective_policy
 from numalign.topology.errors import TopologyError
 from numalign.topology.pod import pod_from_dict
-from numalign.topology.policies import get_policy
 from numalign.topology.quantity import parse_quantity
 
 
@@ -76,8 +75,7 @@ def unfit_among(pod: Mapping[str, Any], node_topologies: Iterable[Mapping[str, A
         if not name or name in skipped:
             continue
         zones = (nt.get("status") or {}).get("zones")
-        policy = effective_policy(pod, NodePolicy.from_nodetopology(nt)).resolved.policy
-        single = get_policy(policy or "none").single_numa
+        single = effective_policy(pod, NodePolicy.from_nodetopology(nt)).policy.single_numa
         if isinstance(zones, list) and node_fits(requests, zones, single) is False:
             out.append(name)
     return sorted(out)

@@ -36,12 +36,7 @@ from typing import Any, NoReturn
 
 import yaml
 
-from numalign.api.effective import (
-    FROM_NODE_DEFAULT,
-    KUBELET_MANAGED,
-    NodePolicy,
-    effective_policy,
-)
+from numalign.api.effective import NodeKind, NodePolicy, Origin, effective_policy
 from numalign.api.nodestatus import (
     held_from_document,
     held_from_status,
@@ -294,29 +289,29 @@ def _live(args: argparse.Namespace) -> Explanation | dict[str, Any]:
     ledger, more = ledger_from_held(machine, held, (uid, ns, name))
     notes += more
 
-    # The policy the node applies (its kubelet's on a kubelet-managed node, else the
-    # operator's resolution); where that gives the node default for want of a usable
-    # resolution, what the agent admitted the pod with; --policy/--scope/--option replace it.
-    eff = effective_policy(pod, NodePolicy.from_nodetopology(nt))
-    r = eff.resolved
-    policy, scope, options, source = r.policy, r.scope, dict(r.options.given), r.source
+    # The policy the node applies (effective_policy: its kubelet's on a kubelet-managed
+    # node, else the operator's resolution, else the default the node recorded admitting
+    # the pod with, else its default now); --policy/--scope/--option replace it.
+    got, unreadable = None, None
+    if mine is not None:
+        try:
+            got = parse_admitted(mine, f"NodeTopology {node} status.admitted entry").resolved
+        except WireError as e:
+            unreadable = f"{e}; using the node default"
+    eff = effective_policy(pod, NodePolicy.from_nodetopology(nt), recorded=got)
+    policy, scope, options, source = eff.name, eff.scope, dict(eff.options.given), eff.source
     ann = annotations.get(ANN_RESOLVED)
     if eff.by_kubelet:
         source = realnode.SOURCE
         if ann is not None:
             notes.append(f"node {node} is a real node: its kubelet applies its own policy "
                          f"({policy}, scope {scope}), not the pod's {ANN_RESOLVED}")
-    elif eff.origin == FROM_NODE_DEFAULT:
+    elif eff.origin is not Origin.POD:
         if eff.problem is not None:
             notes.append(f"{eff.problem}; using the node default")
-        got = None
-        if mine is not None:
-            try:
-                got = parse_admitted(mine, f"NodeTopology {node} status.admitted entry").resolved
-            except WireError as e:
-                notes.append(f"{e}; using the node default")
-        if got is not None and got.policy is not None:
-            policy, scope, options = got.policy, got.scope, dict(got.options.given)
+        if unreadable is not None:
+            notes.append(unreadable)
+        if eff.origin is Origin.RECORDED and got is not None:
             source = str((mine or {}).get("source") or "NodeTopology status.admitted")
             notes += [f"{p}; replayed with the default" for p in got.problems]
         elif ann is not None and eff.problem is None:
@@ -355,7 +350,7 @@ def _live(args: argparse.Namespace) -> Explanation | dict[str, Any]:
     reason = (pod.get("status") or {}).get("reason")
     if phase == "Failed" and reason:
         notes.append(f"the pod is Failed with reason {reason}")
-    if settings is not None and eff.node_kind == KUBELET_MANAGED:
+    if settings is not None and eff.node_kind is NodeKind.KUBELET_MANAGED:
         ex.kubelet = realnode.kubelet_decision(pod, mine)
         if ex.source == realnode.SOURCE:
             notes += realnode.compare(ex, ex.kubelet, machine, settings)

@@ -24,14 +24,6 @@ JSON = dict[str, Any]
 SOURCE = "the kubelet's configuration (NodeTopology status.kubelet)"
 
 
-def kubelet_policy(settings: Mapping[str, Any]) -> tuple[str, str, dict[str, str]]:
-    options = settings.get("topologyManagerPolicyOptions") or {}
-    return (str(settings.get("topologyManagerPolicy") or "none"),
-            str(settings.get("topologyManagerScope") or "container"),
-            {str(k): str(v) for k, v in options.items()} if isinstance(options, Mapping)
-            else {})
-
-
 def kubelet_decision(pod: Mapping[str, Any], entry: Mapping[str, Any] | None) -> JSON:
     """What the kubelet decided: ``admit`` True (with its containers as published), False
     (Failed with TopologyAffinityError), or None (not reported: not admitted yet, or the

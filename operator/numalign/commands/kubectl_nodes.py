@@ -45,7 +45,7 @@ def node_row(nt: Mapping[str, Any]) -> JSON:
     status = nt.get("status") or {}
     spec = nt.get("spec") or {}
     node = NodePolicy.from_nodetopology(nt)
-    applied = node.kubelet or node.default
+    applied = node.applied
     policy = applied.policy or "none"
     scope = applied.scope if node.kubelet is not None or spec.get("scope") else None
     zones: list[JSON] = []

@@ -5,8 +5,8 @@ For each NodeTopology (one per node, named after it), the valid TopologyPolicies
 then name, :func:`.resolution.node_default_for`); the winner's policy, scope and options
 become ``spec`` with ``source: TopologyPolicy/<name>``, and ``policyGeneration`` is
 bumped on every change (the agent echoes it in ``status.observedPolicyGeneration``).
-No matching policy clears the default. On a kubelet-managed real node (its agent reports
-the kubelet's settings in ``status.kubelet``; not labelled ``numalign.io/managed=nri``)
+No matching policy clears the default. On a kubelet-managed real node
+(:meth:`numalign.api.effective.NodeKind.of`, from the NodeTopology and the Node's labels)
 the kubelet admits the pods under its own policy: that policy and scope are the spec,
 with ``source: kubelet``, whatever policy selects the node. Runs on NodeTopology events
 and every few seconds (which picks up policy changes) and on Node events (label changes).
@@ -19,13 +19,15 @@ from typing import Any
 
 import kopf
 
+from numalign.api.effective import NodeKind
 from numalign.api.kube import MERGE_PATCH, ApiError, nt_path
+from numalign.api.reads import NodeTopologyRead
 from numalign.api.resolution import (
     node_default_for,
     node_spec_from,
     policy_refs,
 )
-from numalign.api.wire import LABEL_MANAGED, MANAGED_NRI, SOURCE_KUBELET, SOURCE_POLICY_PREFIX
+from numalign.api.wire import SOURCE_KUBELET, SOURCE_POLICY_PREFIX
 
 from . import cache, kube
 
@@ -33,10 +35,12 @@ FIELDS = ("policy", "scope", "options", "source")
 
 
 def desired_spec(node_labels: Mapping[str, str], policies: Sequence[Mapping[str, Any]],
-                 kubelet: Any = None) -> dict[str, Any]:
-    """``kubelet``: the NodeTopology's ``status.kubelet`` (a real node's kubelet settings)."""
-    if (isinstance(kubelet, Mapping) and node_labels.get(LABEL_MANAGED) != MANAGED_NRI
-            and kubelet.get("topologyManagerPolicy")):
+                 nt: NodeTopologyRead | Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``nt``: the node's NodeTopology (its kind, and on a real node its kubelet's
+    settings, ``status.kubelet``)."""
+    read = NodeTopologyRead.of(nt).with_node_labels(node_labels)
+    if NodeKind.of(read) is NodeKind.KUBELET_MANAGED:
+        kubelet = read.status.kubelet or {}
         return {"policy": kubelet.get("topologyManagerPolicy"),
                 "scope": kubelet.get("topologyManagerScope"), "source": SOURCE_KUBELET}
     winner, _ = node_default_for(node_labels, policy_refs(policies))
@@ -72,9 +76,8 @@ async def reconcile_node(name: str, logger: kopf.Logger | None = None,
         return
     labels = cache.node_labels(name) or {}
     current = nt.get("spec") or {}
-    kubelet = (nt.get("status") or {}).get("kubelet")
     patch = spec_patch(current, desired_spec(labels, cache.policies() if policies is None
-                                             else policies, kubelet))
+                                             else policies, nt))
     if patch is None:
         return
     rv = (nt.get("metadata") or {}).get("resourceVersion")

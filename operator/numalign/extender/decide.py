@@ -34,12 +34,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from numalign.api.admission import INVALID_GPU_REASON, InvalidGpuRequest, admit_resolved
-from numalign.api.effective import (
-    EMULATED,
-    NUMALIGN_MANAGED,
-    EffectivePolicy,
-    effective_policy,
-)
+from numalign.api.effective import EffectivePolicy, NodeKind, effective_policy
 from numalign.api.nodestatus import HeldPod
 from numalign.api.wire import (
     ANN_GPUS,
@@ -112,8 +107,7 @@ class Verdict:
             return ""
         text = f"{self.reason}: {(self.message or '').removeprefix(REJECTED_PREFIX)}"
         if self.policy is not None:
-            r = self.policy.resolved
-            text += f" (numalign: policy {r.policy}, scope {r.scope})"
+            text += f" (numalign: policy {self.policy.name}, scope {self.policy.scope})"
         return text
 
     def held_by(self, pod: Mapping[str, Any]) -> HeldPod | None:
@@ -135,8 +129,9 @@ class Verdict:
             out.update({"reason": self.reason, "message": self.message,
                         "resolvable": self.resolvable})
         if self.policy is not None:
-            out["policy"] = {**self.policy.resolved.to_json(), "origin": self.policy.origin,
-                             "nodeKind": self.policy.node_kind}
+            out["policy"] = {**self.policy.resolved.to_json(),
+                             "origin": self.policy.origin.value,
+                             "nodeKind": self.policy.node_kind.value}
         if self.note:
             out["note"] = self.note
         return out
@@ -202,15 +197,16 @@ def policy_key(r: Resolved) -> Hashable:
 
 def decide(pod: Mapping[str, Any], view: NodeView | None,
            reservations: Sequence[HeldPod] = (), *, shape: PodShape | None = None,
-           name: str = "") -> Verdict:
+           name: str = "", eff: EffectivePolicy | None = None) -> Verdict:
     """Would ``view``'s node admit ``pod``, holding ``reservations`` besides what it
     publishes? ``view`` None (no NodeTopology) or unusable: the node passes (fail
-    open). Never raises."""
+    open). ``eff``: the pod's effective policy there, when the caller has it. Never
+    raises."""
     node = view.name if view is not None else name
     if view is None or view.machine is None:
         why = "no NodeTopology" if view is None else view.problem
         return Verdict(node, True, covered=False, note=f"not decided by numalign: {why}")
-    eff = effective_policy(pod, view.policy)
+    eff = eff if eff is not None else effective_policy(pod, view.policy)
     shape = shape if shape is not None else pod_shape(pod)
     if shape.model is None:
         # The API server took it, the engine cannot read it: leave it to the node.
@@ -218,12 +214,12 @@ def decide(pod: Mapping[str, Any], view: NodeView | None,
                        note=f"not decided by numalign: the pod cannot be read: {shape.problem}")
     ledger = view.ledger_with(reservations)
     try:
-        result = admit_resolved(view.machine, ledger, shape.model, eff.resolved, commit=False)
+        result = admit_resolved(view.machine, ledger, shape.model, eff, commit=False)
     except InvalidGpuRequest as e:
         return Verdict(node, False, INVALID_GPU_REASON, f"{REJECTED_PREFIX}{e}", MIN_SCORE,
                        policy=eff, resolvable=False)
     except TopologyError as e:
-        refusal = node_refusal(view.policy.kind, e)
+        refusal = node_refusal(eff.node_kind, e)
         if refusal is None:  # input the node itself would not decide: leave it to the node
             return Verdict(node, True, policy=eff, covered=False,
                            note=f"not decided by numalign: {e}")
@@ -240,15 +236,15 @@ def decide(pod: Mapping[str, Any], view: NodeView | None,
                    room_by_counts=result.room_by_counts)
 
 
-def node_refusal(kind: str, error: TopologyError) -> tuple[str, str] | None:
+def node_refusal(kind: NodeKind, error: TopologyError) -> tuple[str, str] | None:
     """How a node of ``kind`` refuses a pod whose admission raised ``error`` (a policy the
     engine will not build there, e.g. ``maxAllowableNumaNodes`` below the machine's NUMA
     node count): (reason, message), as the emulating agent (``UnexpectedAdmissionError``)
     and the NRI placer (``TopologyAffinityError``) write it. None on a kubelet-managed
     node: its kubelet decides by its own policy, which numalign does not build."""
-    if kind == EMULATED:
+    if kind is NodeKind.EMULATED:
         return UNEXPECTED_REASON, str(error)
-    if kind == NUMALIGN_MANAGED:
+    if kind is NodeKind.NUMALIGN_MANAGED:
         return REJECT_REASON, str(error)
     return None
 
@@ -470,7 +466,7 @@ class Decider:
             self._cache.move_to_end(key)
             return hit if hit.node == node else replace(hit, node=node)
         self.misses += 1
-        verdict = decide(pod, view, reservations, shape=shape)
+        verdict = decide(pod, view, reservations, shape=shape, eff=eff)
         self._cache[key] = verdict
         self._cached_for.setdefault(view.machine_key, set()).add(key)
         if len(self._cache) > self.max_cached:

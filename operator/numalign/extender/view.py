@@ -97,10 +97,8 @@ class NodeView:
         held, notes = held_from_status(status, name, parse)
         admitted = frozenset(_admitted_key(e) for e in status.get("admitted") or ()
                              if isinstance(e, Mapping))
-        policy_id = "|".join((policy.kind, policy.default.annotation(),
-                              policy.kubelet.annotation() if policy.kubelet else "-"))
         return cls(name, rv, policy, machine, tuple(held), admitted, None, tuple(notes),
-                   machine_key=key, held_key=held_key(held), policy_id=policy_id,
+                   machine_key=key, held_key=held_key(held), policy_id=policy.key,
                    raw_machine=raw)
 
     def without(self, uids: Collection[str]) -> NodeView:

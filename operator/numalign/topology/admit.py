@@ -266,12 +266,13 @@ class _Run:
         return ContainerResult(nodes, alloc, hint)
 
 
-def admit_pod(machine: Machine, ledger: Ledger, pod: Pod, policy: str,
+def admit_pod(machine: Machine, ledger: Ledger, pod: Pod, policy: AlignmentPolicy | str,
               scope: str = SCOPE_CONTAINER, options: PolicyOptions | None = None, *,
               providers: Sequence[ProviderKind] = (), commit: bool = True) -> AdmitResult:
-    """Admit ``pod`` on ``machine`` against ``ledger``; on admission (and ``commit``) the
-    ledger takes the pod's allocation, on rejection it is left untouched. ``providers``:
-    kinds of resource of this admission only, beside the registry's.
+    """Admit ``pod`` on ``machine`` against ``ledger`` under ``policy`` (the policy
+    object, or its name: looked up once, here); on admission (and ``commit``) the ledger
+    takes the pod's allocation, on rejection it is left untouched. ``providers``: kinds
+    of resource of this admission only, beside the registry's.
 
     Raises TopologyError for an unknown policy or scope, InvalidPodRequest (a
     TopologyError) for a pod's request of a kind that cannot be read (a bad
@@ -279,7 +280,7 @@ def admit_pod(machine: Machine, ledger: Ledger, pod: Pod, policy: str,
     the kubelet rejects it.
     """
     t0 = time.perf_counter()
-    pol = get_policy(policy)
+    pol = policy if isinstance(policy, AlignmentPolicy) else get_policy(policy)
     check_scope(scope)
     opts = options if options is not None else PolicyOptions()
     if pod.uid in ledger.pods:
@@ -290,7 +291,7 @@ def admit_pod(machine: Machine, ledger: Ledger, pod: Pod, policy: str,
 
     def reject(reason: str, message: str, hint: TopologyHint,
                failed: tuple[str, str] | None = None) -> AdmitResult:
-        return AdmitResult(pod, policy, scope, False, reason, message, hint, {}, {},
+        return AdmitResult(pod, pol.name, scope, False, reason, message, hint, {}, {},
                            decisions, time.perf_counter() - t0, failed)
 
     try:
@@ -317,14 +318,14 @@ def admit_pod(machine: Machine, ledger: Ledger, pod: Pod, policy: str,
     short = check_fit_totals(machine, pod, *ledger.requested())
     if short is not None:
         return reject(short.reason, short.message, hint)
-    result = AdmitResult(pod, policy, scope, True, None, None, hint, containers,
+    result = AdmitResult(pod, pol.name, scope, True, None, None, hint, containers,
                          run.reports(), decisions, time.perf_counter() - t0,
                          work=None if commit else run.work,
                          room_by_counts=all(p.room_by_counts for p in run.providers))
     if commit:
         ledger.replace_with(run.work)
         if pod.uid in ledger.pods:
-            ledger.annotate(pod.uid, {"policy": policy, "scope": scope,
+            ledger.annotate(pod.uid, {"policy": pol.name, "scope": scope,
                                       "hint": hint.to_json(), "gpus": result.gpus},
                             fit_requests(pod))
     return result

@@ -61,6 +61,7 @@ from numalign.api.nodetopology import (
     NRI_RUNTIME_UNAVAILABLE,
     NRI_STARTING,
 )
+from numalign.api.reads import ObjectRead, labelled_nri
 from numalign.api.wire import (
     ANN_REJECTION,
     LABEL_MANAGED,
@@ -89,9 +90,9 @@ class PlacementStatus:
 
 
 def is_managed(node: Mapping[str, Any] | None) -> bool:
-    """Whether a Node object says it is numalign-managed (``numalign.io/managed=nri``)."""
-    labels = ((node or {}).get("metadata") or {}).get("labels") or {}
-    return bool(labels.get(LABEL_MANAGED) == MANAGED_NRI)
+    """Whether a Node object says it is numalign-managed (``numalign.io/managed=nri``;
+    the label :meth:`numalign.api.effective.NodeKind.of` reads too)."""
+    return labelled_nri(ObjectRead.of(node).metadata.labels)
 
 
 def refusal(config: KubeletConfig | None) -> str | None:

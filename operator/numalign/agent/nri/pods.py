@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from numalign.agent.nri.placer import PodView
-from numalign.api.effective import NUMALIGN_MANAGED, NodePolicy, effective_policy
+from numalign.api.effective import NodeKind, NodePolicy, effective_policy
 from numalign.api.wire import node_default
 
 
@@ -44,7 +44,7 @@ class PodIndex:
         pod = self.pods.get(uid)
         if pod is None:
             return None
-        node = NodePolicy(NUMALIGN_MANAGED, node_default(self.node_spec))
+        node = NodePolicy(NodeKind.NUMALIGN_MANAGED, node_default(self.node_spec))
         return PodView(pod, effective_policy(pod, node).resolved)
 
     async def wait_for(self, uid: str, timeout: float) -> bool:
