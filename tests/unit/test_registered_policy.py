@@ -213,6 +213,21 @@ def test_loader_registers_a_module_named_in_the_environment() -> None:
         policies.unregister(TOY)
 
 
+def test_loader_takes_an_installed_packages_entry_point(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    info = tmp_path / "numalign_toy-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: numalign-toy\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        f"[numalign.policies]\n{TOY} = toy_policy:AtMostTwo\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        assert load_plugins("") == [TOY]
+        assert policies.known(TOY)
+    finally:
+        policies.unregister(TOY)
+
+
 class _Other(AtMostTwo):
     pass
 
