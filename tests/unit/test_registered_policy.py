@@ -102,6 +102,10 @@ def test_crd_enums_come_from_the_registry(toy: str) -> None:
     # a real kubelet's configuration names only the kubelet's own
     assert nt[".properties.status.properties.kubelet.properties.topologyManagerPolicy"] == \
         list(KUBELET)
+    # a TopologyPolicy may let pods ask for any of the five
+    crd = next(c for c in crdgen.crds() if c["spec"]["names"]["kind"] == "TopologyPolicy")
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert spec["properties"]["podOverrides"]["properties"]["policies"]["maxItems"] == 5
 
 
 def test_committed_crds_are_the_builtins_only() -> None:
@@ -111,6 +115,10 @@ def test_committed_crds_are_the_builtins_only() -> None:
 
 def test_models_take_a_registered_policy_and_refuse_it_for_a_kubelet(toy: str) -> None:
     assert TopologyPolicySpec.model_validate({"policy": toy}).policy == toy
+    every = [*KUBELET, toy]
+    spec = TopologyPolicySpec.model_validate({"policy": "none", "podOverrides": {
+        "allowed": True, "policies": every}})
+    assert spec.pod_overrides is not None and spec.pod_overrides.policies == every
     assert NodeTopologySpec.model_validate({"policy": toy}).policy == toy
     with pytest.raises(ValidationError, match="Input should be 'none'"):
         KubeletSettings.model_validate({"topologyManagerPolicy": toy,
@@ -121,6 +129,9 @@ def test_models_take_a_registered_policy_and_refuse_it_for_a_kubelet(toy: str) -
     with pytest.raises(ValidationError, match="Input should be 'none', 'best-effort', "
                                               "'restricted' or 'single-numa-node'"):
         TopologyPolicySpec.model_validate({"policy": toy})
+    with pytest.raises(ValidationError, match="at most 4 items"):
+        TopologyPolicySpec.model_validate({"policy": "none", "podOverrides": {
+            "allowed": True, "policies": [*KUBELET, "none"]}})
 
 
 def test_wire_and_resolution_carry_a_registered_policy(toy: str) -> None:
@@ -198,6 +209,21 @@ def test_loader_registers_a_module_named_in_the_environment() -> None:
         assert policies.get_policy(TOY).name == TOY
         assert load_plugins(" toy_policy , ", entry_points=False) == [TOY]  # again: harmless
         assert [p.name for p in load_spec("toy_policy:AtMostTwo")] == [TOY]
+    finally:
+        policies.unregister(TOY)
+
+
+def test_loader_takes_an_installed_packages_entry_point(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    info = tmp_path / "numalign_toy-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: numalign-toy\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        f"[numalign.policies]\n{TOY} = toy_policy:AtMostTwo\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        assert load_plugins("") == [TOY]
+        assert policies.known(TOY)
     finally:
         policies.unregister(TOY)
 

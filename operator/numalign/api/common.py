@@ -69,6 +69,31 @@ class _PolicyName:
         return {"enum": list(self.allowed()), "type": "string"}
 
 
+class AtMostEveryPolicy:
+    """A list of policy names no longer than the registry's (``maxItems`` when a CRD is
+    generated)."""
+
+    def check(self, value: list[str]) -> list[str]:
+        most = len(policies.names())
+        if len(value) > most:
+            raise PydanticCustomError(
+                "too_long", "List should have at most {max_length} items after validation, "
+                "not {actual_length}", {"max_length": most, "actual_length": len(value)})
+        return value
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(self.check, handler(source))
+
+    def __get_pydantic_json_schema__(
+        self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> dict[str, Any]:
+        out: dict[str, Any] = handler(schema)
+        out["maxItems"] = len(policies.names())
+        return out
+
+
 def _one_of(names: tuple[str, ...]) -> str:
     quoted = [f"'{n}'" for n in names]
     return " or ".join([", ".join(quoted[:-1]), quoted[-1]]) if len(quoted) > 1 else quoted[0]

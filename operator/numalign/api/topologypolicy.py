@@ -8,6 +8,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from .common import (
     CONDITIONS_LIST,
+    AtMostEveryPolicy,
     Condition,
     Count,
     DNSLabel,
@@ -52,7 +53,8 @@ class PodOverrides(Model):
     policies: (
         Annotated[
             list[Policy],
-            Field(min_length=1, max_length=4, json_schema_extra={"x-kubernetes-list-type": "set"}),
+            Field(min_length=1, json_schema_extra={"x-kubernetes-list-type": "set"}),
+            AtMostEveryPolicy(),
         ]
         | None
     ) = None
