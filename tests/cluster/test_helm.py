@@ -92,11 +92,10 @@ def _wait_gone(kubectl: Kubectl, objs: list[Obj], timeout: float = 60) -> list[s
 def release_ns(kubectl: Kubectl, kubeconfig: Path, dev_cluster: DevCluster) -> Iterator[str]:
     """A namespace for the release, labelled as README says; the chart's cluster-scoped
     objects (fixed names: one release per cluster) must not be left by an earlier test.
-    The dev cluster installs config/tenancy's admission policy itself (numalign runs as
-    host processes there): it makes way for the chart's and is put back afterwards."""
-    own = [["validatingadmissionpolicybinding" if d["kind"].endswith("Binding")
-            else "validatingadmissionpolicy", d["metadata"]["name"]]
-           for d in load_policies() if d["kind"].startswith("ValidatingAdmissionPolicy")]
+    The dev cluster installs config/tenancy's admission policies itself (numalign runs as
+    host processes there): they make way for the chart's and are put back afterwards."""
+    own = [[d["kind"].lower(), d["metadata"]["name"]] for d in load_policies()
+           if d["kind"].startswith(("ValidatingAdmissionPolicy", "MutatingAdmissionPolicy"))]
     for ref in own:
         kubectl("delete", *ref, "--ignore-not-found")
     ns = f"numalign-helm-{uuid.uuid4().hex[:6]}"
