@@ -294,7 +294,7 @@ def test_a_pod_numalign_cannot_align_never_starts_and_is_redeployed(
             delete_policy(k8s_client, name)
 
 
-def test_the_agent_killed_and_restarted_givesno_cpu_twice(
+def test_the_agent_killed_and_restarted_gives_no_cpu_twice(
         nri_node: Any, core: client.CoreV1Api, namespace: str, kubectl: Any,
         k8s_client: Any) -> None:
     """While a pinned pod and a shared one run and a third is being created, the agent
@@ -444,7 +444,7 @@ def test_a_finished_pod_frees_its_cpu_and_a_forged_record_does_not_move_it(
     assert admitted_container_cpus(entries.get((namespace, "claimant"), {}), "work") == set()
 
 
-def test_devices_missing_after_a_kubelet_restart_giveno_cpu_twice(
+def test_devices_missing_after_a_kubelet_restart_give_no_cpu_twice(
         nri_node: Any, core: client.CoreV1Api, namespace: str, k8s_client: Any) -> None:
     """The kubelet restarts while its device plugin is away: for a while it reports no
     sample device, and the agent's machine lacks the one a running pod holds. That pod
