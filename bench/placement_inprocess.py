@@ -17,7 +17,8 @@ from placement_workload import NS_BE, NS_RESTRICTED, NS_SNN, node_mix, workload
 
 def with_resolved(pod: dict[str, Any], uid: str) -> dict[str, Any]:
     """``pod`` as the operator annotates it (its namespace's resolved policy), with ``uid``."""
-    from numalign.api.wire import ANN_RESOLVED, NO_OPTIONS, Resolved
+    from numalign.api.names import ANN_RESOLVED
+    from numalign.api.resolved import NO_OPTIONS, Resolved
 
     resolved = {NS_SNN: Resolved("single-numa-node", "pod", NO_OPTIONS, "TopologyPolicy/snn"),
                 NS_RESTRICTED: Resolved("restricted", "container", NO_OPTIONS,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import testdata
-from numalign.api.wire import ANN_GPUS, ANN_RESOLVED
+from numalign.api.names import ANN_GPUS, ANN_RESOLVED
 from numalign.topology.machine import Machine, load_machine, machine_from_dict
 from numalign.topology.pod import is_extended
 

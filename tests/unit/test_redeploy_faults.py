@@ -13,8 +13,8 @@ import pytest
 
 from fake_kube import FakeKube
 from numalign.api.kube import ApiError
+from numalign.api.names import EVENT_REDEPLOY, EVENT_REDEPLOY_GAVE_UP
 from numalign.api.topologypolicy import RedeployPolicy
-from numalign.api.wire import EVENT_REDEPLOY, EVENT_REDEPLOY_GAVE_UP
 from numalign.controller import cache, kube
 from numalign.controller.redeploy import (
     WorkloadState,

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from fake_kube import FakeKube
+from numalign.api.names import REJECT_REASON
 from numalign.api.topologypolicy import RedeployPolicy
-from numalign.api.wire import REJECT_REASON
 from numalign.controller import cache, kube
 from numalign.controller.redeploy import build_replacement, step
 from numalign.controller.redeploy import decide as redeploy

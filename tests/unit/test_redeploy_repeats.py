@@ -12,16 +12,16 @@ from typing import Any
 import pytest
 from test_redeploy_records import FakeApi, fresh_stores, owner_replicas
 
+from numalign.api.names import (
+    ANN_WORKLOAD,
+    EVENT_REDEPLOY,
+    EVENT_REDEPLOY_GAVE_UP,
+    EVENT_REDEPLOY_REPEAT,
+)
 from numalign.api.topologypolicy import RedeployPolicy
-from numalign.api.wire import EVENT_REDEPLOY, EVENT_REDEPLOY_GAVE_UP, EVENT_REDEPLOY_REPEAT
 from numalign.controller import kube
 from numalign.controller.redeploy import decide, gating
-from numalign.controller.redeploy.record import (
-    ANN_WORKLOAD,
-    WorkloadState,
-    iso,
-    repeats_a_counted_rejection,
-)
+from numalign.controller.redeploy.record import WorkloadState, iso, repeats_a_counted_rejection
 
 RS = {"kind": "ReplicaSet", "name": "rr-5f8", "uid": "rs-1", "controller": True}
 NOW = 1_800_000_000.0

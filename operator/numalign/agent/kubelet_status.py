@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from numalign.api.wire import LABEL_EMULATED, LABEL_MACHINE, REJECTED_PREFIX
+from numalign.api.names import LABEL_EMULATED, LABEL_MACHINE, REJECTED_PREFIX
 from numalign.topology.fit import DEFAULT_EPHEMERAL_STORAGE, DEFAULT_MAX_PODS
 from numalign.topology.machine import Machine
 

@@ -56,8 +56,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from numalign.api.errors import WireError
 from numalign.api.kube import ApiError, Kube, q
-from numalign.api.wire import WireError, parse_options
+from numalign.api.resolved import parse_options
 from numalign.topology.policies import known as known_policy
 from numalign.topology.policies import names as policy_names
 from numalign.topology.policy import SCOPES

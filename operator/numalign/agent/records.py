@@ -14,7 +14,7 @@ from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
-from numalign.api.wire import Allocation, ContainerRecord
+from numalign.api.allocation import Allocation, ContainerRecord
 from numalign.topology.errors import TopologyError
 from numalign.topology.machine import Machine
 from numalign.topology.pod import QOS_GUARANTEED, pod_from_dict

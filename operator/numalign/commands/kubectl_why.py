@@ -15,7 +15,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from numalign.api.fit import unfit_among
-from numalign.api.wire import ANN_REJECTION, ANN_RESOLVED, REJECTED_PREFIX, resolved_or_none
+from numalign.api.names import ANN_REJECTION, ANN_RESOLVED, REJECTED_PREFIX
+from numalign.api.resolved import resolved_or_none
 from numalign.commands.explain_pending import FAILED_SCHEDULING, event_time
 from numalign.controller.redeploy.record import WorkloadState, workload_key
 from numalign.topology.text import printable_doc

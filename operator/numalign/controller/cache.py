@@ -29,13 +29,12 @@ from typing import Any
 import kopf
 
 from numalign.api.kube import NT_BASE, q
-from numalign.api.wire import REJECT_REASON
+from numalign.api.names import LABEL_STATE, REJECT_REASON
 
 from . import kube
 
 # The redeploy records: one ConfigMap per namespace (controller.redeploy.store).
 STATE_CONFIGMAP = "numalign-redeploy"
-STATE_LABEL = "numalign.io/state"
 
 
 def _rv(obj: Mapping[str, Any] | None) -> int | None:
@@ -176,7 +175,7 @@ async def _list_states() -> tuple[list[dict[str, Any]], int | None]:
     # LIST passes only with this field selector.
     items, rv = await kube.client().list_all("/api/v1/configmaps", {
         "fieldSelector": f"metadata.name={STATE_CONFIGMAP}",
-        "labelSelector": f"{STATE_LABEL}=redeploy"})
+        "labelSelector": f"{LABEL_STATE}=redeploy"})
     return [slim_state(cm) for cm in items], _list_rv(rv)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import kopf
 from aiohttp import web
 
+from numalign.api.names import FINALIZER
 from numalign.topology.text import printable
 
 from . import (
@@ -141,7 +142,7 @@ async def startup(settings: kopf.OperatorSettings, logger: kopf.Logger, **_: Any
     logging.getLogger("kopf.objects").addFilter(printable_records)
     settings.watching.server_timeout = 120
     settings.networking.request_timeout = 60
-    settings.persistence.finalizer = "numalign.io/operator"
+    settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="numalign.io")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="numalign.io", key="last-handled-configuration")

@@ -21,13 +21,13 @@ import kopf
 
 from numalign.api.effective import NodeKind
 from numalign.api.kube import MERGE_PATCH, ApiError, nt_path
+from numalign.api.names import SOURCE_KUBELET, SOURCE_POLICY_PREFIX
 from numalign.api.reads import NodeTopologyRead
 from numalign.api.resolution import (
     node_default_for,
     node_spec_from,
     policy_refs,
 )
-from numalign.api.wire import SOURCE_KUBELET, SOURCE_POLICY_PREFIX
 
 from . import cache, kube
 

@@ -23,6 +23,7 @@ from typing import Any
 import kopf
 
 from numalign.api.kube import MERGE_PATCH, ApiError
+from numalign.api.names import SOURCE_POLICY_PREFIX
 from numalign.api.resolution import (
     PolicyRef,
     conflicts,
@@ -30,7 +31,6 @@ from numalign.api.resolution import (
     policy_problems,
     policy_refs,
 )
-from numalign.api.wire import SOURCE_POLICY_PREFIX
 
 from . import cache, kube, redeploy
 

@@ -35,14 +35,9 @@ from typing import Any
 
 from numalign.api.admission import INVALID_GPU_REASON, InvalidGpuRequest, admit_resolved
 from numalign.api.effective import EffectivePolicy, NodeKind, effective_policy
+from numalign.api.names import ANN_GPUS, REJECT_REASON, REJECTED_PREFIX, TOPOLOGY_MESSAGE
 from numalign.api.nodestatus import HeldPod
-from numalign.api.wire import (
-    ANN_GPUS,
-    REJECT_REASON,
-    REJECTED_PREFIX,
-    TOPOLOGY_MESSAGE,
-    Resolved,
-)
+from numalign.api.resolved import Resolved
 from numalign.topology.admit import UNEXPECTED_REASON
 from numalign.topology.errors import TopologyError
 from numalign.topology.fit import DEFAULT_MAX_PODS

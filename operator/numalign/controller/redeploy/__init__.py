@@ -4,6 +4,14 @@ once, in the README (section "TopologyPolicy"). :mod:`.record` is the pure logic
 :mod:`.store` the ConfigMap records, :mod:`.decide` one rejected pod's decision,
 :mod:`.gating` the held pods, :mod:`.handlers` the Kopf handlers."""
 
+from numalign.api.names import (
+    ANN_REDEPLOY_BASE,
+    ANN_REDEPLOY_OF,
+    ANN_REDEPLOY_RESET,
+    ANN_WORKLOAD,
+    REDEPLOY_GATE,
+)
+
 from . import handlers
 from .decide import step
 from .gating import (
@@ -18,12 +26,7 @@ from .gating import (
 )
 from .handlers import stop_workers
 from .record import (
-    ANN_BASE,
-    ANN_REDEPLOY_OF,
-    ANN_RESET,
-    ANN_WORKLOAD,
     AVOID_FOR_S,
-    GATE,
     RESET_AFTER_S,
     WorkloadState,
     backoff_delay,
@@ -38,7 +41,8 @@ from .record import (
 )
 
 __all__ = [
-    "ANN_BASE", "ANN_REDEPLOY_OF", "ANN_RESET", "ANN_WORKLOAD", "AVOID_FOR_S", "GATE",
+    "ANN_REDEPLOY_BASE", "ANN_REDEPLOY_OF", "ANN_REDEPLOY_RESET", "ANN_WORKLOAD", "AVOID_FOR_S",
+    "REDEPLOY_GATE",
     "RESET_AFTER_S", "Workload", "WorkloadState", "backoff_delay", "backoff_message",
     "base_name", "build_replacement", "controller_ref", "gate_message", "handlers",
     "has_gate", "is_topology_rejected", "periodic_release", "release_budgets",

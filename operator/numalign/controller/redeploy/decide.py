@@ -10,6 +10,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from numalign.api.kube import ApiError
+from numalign.api.names import (
+    ANN_REDEPLOY_RESET,
+    EVENT_REDEPLOY,
+    EVENT_REDEPLOY_GAVE_UP,
+    EVENT_REDEPLOY_REPEAT,
+    REDEPLOY_GATE,
+)
 from numalign.api.resolution import (
     NODE_UNKNOWN,
     PodMeta,
@@ -18,18 +25,11 @@ from numalign.api.resolution import (
     resolve,
 )
 from numalign.api.topologypolicy import RedeployPolicy
-from numalign.api.wire import (
-    EVENT_REDEPLOY,
-    EVENT_REDEPLOY_GAVE_UP,
-    EVENT_REDEPLOY_REPEAT,
-)
 
 from .. import cache, kube, metrics
 from ..fit import with_unfit
 from .guard import RedeployRefused, refusal_to_create, refusal_to_delete
 from .record import (
-    ANN_RESET,
-    GATE,
     WorkloadState,
     backoff_delay,
     base_name,
@@ -255,7 +255,7 @@ async def _step(pod: Mapping[str, Any], first_seen: float, now: float, held: Rec
             st.exhausted = iso(now)
             st.owner = {"kind": str(ref.get("kind")), "name": str(ref.get("name"))}
             st.reset = str(((owner.get("metadata") or {}).get("annotations") or {}).get(
-                ANN_RESET, ""))
+                ANN_REDEPLOY_RESET, ""))
         data[key] = st.dump()
         await save_state(ns, data, rv)
         held.release()
@@ -268,9 +268,9 @@ async def _step(pod: Mapping[str, Any], first_seen: float, now: float, held: Rec
         if gate:
             assert ref is not None
             msg += (f"; new pods of {ref.get('kind')}/{ref.get('name')} are held by the "
-                    f"scheduling gate {GATE} until it is released: fix the policy or free "
-                    f"capacity, then annotate the {ref.get('kind')} with {ANN_RESET}=<a new "
-                    f"value>")
+                    f"scheduling gate {REDEPLOY_GATE} until it is released: fix the policy or "
+                    f"free capacity, then annotate the {ref.get('kind')} with "
+                    f"{ANN_REDEPLOY_RESET}=<a new value>")
         await kube.event(pod, "Warning", reason=EVENT_REDEPLOY_GAVE_UP, message=msg)
         return None
     wait = first_seen + backoff_delay(settings.backoff_seconds, st.attempts, replicas) - now

@@ -8,9 +8,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from numalign.api.kube import ApiError
+from numalign.api.names import LABEL_STATE
 
 from .. import cache, kube
-from ..cache import STATE_CONFIGMAP, STATE_LABEL
+from ..cache import STATE_CONFIGMAP
 from .record import MAX_DATA_BYTES, REPLICATED_KINDS, WorkloadState, controller_ref, prune
 
 
@@ -35,7 +36,7 @@ async def save_state(namespace: str, data: dict[str, str], resource_version: str
         prune(data, time.time(), live_uids(namespace))
     body: dict[str, Any] = {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": STATE_CONFIGMAP, "namespace": namespace,
-                         "labels": {STATE_LABEL: "redeploy"}},
+                         "labels": {LABEL_STATE: "redeploy"}},
             "data": data}
     try:
         if resource_version is None:
