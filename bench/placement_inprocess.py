@@ -129,8 +129,8 @@ def inprocess_scheduler(nodes: int, pods: int, seed: int, lag: int = 40,
         parse_binding,
         priority_list,
     )
-    from numalign.topology.fit import check_fit, fit_requests
     from numalign.topology.pod import pod_from_dict
+    from numalign.topology.resourcefit import check_fit, fit_requests
 
     states: dict[str, NodeState] = {}
     for f, count in node_mix(nodes):

@@ -33,7 +33,7 @@ from numalign.topology.admit import admit_pod
 from numalign.topology.ledger import Ledger
 from numalign.topology.machine import Machine, load_machine, machine_from_dict
 from numalign.topology.pod import pod_from_dict
-from numalign.topology.policy import parse_policy_options
+from numalign.topology.policyconfig import parse_policy_options
 
 GI = 1 << 30
 MI = 1 << 20

@@ -70,9 +70,9 @@ from numalign.extender.decide import CANDIDATE_UID, Verdict
 from numalign.extender.fleet import Fleet
 from numalign.extender.reservations import Reservations
 from numalign.topology.admit import UNEXPECTED_REASON
-from numalign.topology.fit import allocatable, check_fit, fit_requests
 from numalign.topology.machine import Machine, load_machine
 from numalign.topology.pod import is_extended, pod_from_dict
+from numalign.topology.resourcefit import allocatable, check_fit, fit_requests
 from random_fleet import FULL, Mix, fixture_machine, random_pod, random_spec, synthetic_machine
 
 JSON = dict[str, Any]

@@ -22,7 +22,7 @@ from numalign.topology.merge import (
     merge,
 )
 from numalign.topology.policies import get_policy
-from numalign.topology.policy import PolicyOptions
+from numalign.topology.policyconfig import PolicyOptions
 
 # ---------------------------------------------------------------------------------------
 # The kubelet's tables (policy_test.go, policy_best_effort_test.go,

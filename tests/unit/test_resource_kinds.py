@@ -13,13 +13,13 @@ import pytest
 
 from numalign.topology import managers
 from numalign.topology.admit import UNEXPECTED_REASON, admit_pod
+from numalign.topology.demands import iterate_masks
 from numalign.topology.hints import TopologyHint, mask_ids, mask_of
 from numalign.topology.ledger import ContainerAllocation, Ledger
 from numalign.topology.machine import Machine, machine_from_dict
 from numalign.topology.managers.base import Admission, AllocationFailed, Ask
 from numalign.topology.merge import REJECT_MESSAGE, REJECT_REASON
 from numalign.topology.pod import Container, Pod, pod_from_dict
-from numalign.topology.providers import iterate_masks
 
 RES = "example.com/fpga-slot"
 KIND = "fpga-slots"

@@ -14,11 +14,11 @@ from numalign.api.nodestatus import ledger_container, wire_container
 from numalign.api.resolved import Resolved
 from numalign.topology.admit import AdmitResult, ProviderKind
 from numalign.topology.errors import TopologyError
-from numalign.topology.fit import fit_requests
 from numalign.topology.hints import mask_ids
 from numalign.topology.ledger import Ledger, LedgerError
 from numalign.topology.machine import Machine
 from numalign.topology.pod import Pod, pod_from_dict
+from numalign.topology.resourcefit import fit_requests
 
 
 class RestoreConflict(Exception):

@@ -28,7 +28,7 @@ from numalign.api.resolved import NONE, Resolved, node_default
 from numalign.topology.admit import ProviderKind
 from numalign.topology.ledger import Ledger
 from numalign.topology.machine import Machine
-from numalign.topology.policy import POLICY_NONE
+from numalign.topology.policyconfig import POLICY_NONE
 
 from . import engine
 from .managerstats import ManagerCounts, Managers, record_admission

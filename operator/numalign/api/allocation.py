@@ -13,7 +13,7 @@ from numalign.topology import jsontext
 from numalign.topology.machine import MAX_NUMA_ID, MAX_NUMA_NODES
 from numalign.topology.policies import known as known_policy
 from numalign.topology.policies import names as policy_names
-from numalign.topology.policy import SCOPES
+from numalign.topology.policyconfig import SCOPES
 from numalign.topology.quantity import MAX_CPU_ID, format_cpulist, parse_cpulist, quantity_bytes
 from numalign.topology.text import clip, quote
 

@@ -34,7 +34,7 @@ from functools import cached_property
 from typing import Any
 
 from numalign.topology.policies import AlignmentPolicy, get_policy, kubelet_names
-from numalign.topology.policy import OPTION_MAX_ALLOWABLE_NUMA_NODES, SCOPES
+from numalign.topology.policyconfig import OPTION_MAX_ALLOWABLE_NUMA_NODES, SCOPES
 
 from .errors import WireError
 from .names import SOURCE_KUBELET

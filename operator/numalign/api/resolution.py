@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from numalign.topology import policies as registry
-from numalign.topology.policy import SCOPES
+from numalign.topology.policyconfig import SCOPES
 from numalign.topology.text import clip, printable, quote
 
 from .effective import pod_or_node_default

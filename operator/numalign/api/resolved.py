@@ -16,7 +16,7 @@ from numalign.topology.errors import TopologyError
 from numalign.topology.machine import MAX_NUMA_NODES
 from numalign.topology.policies import known as known_policy
 from numalign.topology.policies import names as policy_names
-from numalign.topology.policy import (
+from numalign.topology.policyconfig import (
     KUBELET_MIN_MAX_ALLOWABLE_NUMA_NODES,
     OPTION_MAX_ALLOWABLE_NUMA_NODES,
     OPTION_PREFER_CLOSEST_NUMA_NODES,

@@ -56,11 +56,7 @@ from numalign.topology.ledger import Ledger
 from numalign.topology.machine import load_machine
 from numalign.topology.pod import pod_from_dict
 from numalign.topology.policies import check_policy
-from numalign.topology.policy import (
-    SCOPE_CONTAINER,
-    check_scope,
-    parse_policy_options,
-)
+from numalign.topology.policyconfig import SCOPE_CONTAINER, check_scope, parse_policy_options
 from numalign.topology.text import printable
 
 PROG = "numalign explain"

@@ -32,7 +32,8 @@ from numalign.api.resolution import (
 )
 from numalign.api.resolved import Resolved, resolved_or_none
 
-from . import cache, kube, redeploy
+from . import cache, redeploy
+from . import connection as kube
 
 # Who may create a pod that carries its own numalign.io/resolved: cluster admins and the
 # ServiceAccounts of the operator's namespace (the admission policy

@@ -1,7 +1,7 @@
 """Redeploy of pods rejected with ``TopologyAffinityError``; the rules (attempt budget,
 backoff, scheduling gate, node avoidance, release, durable decisions) are written down
 once, in the README (section "TopologyPolicy"). :mod:`.record` is the pure logic,
-:mod:`.store` the ConfigMap records, :mod:`.decide` one rejected pod's decision,
+:mod:`.store` the ConfigMap records, :mod:`.rejected` one rejected pod's decision,
 :mod:`.gating` the held pods, :mod:`.handlers` the Kopf handlers."""
 
 from numalign.api.names import (
@@ -13,7 +13,6 @@ from numalign.api.names import (
 )
 
 from . import handlers
-from .decide import step
 from .gating import (
     Workload,
     backoff_message,
@@ -39,6 +38,7 @@ from .record import (
     with_node_avoidance,
     workload_key,
 )
+from .rejected import step
 
 __all__ = [
     "ANN_REDEPLOY_BASE", "ANN_REDEPLOY_OF", "ANN_REDEPLOY_RESET", "ANN_WORKLOAD", "AVOID_FOR_S",

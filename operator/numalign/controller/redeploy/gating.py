@@ -20,10 +20,10 @@ from numalign.api.names import (
 )
 from numalign.api.topologypolicy import RedeployPolicy
 
-from .. import cache, kube
-from ..fit import with_unfit
-from .decide import governing_settings
+from .. import cache, connection
+from ..avoidance import with_unfit
 from .record import RESET_AFTER_S, WorkloadState, controller_ref, workload_key
+from .rejected import governing_settings
 from .store import prune_records, read_owner, update_record, workload_state
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ class Workload:
     def avoid(self, now: float) -> list[str]:
         """Nodes its new pods should avoid: the nodes of its rejected pods now, then the
         nodes in its record, newest first (with ``avoidRejectingNodes``), plus the nodes
-        that cannot fit it (:func:`~numalign.controller.fit.with_unfit`). Nothing until
+        that cannot fit it (:func:`~numalign.controller.avoidance.with_unfit`). Nothing until
         it was rejected once."""
         recorded = self.state.avoid_nodes(now)
         nodes = list(dict.fromkeys([*sorted(set(self.failed.values())), *recorded]))
@@ -86,7 +86,7 @@ async def _rejected_by_owner(namespace: str) -> dict[str, dict[str, str]]:
     TopologyAffinityError. Read from the API server's watch cache (resourceVersion "0":
     no etcd read): a controller learnt of its Failed pod from there before creating the
     replacement this answer is for; the operator's own watch may lag behind."""
-    failed = await kube.client().get(kube.ns_path(namespace, "pods"), {
+    failed = await connection.client().get(connection.ns_path(namespace, "pods"), {
         "fieldSelector": "status.phase=Failed", "resourceVersion": "0"})
     out: dict[str, dict[str, str]] = {}
     for other in failed.get("items") or []:
@@ -195,11 +195,11 @@ async def tell_once(pod: Mapping[str, Any], why: str, st: WorkloadState) -> None
         warned.clear()
     seen.add(why)
     if why == "exhausted":
-        await kube.event(pod, "Warning", reason=EVENT_REDEPLOY_EXHAUSTED,
-                         message=gate_message(pod, st))
+        await connection.event(pod, "Warning", reason=EVENT_REDEPLOY_EXHAUSTED,
+                               message=gate_message(pod, st))
     else:
-        await kube.event(pod, "Normal", reason=EVENT_REDEPLOY_BACKOFF,
-                         message=backoff_message(pod))
+        await connection.event(pod, "Normal", reason=EVENT_REDEPLOY_BACKOFF,
+                               message=backoff_message(pod))
 
 
 async def release_held(namespace: str | None = None, now: float | None = None) -> None:
@@ -239,7 +239,8 @@ async def ungate(pod: Mapping[str, Any]) -> None:
     if idx is None:
         return
     try:
-        await kube.client().patch(kube.ns_path(str(meta["namespace"]), "pods", str(meta["name"])), [
+        await connection.client().patch(connection.ns_path(str(meta["namespace"]), "pods",
+                                                           str(meta["name"])), [
             {"op": "test", "path": f"/spec/schedulingGates/{idx}/name", "value": REDEPLOY_GATE},
             {"op": "remove", "path": f"/spec/schedulingGates/{idx}"}], JSON_PATCH)
     except ApiError as e:
@@ -251,6 +252,7 @@ async def ungate(pod: Mapping[str, Any]) -> None:
         raise
     cache.GATED.remove(pod)
     warned.pop(str(meta.get("uid", "")), None)
-    await kube.event(pod, "Normal", reason=EVENT_REDEPLOY_RELEASED,
-                     message=f"scheduling gate {REDEPLOY_GATE} removed: the workload's rejected "
-                             "pods were redeployed or its redeploy budget was released")
+    await connection.event(pod, "Normal", reason=EVENT_REDEPLOY_RELEASED,
+                           message=f"scheduling gate {REDEPLOY_GATE} removed: the workload's "
+                                   "rejected pods were redeployed or its redeploy budget was "
+                                   "released")
