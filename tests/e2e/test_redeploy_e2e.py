@@ -24,7 +24,6 @@ import pytest
 
 from e2e_helpers import (
     POOL_LABEL,
-    RESOLVED,
     ROLE_LABEL,
     AgentProcess,
     annotation_json,
@@ -39,6 +38,7 @@ from e2e_helpers import (
     wait_for,
 )
 from numalign.api.names import (
+    ANN_RESOLVED,
     EVENT_REDEPLOY_BACKOFF,
     EVENT_REDEPLOY_EXHAUSTED,
     EVENT_REDEPLOY_GAVE_UP,
@@ -167,7 +167,7 @@ def test_redeploy_onto_nodes_that_fit(kubeconfig: Path, k8s_client: Any,
         assert set(counts["rejecting_nodes"]) <= set(e2e_agent.of("fragmented-8numa")), counts
         source = "TopologyPolicy/" + f"e2e-{ns}"[:60]
         for p in pods(core, ns):
-            assert annotation_json(p, RESOLVED) == {**SNN_POD, "source": source}
+            assert annotation_json(p, ANN_RESOLVED) == {**SNN_POD, "source": source}
         # No runaway: nothing new shows up after the end state was reached.
         time.sleep(2)
         assert _end_state(core, ns, e2e_agent) == EXPECTED
