@@ -26,13 +26,14 @@ ANN_TOLERATE_UNPLACED = "numalign.io/tolerate-unplaced"
 ANN_GPUS = GPU_ANNOTATION  # user: GPU requests (the engine reads it)
 ANN_OVERRIDE_WARNED = "numalign.io/override-warning"  # operator: a bad override was reported
 
-# operator: the redeploy of a rejected pod (controller.redeploy)
-ANN_REDEPLOY_OF = "numalign.io/redeploy-of"  # a recreated pod: the rejected pod's name
-ANN_REDEPLOY_OF_UID = "numalign.io/redeploy-of-uid"  # ... and its uid
-ANN_REDEPLOY_BASE = "numalign.io/redeploy-base"  # a record: the attempts it started from
-ANN_WORKLOAD = "numalign.io/workload"  # a record: the workload the pod belongs to
-ANN_REDEPLOY_RESET = "numalign.io/redeploy-reset"  # a record: when its attempts reset
-REDEPLOY_GATE = "numalign.io/redeploy"  # the scheduling gate holding a recreated pod
+# The redeploy of rejected pods (controller.redeploy).
+ANN_REDEPLOY_OF = "numalign.io/redeploy-of"  # replacement pod: the rejected pod's name
+ANN_REDEPLOY_OF_UID = "numalign.io/redeploy-of-uid"  # replacement pod: ... and its uid
+ANN_REDEPLOY_BASE = "numalign.io/redeploy-base"  # replacement pod: the first one's name
+ANN_WORKLOAD = "numalign.io/workload"  # operator, at creation: the pod's workload
+# user, on a workload's controller: a new value releases its spent redeploy budget
+ANN_REDEPLOY_RESET = "numalign.io/redeploy-reset"
+REDEPLOY_GATE = "numalign.io/redeploy"  # the scheduling gate holding a workload's new pods
 
 # ---------------------------------------------------------------- nodes and objects
 
@@ -42,8 +43,8 @@ LABEL_EMULATED = "numalign.io/emulated"  # node: run by the emulating agent
 # and Topology managers at `none`); the value names the mechanism.
 LABEL_MANAGED = "numalign.io/managed"
 MANAGED_NRI = "nri"
-LABEL_STATE = "numalign.io/state"  # the redeploy records' ConfigMaps
-FINALIZER = "numalign.io/operator"  # the operator's, on the objects it handles
+LABEL_STATE = "numalign.io/state"  # ConfigMap: the redeploy records (value "redeploy")
+FINALIZER = "numalign.io/operator"  # Kopf's, on the objects the operator handles
 NRI_PLUGIN_NAME = "numalign"  # the name the agent registers with the runtime's NRI
 
 # ---------------------------------------------------------------- reasons
