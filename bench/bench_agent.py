@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from numalign.api.kube import ApiError, Kube, load_config
+from numalign.api.names import ANN_RESOLVED
 from numalign.devcluster.cluster import DEFAULT_CLIENT_QPS
 from numalign.topology.machine import load_machine
 
@@ -48,7 +49,6 @@ MACHINES = HERE.parent / "tests" / "fixtures" / "machines"
 MIX = ["seed-figure1", "dual-16core", "dgx-a100-like", "fragmented-8numa", "group8-gpu",
        "dgx1-like", "wide64"]
 NS = "bench-agent"
-RESOLVED = "numalign.io/resolved"
 
 
 def _machines_dir() -> Path:
@@ -112,7 +112,7 @@ def deployments(pods: int, count: int = 20) -> list[dict[str, Any]]:
                 "selector": {"matchLabels": {"app": name}},
                 "template": {
                     "metadata": {"labels": {"app": name},
-                                 "annotations": {RESOLVED: json.dumps(resolved)}},
+                                 "annotations": {ANN_RESOLVED: json.dumps(resolved)}},
                     "spec": {"terminationGracePeriodSeconds": 0,
                              "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
                                              "resources": resources}]},

@@ -19,7 +19,7 @@ from pathlib import Path
 from numalign.testing.reference_merge import reference_merge
 from numalign.topology.hints import ProviderHints, TopologyHint, mask_of
 from numalign.topology.merge import merge
-from numalign.topology.policy import PolicyOptions
+from numalign.topology.policyconfig import PolicyOptions
 
 HERE = Path(__file__).resolve().parent
 

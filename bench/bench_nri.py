@@ -28,7 +28,7 @@ from criapi.runtime_v1 import api_pb2 as cri
 from criapi.runtime_v1 import api_pb2_grpc as cri_grpc
 from numalign.agent.nri.placer import EnginePlacer, PodView, kernel_memory_nodes
 from numalign.agent.nri.plugin import NriPlugin
-from numalign.api.wire import Resolved
+from numalign.api.resolved import Resolved
 from numalign.devcluster.images import WORKLOAD_IMAGE, build_images
 from numalign.topology.machine import machine_from_dict
 

@@ -37,10 +37,10 @@ from typing import Any
 
 from bench_agent import agent_argv, node_mix, pct, rss_kib, stop, wait_nodes, watch_pods
 from numalign.api.kube import ApiError, Kube, load_config
+from numalign.api.names import ANN_RESOLVED
 from numalign.topology.machine import load_machine
 
 NS = "bench-operator"
-RESOLVED = "numalign.io/resolved"
 PAUSE = "registry.k8s.io/pause:3.10"
 REDEPLOY = {"enabled": True, "maxAttempts": 3, "backoffSeconds": 1, "avoidRejectingNodes": True}
 
@@ -111,7 +111,7 @@ async def _webhook_ready(kube: Kube, timeout: float) -> None:
     while time.monotonic() < deadline:
         try:
             got = await kube.create("/api/v1/namespaces/default/pods?dryRun=All", probe)
-            if RESOLVED in ((got.get("metadata") or {}).get("annotations") or {}):
+            if ANN_RESOLVED in ((got.get("metadata") or {}).get("annotations") or {}):
                 return
         except ApiError:
             pass
@@ -175,9 +175,9 @@ async def run_bench(kubeconfig: str, nodes: int, pods: int, count: int, rejects:
             uid, name = str(meta.get("uid")), str(meta.get("name"))
             if uid not in first_seen:
                 first_seen[uid] = now
-                if RESOLVED in (meta.get("annotations") or {}):
+                if ANN_RESOLVED in (meta.get("annotations") or {}):
                     at_creation.add(uid)
-            if uid not in resolved_at and RESOLVED in (meta.get("annotations") or {}):
+            if uid not in resolved_at and ANN_RESOLVED in (meta.get("annotations") or {}):
                 resolved_at[uid] = now
             status = obj.get("status") or {}
             if status.get("phase") == "Running":

@@ -61,7 +61,7 @@ from prometheus_client.samples import Sample
 from bench_agent import agent_argv, pct, stop, wait_nodes
 from bench_operator import _free_port, _webhook_ready
 from numalign.api.kube import ApiError, Kube, load_config
-from numalign.api.wire import ANN_RESOLVED, REJECT_REASON
+from numalign.api.names import ANN_RESOLVED, REJECT_REASON
 from numalign.topology.machine import load_machine
 from placement_inprocess import inprocess_filter, inprocess_scheduler
 from placement_workload import LABEL, NAMESPACES, node_mix, policies, workload

@@ -106,7 +106,7 @@ def _timestamp(day: str, clock: str, offset: str) -> float:
 def _pod(name: str, unplaced: bool) -> dict[str, Any]:
     """The guaranteed 1-CPU pod; ``unplaced``: it may start with no NRI plugin registered
     (the real node's containerd otherwise requires numalign's)."""
-    from numalign.api.wire import ANN_TOLERATE_UNPLACED
+    from numalign.api.names import ANN_TOLERATE_UNPLACED
     from numalign.devcluster.images import WORKLOAD_IMAGE
     from numalign.devcluster.realnode_config import TAINT
 

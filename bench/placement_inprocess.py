@@ -17,7 +17,8 @@ from placement_workload import NS_BE, NS_RESTRICTED, NS_SNN, node_mix, workload
 
 def with_resolved(pod: dict[str, Any], uid: str) -> dict[str, Any]:
     """``pod`` as the operator annotates it (its namespace's resolved policy), with ``uid``."""
-    from numalign.api.wire import ANN_RESOLVED, NO_OPTIONS, Resolved
+    from numalign.api.names import ANN_RESOLVED
+    from numalign.api.resolved import NO_OPTIONS, Resolved
 
     resolved = {NS_SNN: Resolved("single-numa-node", "pod", NO_OPTIONS, "TopologyPolicy/snn"),
                 NS_RESTRICTED: Resolved("restricted", "container", NO_OPTIONS,
@@ -128,8 +129,8 @@ def inprocess_scheduler(nodes: int, pods: int, seed: int, lag: int = 40,
         parse_binding,
         priority_list,
     )
-    from numalign.topology.fit import check_fit, fit_requests
     from numalign.topology.pod import pod_from_dict
+    from numalign.topology.resourcefit import check_fit, fit_requests
 
     states: dict[str, NodeState] = {}
     for f, count in node_mix(nodes):

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from numalign.api.wire import ANN_POLICY, ANN_SCOPE
+from numalign.api.names import ANN_POLICY, ANN_SCOPE
 
 HERE = Path(__file__).resolve().parent
 SAMPLES = HERE.parent / "config" / "samples" / "machines"

@@ -10,7 +10,7 @@ import os
 import sys
 
 from numalign import cli
-from numalign.controller.redeploy import decide
+from numalign.controller.redeploy import rejected
 
 
 def main(argv: list[str]) -> int:
@@ -21,7 +21,7 @@ def main(argv: list[str]) -> int:
             logging.getLogger(__name__).error(f"injected fault at {point}: exiting")
             os._exit(17)
 
-    decide.checkpoint = crash
+    rejected.checkpoint = crash
     return cli.main(args)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from numalign.api.wire import ANN_ALLOCATION, ANN_REJECTION, ANN_RESOLVED
+from numalign.api.names import ANN_ALLOCATION, ANN_REJECTION, ANN_RESOLVED
 
 
 def new_node_name() -> str:

@@ -15,7 +15,7 @@ import pytest
 import testdata
 from agent_helpers import Agent, StartAgent
 from numalign.agent import podfingerprint as pfp
-from numalign.api.wire import EVENT_INVALID_GPU
+from numalign.api.names import EVENT_INVALID_GPU
 from numalign.topology.quantity import parse_cpulist
 
 pytestmark = pytest.mark.cluster

@@ -31,14 +31,16 @@ from admission_objects import (
     pod_yaml,
     status_patch,
 )
-from numalign.api.wire import (
+from numalign.api.names import (
     ANN_ALLOCATION,
+    ANN_REDEPLOY_OF,
+    ANN_REDEPLOY_OF_UID,
     ANN_REJECTION,
     ANN_RESOLVED,
     ANN_TOLERATE_UNPLACED,
+    REDEPLOY_GATE,
     REJECT_REASON,
 )
-from numalign.controller.redeploy.record import ANN_REDEPLOY_OF, ANN_REDEPLOY_OF_UID, GATE
 from numalign.devcluster.policies import load_policies
 from operator_helpers import operator
 
@@ -515,7 +517,7 @@ def test_operator_changes_only_the_pod_metadata_it_owns(
         namespace: str) -> None:
     operator_kc = str(impersonate(OPERATOR))
     kubectl("create", "-n", namespace, "-f", "-",
-            input=pod_yaml("p", {"team": "a"}, gates=[GATE, "example.com/other"]))
+            input=pod_yaml("p", {"team": "a"}, gates=[REDEPLOY_GATE, "example.com/other"]))
 
     def as_operator(*args: str) -> subprocess.CompletedProcess[str]:
         return kubectl("--kubeconfig", operator_kc, *args, "-n", namespace, check=False)
@@ -528,14 +530,15 @@ def test_operator_changes_only_the_pod_metadata_it_owns(
     _denied(as_operator("annotate", "--overwrite", "pod/p", "team=b"), RESTRICTION, metadata)
     _denied(json_patch({"op": "replace", "path": "/spec/containers/0/image",
                         "value": "registry.example/miner:1"}),
-            RESTRICTION, f"may change only its scheduling gate {GATE} in the spec of pod "
+            RESTRICTION, f"may change only its scheduling gate {REDEPLOY_GATE} in the spec of pod "
             f"{namespace}/p")
     _denied(json_patch({"op": "remove", "path": "/spec/schedulingGates/1"}), RESTRICTION,
             "scheduling gate")
     # What it owns: the resolved policy, its warning mark, its own gate.
     assert as_operator("annotate", "pod/p", f"{ANN_RESOLVED}={forged_value(ANN_RESOLVED)}",
                        "numalign.io/override-warning=[]").returncode == 0
-    assert json_patch({"op": "test", "path": "/spec/schedulingGates/0/name", "value": GATE},
+    assert json_patch({"op": "test", "path": "/spec/schedulingGates/0/name",
+                       "value": REDEPLOY_GATE},
                       {"op": "remove", "path": "/spec/schedulingGates/0"}).returncode == 0
     pod = json.loads(kubectl("get", "-n", namespace, "pod/p", "-o", "json").stdout)
     assert pod["spec"]["schedulingGates"] == [{"name": "example.com/other"}]

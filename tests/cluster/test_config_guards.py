@@ -25,7 +25,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from numalign.api.wire import ANN_ALLOCATION, ANN_REJECTION, ANN_RESOLVED, ANN_TOLERATE_UNPLACED
+from numalign.api.names import ANN_ALLOCATION, ANN_REJECTION, ANN_RESOLVED, ANN_TOLERATE_UNPLACED
 from numalign.controller import webhookconfig, webhooks
 from operator_helpers import delete_webhooks, operator
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from numalign.api.wire import EVENT_REDEPLOY_GAVE_UP
+from numalign.api.names import EVENT_REDEPLOY_GAVE_UP
 from operator_helpers import (
     bare_pod,
     delete_policy,

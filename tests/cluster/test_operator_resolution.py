@@ -11,7 +11,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from numalign.api.wire import EVENT_INVALID_OVERRIDE
+from numalign.api.names import EVENT_INVALID_OVERRIDE
 from operator_helpers import (
     OperatorProcess,
     bare_pod,

@@ -20,7 +20,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from numalign.api.wire import EVENT_REDEPLOY, EVENT_REDEPLOY_GAVE_UP
+from numalign.api.names import EVENT_REDEPLOY, EVENT_REDEPLOY_GAVE_UP
 from operator_helpers import bare_pod, delete_policy, operator, pods_named, policy, wait_for
 
 pytestmark = pytest.mark.cluster

@@ -17,14 +17,12 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 import testdata
+from numalign.api.names import REJECT_REASON
 from operator_helpers import wait_for
 
 MACHINES = testdata.MACHINES
 POOL_LABEL = "numalign.io/e2e-pool"
 ROLE_LABEL = "numalign.io/e2e-role"
-RESOLVED = "numalign.io/resolved"
-ALLOCATION = "numalign.io/allocation"
-REASON = "TopologyAffinityError"
 PAUSE = "registry.k8s.io/pause:3.10"
 
 
@@ -139,7 +137,7 @@ def annotation_json(pod: Any, key: str) -> dict[str, Any] | None:
 def rejection_events(core: Any, ns: str) -> list[Any]:
     """The agent's Warning events, one per rejected pod."""
     return [e for e in core.list_namespaced_event(ns).items
-            if e.reason == REASON and e.type == "Warning"]
+            if e.reason == REJECT_REASON and e.type == "Warning"]
 
 
 def rejected_uids(core: Any, ns: str) -> set[str]:

@@ -15,7 +15,8 @@ from typing import Any
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
-from numalign.api.wire import ANN_ALLOCATION, Allocation, parse_allocation
+from numalign.api.allocation import Allocation, parse_allocation
+from numalign.api.names import ANN_ALLOCATION
 from numalign.topology.quantity import parse_cpulist
 
 KIND = "io.cri-containerd.kind"  # containerd's CRI label: sandbox or container

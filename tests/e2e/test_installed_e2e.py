@@ -41,7 +41,7 @@ from kubernetes import client, config
 
 from e2e_helpers import MACHINES, wait_for
 from nri_helpers import admitted, admitted_container_cpus, allocation, exclusive, running
-from numalign.api.wire import ANN_RESOLVED, EVENT_REDEPLOY, REJECT_REASON
+from numalign.api.names import ANN_RESOLVED, EVENT_REDEPLOY, REJECT_REASON
 from numalign.devcluster import DevCluster, ensure_built
 from numalign.devcluster.helmbuild import ensure_helm_built
 from numalign.devcluster.install import CHART, NAMESPACE, RELEASE, Installer

@@ -14,9 +14,7 @@ import pytest
 import yaml
 
 from e2e_helpers import (
-    ALLOCATION,
     POOL_LABEL,
-    RESOLVED,
     AgentProcess,
     annotation_json,
     delete_namespaces,
@@ -24,6 +22,7 @@ from e2e_helpers import (
     phase,
     wait_for,
 )
+from numalign.api.names import ANN_ALLOCATION, ANN_RESOLVED
 from numalign.topology.quantity import parse_cpulist
 from operator_helpers import delete_policy, operator, policy
 
@@ -92,8 +91,8 @@ def test_policy_per_namespace_and_pod(kubeconfig: Path, k8s_client: Any, core: A
         got = wait_for(all_running, 90, "the three pods Running")
         allocs: dict[tuple[str, str], dict[str, Any]] = {}
         for key, pod in got.items():
-            assert annotation_json(pod, RESOLVED) == want[key], key
-            alloc = annotation_json(pod, ALLOCATION)
+            assert annotation_json(pod, ANN_RESOLVED) == want[key], key
+            alloc = annotation_json(pod, ANN_ALLOCATION)
             assert alloc is not None, key
             allocs[key] = alloc
         assert got[("ml", "train")].spec.node_name == seed

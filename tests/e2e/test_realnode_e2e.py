@@ -15,7 +15,7 @@ from kubernetes import client
 
 from e2e_helpers import wait_for
 from numalign.agent.podresources import PodResourcesError
-from numalign.api.wire import (
+from numalign.api.names import (
     EVENT_REDEPLOY,
     EVENT_REDEPLOY_EXHAUSTED,
     EVENT_REDEPLOY_GAVE_UP,

@@ -39,7 +39,8 @@ from nri_helpers import (
     sample,
     scrape,
 )
-from numalign.api.wire import (
+from numalign.api.allocation import Allocation
+from numalign.api.names import (
     ANN_ALLOCATION,
     ANN_POLICY,
     ANN_RESOLVED,
@@ -48,7 +49,6 @@ from numalign.api.wire import (
     MANAGED_NRI,
     REJECT_REASON,
     TOPOLOGY_MESSAGE,
-    Allocation,
 )
 from numalign.devcluster import command as dev
 from operator_helpers import delete_policy, operator, policy

@@ -24,7 +24,6 @@ import pytest
 
 from e2e_helpers import (
     POOL_LABEL,
-    RESOLVED,
     ROLE_LABEL,
     AgentProcess,
     annotation_json,
@@ -38,11 +37,13 @@ from e2e_helpers import (
     rejected_uids,
     wait_for,
 )
-from numalign.api.wire import (
+from numalign.api.names import (
+    ANN_RESOLVED,
     EVENT_REDEPLOY_BACKOFF,
     EVENT_REDEPLOY_EXHAUSTED,
     EVENT_REDEPLOY_GAVE_UP,
     EVENT_REDEPLOY_RELEASED,
+    REDEPLOY_GATE,
 )
 from operator_helpers import delete_policy, operator, policy
 
@@ -166,7 +167,7 @@ def test_redeploy_onto_nodes_that_fit(kubeconfig: Path, k8s_client: Any,
         assert set(counts["rejecting_nodes"]) <= set(e2e_agent.of("fragmented-8numa")), counts
         source = "TopologyPolicy/" + f"e2e-{ns}"[:60]
         for p in pods(core, ns):
-            assert annotation_json(p, RESOLVED) == {**SNN_POD, "source": source}
+            assert annotation_json(p, ANN_RESOLVED) == {**SNN_POD, "source": source}
         # No runaway: nothing new shows up after the end state was reached.
         time.sleep(2)
         assert _end_state(core, ns, e2e_agent) == EXPECTED
@@ -250,9 +251,6 @@ def test_operator_killed_mid_redeploy(kubeconfig: Path, k8s_client: Any,
         print(json.dumps(counts))
 
 
-GATE = "numalign.io/redeploy"
-
-
 def test_no_node_fits_deployment_is_gated_not_piled_up(
         kubeconfig: Path, k8s_client: Any, core: Any, apps: Any, namespace: str,
         e2e_agent: AgentProcess, tmp_path: Path) -> None:
@@ -273,7 +271,7 @@ def test_no_node_fits_deployment_is_gated_not_piled_up(
 
             def gated() -> list[Any]:
                 return [p for p in pods(core, ns)
-                        if any(g.name == GATE for g in p.spec.scheduling_gates or [])]
+                        if any(g.name == REDEPLOY_GATE for g in p.spec.scheduling_gates or [])]
 
             def record() -> dict[str, Any]:
                 recs = [v for k, v in redeploy_records(core, ns).items()
@@ -297,7 +295,7 @@ def test_no_node_fits_deployment_is_gated_not_piled_up(
             # pod is held.
             time.sleep(3)
             for p in pods(core, ns):
-                if phase(p) != "Failed" and not any(g.name == GATE
+                if phase(p) != "Failed" and not any(g.name == REDEPLOY_GATE
                                                     for g in p.spec.scheduling_gates or []):
                     core.delete_namespaced_pod(p.metadata.name, ns, grace_period_seconds=0)
             try:
@@ -322,7 +320,7 @@ def test_no_node_fits_deployment_is_gated_not_piled_up(
                                        if e.reason == EVENT_REDEPLOY_EXHAUSTED], 30,
                               "the Warning event on a held pod")
             assert warned[0].type == "Warning"
-            assert GATE in warned[0].message and "redeploy-reset" in warned[0].message
+            assert REDEPLOY_GATE in warned[0].message and "redeploy-reset" in warned[0].message
             # No pile-up: at most the pods in flight when it gave up are left Failed
             # (one or two per replica), and nothing more shows up later.
             failed = [p.metadata.name for p in pods(core, ns) if phase(p) == "Failed"]

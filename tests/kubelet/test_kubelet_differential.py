@@ -33,11 +33,12 @@ from numalign.topology.admit import admit_pod
 from numalign.topology.ledger import Ledger
 from numalign.topology.machine import Machine, load_machine, machine_from_dict
 from numalign.topology.pod import pod_from_dict
-from numalign.topology.policy import parse_policy_options
+from numalign.topology.policies import kubelet_names
+from numalign.topology.policyconfig import parse_policy_options
 
 GI = 1 << 30
 MI = 1 << 20
-POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
+KUBELET_POLICIES = kubelet_names()
 # NUMALIGN_KUBELET_ROUNDS=N runs N times as many sequences (other seeds) for a longer check
 ROUNDS = int(os.environ.get("NUMALIGN_KUBELET_ROUNDS", "1"))
 SCOPES = ("container", "pod")
@@ -87,7 +88,7 @@ def _cases() -> Iterator[Case]:
     rng = random.Random(14)
     for m in MACHINES:
         per = (2 if len(m.numa_ids) > 2 else 3) * ROUNDS
-        for policy in POLICIES:
+        for policy in KUBELET_POLICIES:
             for scope in SCOPES if policy != "none" else ("container",):
                 for _ in range(per):
                     opts = ({"prefer-closest-numa-nodes": "true"}

@@ -19,7 +19,9 @@ from cri_helpers import Cri, cgroup_cpuset, parse_list, status_cpus, wait_until
 from criapi.runtime_v1 import api_pb2 as cri
 from numalign.agent.nri.placer import EnginePlacer, PodView, kernel_memory_nodes
 from numalign.agent.nri.plugin import CpuSet, NriPlugin, Placement, Rejected
-from numalign.api.wire import ANN_ALLOCATION, Allocation, Resolved
+from numalign.api.allocation import Allocation
+from numalign.api.names import ANN_ALLOCATION
+from numalign.api.resolved import Resolved
 from numalign.topology.machine import machine_from_dict
 
 EXCLUSIVE = "numalign.io/test-exclusive"

@@ -33,18 +33,18 @@ from cri_helpers import Cri, cgroup_cpuset, wait_until
 from criapi.runtime_v1 import api_pb2 as cri
 from numalign.agent.node import NodeAgent
 from numalign.agent.nri.managed import ManagedNode
+from numalign.api.allocation import parse_allocation
 from numalign.api.kube import ApiError, Kube, load_config, pod_path
-from numalign.api.nodetopology import NRI_KUBELET_MANAGERS_ON, NRI_NOT_MANAGED
-from numalign.api.wire import (
+from numalign.api.names import (
     ANN_ALLOCATION,
     ANN_REJECTION,
     ANN_RESOLVED,
     LABEL_MANAGED,
     MANAGED_NRI,
     REJECT_MESSAGE,
-    Resolved,
-    parse_allocation,
 )
+from numalign.api.nodetopology import NRI_KUBELET_MANAGERS_ON, NRI_NOT_MANAGED
+from numalign.api.resolved import Resolved
 from numalign.topology.machine import machine_from_dict
 from numalign.topology.quantity import parse_cpulist
 

@@ -13,14 +13,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import testdata
-from numalign.api.wire import ANN_GPUS, ANN_RESOLVED
+from numalign.api.names import ANN_GPUS, ANN_RESOLVED
 from numalign.topology.machine import Machine, load_machine, machine_from_dict
 from numalign.topology.pod import is_extended
+from numalign.topology.policies import kubelet_names
 
 JSON = dict[str, Any]
 
 FIXTURES = sorted(p for p in testdata.MACHINES.glob("*.yaml"))
-POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
+KUBELET_POLICIES = kubelet_names()
 SCOPES = ("container", "pod")
 GPU = "nvidia.com/gpu"
 
@@ -115,7 +116,7 @@ def random_resolved(rng: random.Random, mix: Mix) -> str | None:
         return json.dumps({"policy": None, "scope": None, "source": "node-default"})
     if r < 0.23:
         return "{not json"
-    return json.dumps({"policy": rng.choice(POLICIES), "scope": rng.choice(SCOPES),
+    return json.dumps({"policy": rng.choice(KUBELET_POLICIES), "scope": rng.choice(SCOPES),
                        "options": random_options(rng, mix), "source": "TopologyPolicy/diff"})
 
 
@@ -123,7 +124,7 @@ def random_spec(rng: random.Random, generation: int, mix: Mix) -> JSON:
     """A node default (``NodeTopology.spec``), at times none."""
     if rng.random() < 0.2:
         return {}
-    return {"policy": rng.choice(POLICIES), "scope": rng.choice(SCOPES),
+    return {"policy": rng.choice(KUBELET_POLICIES), "scope": rng.choice(SCOPES),
             "options": random_options(rng, mix), "policyGeneration": generation}
 
 

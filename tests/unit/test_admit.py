@@ -17,7 +17,7 @@ from numalign.topology.ledger import ContainerAllocation, Ledger
 from numalign.topology.machine import Machine, load_machine
 from numalign.topology.merge import REJECT_MESSAGE, REJECT_REASON
 from numalign.topology.pod import Pod, pod_from_dict
-from numalign.topology.policy import PolicyOptions
+from numalign.topology.policyconfig import PolicyOptions
 
 MACHINES = testdata.MACHINES
 PODS = Path(__file__).resolve().parents[1] / "fixtures" / "pods"

@@ -10,7 +10,9 @@ from typing import Any
 import testdata
 from numalign.agent.kubelet_status import pod_event, rejected_status
 from numalign.agent.state import NodeState
-from numalign.api.wire import ANN_ALLOCATION, Resolved, parse_allocation
+from numalign.api.allocation import parse_allocation
+from numalign.api.names import ANN_ALLOCATION
+from numalign.api.resolved import Resolved
 from numalign.topology.hints import mask_of
 from numalign.topology.machine import load_machine
 

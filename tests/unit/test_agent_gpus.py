@@ -10,7 +10,7 @@ import testdata
 from numalign.agent.publish import build_status
 from numalign.agent.state import NodeState
 from numalign.api.admission import INVALID_GPU_REASON
-from numalign.api.wire import Resolved
+from numalign.api.resolved import Resolved
 from numalign.topology.machine import load_machine
 
 MACHINES = testdata.MACHINES

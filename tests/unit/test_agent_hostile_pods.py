@@ -13,8 +13,10 @@ import pytest
 
 import testdata
 from numalign.agent.emulate import Emulator, NodeSpec
+from numalign.api.allocation import parse_allocation
+from numalign.api.errors import WireError
 from numalign.api.kube.listwatch import list_watch
-from numalign.api.wire import WireError, parse_allocation, parse_resolved, resolved_or_none
+from numalign.api.resolved import parse_resolved, resolved_or_none
 from numalign.topology.errors import TopologyError
 from numalign.topology.gpu import parse_gpu_requests
 from numalign.topology.machine import load_machine

@@ -12,7 +12,7 @@ from numalign.agent.kubelet_status import (
     rejected_status,
     running_status,
 )
-from numalign.api.wire import REJECT_REASON, TOPOLOGY_MESSAGE
+from numalign.api.names import REJECT_REASON, TOPOLOGY_MESSAGE
 from numalign.topology.machine import load_machine
 
 MACHINES = testdata.MACHINES

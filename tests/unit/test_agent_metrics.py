@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from numalign.agent import metrics
 from numalign.agent.managerstats import DURATION_BUCKETS
 from numalign.agent.state import NodeState
-from numalign.api.wire import Resolved
+from numalign.api.resolved import Resolved
 from numalign.topology.ledger import ContainerAllocation
 from numalign.topology.machine import load_machine
 

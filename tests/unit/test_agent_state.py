@@ -8,8 +8,9 @@ from typing import Any
 import testdata
 from numalign.agent.publish import build_status
 from numalign.agent.state import NodeState
+from numalign.api.names import ANN_ALLOCATION
 from numalign.api.nodetopology import NodeTopologyStatus, summarize
-from numalign.api.wire import ANN_ALLOCATION, Resolved
+from numalign.api.resolved import Resolved
 from numalign.topology.machine import load_machine
 
 MACHINES = testdata.MACHINES

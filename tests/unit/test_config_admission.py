@@ -20,15 +20,17 @@ from config_helpers import (
     pod_spec,
     role_rules,
 )
-from numalign.api.wire import (
+from numalign.api.names import (
     ANN_ALLOCATION,
+    ANN_OVERRIDE_WARNED,
+    ANN_REDEPLOY_OF,
+    ANN_REDEPLOY_OF_UID,
     ANN_REJECTION,
     ANN_RESOLVED,
     ANN_TOLERATE_UNPLACED,
+    REDEPLOY_GATE,
     REJECT_REASON,
 )
-from numalign.controller.pods import ANN_OVERRIDE_WARNED
-from numalign.controller.redeploy.record import ANN_REDEPLOY_OF, ANN_REDEPLOY_OF_UID, GATE
 
 
 @pytest.fixture
@@ -63,7 +65,7 @@ CREATOR_MARK = "numalign.io/resolved-set-by-creator"
 
 
 def test_pod_annotation_guard_names_wires_annotations(default: list[Obj]) -> None:
-    """No drift: the policy guards exactly the annotations numalign.api.wire names (and
+    """No drift: the policy guards exactly the annotations numalign.api.names names (and
     the mark of the mutating policy that runs before the webhooks), on pod writes and on
     Bindings, whose annotations the API server merges into the pod."""
     vap = named(default, "ValidatingAdmissionPolicy", "numalign-pod-annotations")
@@ -96,7 +98,7 @@ def test_pod_annotation_guard_names_wires_annotations(default: list[Obj]) -> Non
 def test_operator_restriction_names_the_operators_own_marks(default: list[Obj]) -> None:
     vap = named(default, "ValidatingAdmissionPolicy", "numalign-operator-restriction")
     assert _cel_names(vap) == {ANN_RESOLVED, ANN_OVERRIDE_WARNED, ANN_REDEPLOY_OF,
-                               ANN_REDEPLOY_OF_UID, GATE}
+                               ANN_REDEPLOY_OF_UID, REDEPLOY_GATE}
     text = yaml.safe_dump(vap["spec"], width=10_000)
     assert f"'{REJECT_REASON}'" in text and "'kube-system'" in text
     ops = {(op, r) for rule in vap["spec"]["matchConstraints"]["resourceRules"]

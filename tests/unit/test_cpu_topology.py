@@ -13,7 +13,7 @@ from numalign.agent.publish import build_status
 from numalign.agent.state import NodeState
 from numalign.api import NodeTopologyStatus
 from numalign.api.nodestatus import held_from_admitted, ledger_from_held, machine_from_status
-from numalign.api.wire import Resolved
+from numalign.api.resolved import Resolved
 from numalign.topology.cputopo import cpu_topology_json, cpus_from_topology
 from numalign.topology.machine import CPU, Machine, load_machine
 

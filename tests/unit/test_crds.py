@@ -184,7 +184,7 @@ def test_api_policy_and_scope_names_are_the_engines() -> None:
     # admission, so the two lists must stay equal.
     from numalign.api.common import SCOPES as API_SCOPES
     from numalign.topology.policies import names
-    from numalign.topology.policy import SCOPES
+    from numalign.topology.policyconfig import SCOPES
 
     tp = next(c for c in crdgen.crds() if c["spec"]["names"]["kind"] == "TopologyPolicy")
     spec = tp["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]

@@ -20,7 +20,7 @@ from prometheus_client.metrics_core import Metric
 
 from numalign.agent.metrics import ManagerCollector
 from numalign.agent.state import NodeState
-from numalign.api.wire import Resolved
+from numalign.api.resolved import Resolved
 from numalign.controller import metrics as operator_metrics
 from numalign.extender.metrics import Metrics as ExtenderMetrics
 from numalign.topology.machine import load_machine

@@ -7,8 +7,9 @@ import json
 from typing import Any
 
 from numalign.api.effective import NodeKind, NodePolicy, Origin, effective_policy
+from numalign.api.names import ANN_RESOLVED
 from numalign.api.nodetopology import NRI_PLACEMENT
-from numalign.api.wire import ANN_RESOLVED, DEFERRED, Resolved
+from numalign.api.resolved import DEFERRED, Resolved
 
 SNN = Resolved("single-numa-node", "pod", {}, "TopologyPolicy/ml")
 SPEC = {"policy": "restricted", "scope": "container"}

@@ -19,7 +19,7 @@ from numalign.topology.hints import mask_of
 from numalign.topology.ledger import Ledger
 from numalign.topology.machine import load_machine
 from numalign.topology.pod import pod_from_dict
-from numalign.topology.policy import PolicyOptions
+from numalign.topology.policyconfig import PolicyOptions
 
 MACHINES = testdata.MACHINES
 SEED = MACHINES / "seed-figure1.yaml"

@@ -13,8 +13,9 @@ import testdata
 from numalign.agent.publish import build_status
 from numalign.agent.state import NodeState
 from numalign.api.effective import Origin
+from numalign.api.names import ANN_GPUS, ANN_RESOLVED, REJECT_REASON
 from numalign.api.nodestatus import HeldPod
-from numalign.api.wire import ANN_GPUS, ANN_RESOLVED, REJECT_REASON, Resolved
+from numalign.api.resolved import Resolved
 from numalign.extender.decide import (
     MAX_SCORE,
     NEUTRAL_SCORE,
@@ -51,7 +52,7 @@ def published(st: NodeState, rv: int, **status: Any) -> dict[str, Any]:
 
 
 def resolved_of(p: dict[str, Any]) -> Resolved:
-    from numalign.api.wire import parse_resolved
+    from numalign.api.resolved import parse_resolved
 
     return parse_resolved(p["metadata"]["annotations"][ANN_RESOLVED])
 

@@ -61,17 +61,18 @@ from numalign.agent.nri.placer import EnginePlacer, PodView
 from numalign.agent.nri.plugin import Rejected
 from numalign.agent.publish import build_status, nodetopology_object
 from numalign.agent.state import NodeState, PlacedPod
+from numalign.api.allocation import Allocation
 from numalign.api.effective import NodeKind, NodePolicy, effective_policy
+from numalign.api.names import ANN_RESOLVED, EVENT_INVALID_GPU, REJECT_REASON
 from numalign.api.nodestatus import HeldPod
 from numalign.api.nodetopology import NRI_REGISTERED
-from numalign.api.wire import ANN_RESOLVED, EVENT_INVALID_GPU, REJECT_REASON, Allocation
 from numalign.extender.decide import CANDIDATE_UID, Verdict
 from numalign.extender.fleet import Fleet
 from numalign.extender.reservations import Reservations
 from numalign.topology.admit import UNEXPECTED_REASON
-from numalign.topology.fit import allocatable, check_fit, fit_requests
 from numalign.topology.machine import Machine, load_machine
 from numalign.topology.pod import is_extended, pod_from_dict
+from numalign.topology.resourcefit import allocatable, check_fit, fit_requests
 from random_fleet import FULL, Mix, fixture_machine, random_pod, random_spec, synthetic_machine
 
 JSON = dict[str, Any]

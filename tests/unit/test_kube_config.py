@@ -76,14 +76,14 @@ def test_api_error_carries_status_and_reason() -> None:
 
 
 def test_kopf_logs_in_with_the_same_credentials(no_env: Path) -> None:
-    from numalign.controller import kube
+    from numalign.controller import connection
 
     kc = _kubeconfig(no_env / "kc", {"a": ("https://a.example:6443", "ta")}, "a")
-    kube.configure(str(kc))
+    connection.configure(str(kc))
     try:
-        info = kube.connection_info()
+        info = connection.connection_info()
         assert (info.server, info.scheme, info.token, info.insecure) == (
             "https://a.example:6443", "Bearer", "ta", True)
         assert info.certificate_path is None and info.username is None
     finally:
-        kube.configure(None)
+        connection.configure(None)

@@ -20,7 +20,7 @@ import yaml
 import testdata
 from numalign.agent.publish import build_status
 from numalign.agent.state import NodeState
-from numalign.api.wire import Resolved
+from numalign.api.resolved import Resolved
 from numalign.commands import kubectl, kubectl_nodes, kubectl_why
 from numalign.controller.redeploy.record import WorkloadState, workload_key
 from numalign.topology.machine import load_machine

@@ -21,8 +21,8 @@ from numalign.topology.merge import (
     max_of_min_affinity_counts,
     merge,
 )
-from numalign.topology.policies import get_policy
-from numalign.topology.policy import PolicyOptions
+from numalign.topology.policies import get_policy, kubelet_names
+from numalign.topology.policyconfig import PolicyOptions
 
 # ---------------------------------------------------------------------------------------
 # The kubelet's tables (policy_test.go, policy_best_effort_test.go,
@@ -347,14 +347,14 @@ def provider_lists(
     return providers
 
 
-POLICIES = ["best-effort", "restricted", "single-numa-node", "none"]
+KUBELET_POLICIES = kubelet_names()
 
 
 @st.composite
 def merge_inputs(draw: st.DrawFn, max_nodes: int = 8, max_hints: int = 6) -> Any:
     ids, dist = draw(machines(max_nodes))
     providers = draw(provider_lists(ids, max_hints=max_hints))
-    policy = draw(st.sampled_from(POLICIES))
+    policy = draw(st.sampled_from(KUBELET_POLICIES))
     closest = draw(st.booleans())
     options = PolicyOptions(prefer_closest_numa_nodes=closest)
     distances = dist if closest or draw(st.booleans()) else None
@@ -418,7 +418,7 @@ def test_full_lists_eight_nodes_match_reference_small() -> None:
         {f"r{r}": [TopologyHint(m, m.bit_count() == r + 1 and m & 1 << r != 0) for m in masks]}
         for r in range(3)
     ]
-    for policy in POLICIES:
+    for policy in KUBELET_POLICIES:
         for closest in (False, True):
             options = PolicyOptions(prefer_closest_numa_nodes=closest)
             dist = {a: {b: abs(a - b) * 3 + 10 for b in ids} for a in ids}

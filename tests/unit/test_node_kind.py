@@ -17,10 +17,11 @@ from numalign.api.effective import (
     effective_policy,
     pod_or_node_default,
 )
+from numalign.api.names import ANN_RESOLVED
 from numalign.api.nodetopology import NRI_PLACEMENT
 from numalign.api.reads import NodeTopologyRead, PodRead
 from numalign.api.resolution import complete_for_node
-from numalign.api.wire import ANN_RESOLVED, DEFERRED, Resolved, node_default
+from numalign.api.resolved import DEFERRED, Resolved, node_default
 from numalign.controller.nodedefaults import desired_spec
 from numalign.topology.admit import admit_pod
 from numalign.topology.ledger import Ledger

@@ -26,14 +26,8 @@ from numalign.agent.nri.plugin import CpuSet, Rejected
 from numalign.agent.podresources import DeviceSet, KubeletContainer, KubeletPod
 from numalign.agent.publish import build_status
 from numalign.agent.state import NodeState
-from numalign.api.nodetopology import (
-    NRI_KUBELET_MANAGERS_ON,
-    NRI_NOT_MANAGED,
-    NRI_REGISTERED,
-    NRI_RUNTIME_UNAVAILABLE,
-    NRI_STARTING,
-)
-from numalign.api.wire import (
+from numalign.api.allocation import parse_allocation
+from numalign.api.names import (
     ANN_ALLOCATION,
     ANN_REJECTION,
     LABEL_MANAGED,
@@ -41,9 +35,15 @@ from numalign.api.wire import (
     REJECT_MESSAGE,
     REJECT_REASON,
     TOPOLOGY_MESSAGE,
-    Resolved,
-    parse_allocation,
 )
+from numalign.api.nodetopology import (
+    NRI_KUBELET_MANAGERS_ON,
+    NRI_NOT_MANAGED,
+    NRI_REGISTERED,
+    NRI_RUNTIME_UNAVAILABLE,
+    NRI_STARTING,
+)
+from numalign.api.resolved import Resolved
 from numalign.nriapi.v1alpha1 import api_pb2
 from numalign.topology.errors import TopologyError
 from numalign.topology.machine import machine_from_dict

@@ -15,7 +15,7 @@ from numalign.agent import metrics
 from numalign.agent.node import NodeAgent
 from numalign.agent.publish import build_status
 from numalign.agent.state import NodeState
-from numalign.api.wire import ANN_RESOLVED, LABEL_MANAGED, MANAGED_NRI, REJECT_REASON
+from numalign.api.names import ANN_RESOLVED, LABEL_MANAGED, MANAGED_NRI, REJECT_REASON
 from numalign.nriapi.v1alpha1 import api_pb2
 from numalign.topology.machine import machine_from_dict
 
@@ -191,7 +191,7 @@ async def test_a_restarted_agent_restores_into_its_one_state() -> None:
 
 def test_a_placer_given_the_nodes_state_decides_in_it() -> None:
     from numalign.agent.nri.placer import EnginePlacer, PodView
-    from numalign.api.wire import Resolved
+    from numalign.api.resolved import Resolved
 
     state = NodeState(NODE, MACHINE, admits=False)
     pods = {"p": PodView(k8s_pod("p", "2"), Resolved(SNN, "container"))}
@@ -218,7 +218,7 @@ def test_the_kubelets_answer_keeps_the_placers_decisions() -> None:
         KubeletPod,
         Snapshot,
     )
-    from numalign.api.wire import Resolved
+    from numalign.api.resolved import Resolved
 
     state = NodeState(NODE, MACHINE, admits=False)
     pods = {"p": PodView(k8s_pod("p", "2"), Resolved(SNN, "container")),

@@ -18,14 +18,9 @@ from numalign.agent.nri.placer import (
 )
 from numalign.agent.nri.plugin import CpuSet, Rejected
 from numalign.agent.publish import admitted_entries
-from numalign.api.wire import (
-    ANN_ALLOCATION,
-    REJECTED_PREFIX,
-    TOPOLOGY_MESSAGE,
-    Allocation,
-    Resolved,
-    parse_allocation,
-)
+from numalign.api.allocation import Allocation, parse_allocation
+from numalign.api.names import ANN_ALLOCATION, REJECTED_PREFIX, TOPOLOGY_MESSAGE
+from numalign.api.resolved import Resolved
 from numalign.nriapi.v1alpha1 import api_pb2
 from numalign.topology.machine import machine_from_dict
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from numalign.agent.nri.placer import EnginePlacer
 from numalign.agent.nri.pods import PodIndex
-from numalign.api.wire import ANN_RESOLVED
+from numalign.api.names import ANN_RESOLVED
 from numalign.nriapi.v1alpha1 import api_pb2
 from numalign.topology.machine import machine_from_dict
 

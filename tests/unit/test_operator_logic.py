@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from numalign.api.fit import node_fits, pod_requests
 from numalign.api.resolution import PolicyRef
 from numalign.api.topologypolicy import RedeployPolicy
-from numalign.controller import fit, policies
+from numalign.api.zonefit import node_fits, pod_requests
+from numalign.controller import avoidance, policies
 from numalign.controller.nodedefaults import desired_spec, spec_patch
 from numalign.controller.redeploy import (
     Workload,
@@ -69,13 +69,13 @@ def test_replacements_avoid_rejecting_nodes_newest_first(
     """The node of the pod Failed now, then the record's nodes, newest first; with every
     selectable node among them, the one that rejected the workload longest ago is let
     back in."""
-    monkeypatch.setattr(fit, "unfit_nodes", lambda p, skip=None: [])
-    monkeypatch.setattr(fit, "selectable_nodes", lambda p: {"new", "now", "old", "spare"})
+    monkeypatch.setattr(avoidance, "unfit_nodes", lambda p, skip=None: [])
+    monkeypatch.setattr(avoidance, "selectable_nodes", lambda p: {"new", "now", "old", "spare"})
     t0 = 1577836800.0
     st = WorkloadState(rejections={"old": "2020-01-01T00:00:00Z",
                                    "new": "2020-01-01T00:10:00Z"})
     assert _workload({"f": "now"}, st).avoid(t0 + 700) == ["new", "now", "old"]
-    monkeypatch.setattr(fit, "selectable_nodes", lambda p: {"new", "now", "old"})
+    monkeypatch.setattr(avoidance, "selectable_nodes", lambda p: {"new", "now", "old"})
     assert _workload({"f": "now"}, st).avoid(t0 + 700) == ["new", "now"]
     assert _workload({}, WorkloadState()).avoid(t0) == []
     keep_off = RedeployPolicy(avoid_rejecting_nodes=False)
@@ -215,18 +215,18 @@ def test_unfit_nodes_never_exclude_every_candidate(monkeypatch: pytest.MonkeyPat
     pod: dict[str, Any] = {"spec": {"nodeSelector": {"pool": "a"}}}
     unfit = ["b", "c"]
     selectable = {"a", "b", "c"}
-    monkeypatch.setattr(fit, "unfit_nodes", lambda p, skip=None: [n for n in unfit
+    monkeypatch.setattr(avoidance, "unfit_nodes", lambda p, skip=None: [n for n in unfit
                                                                  if n not in (skip or [])])
-    monkeypatch.setattr(fit, "selectable_nodes", lambda p: set(selectable))
-    assert fit.with_unfit(pod, ["x"]) == ["b", "c", "x"]  # "a" still fits: avoid b, c
+    monkeypatch.setattr(avoidance, "selectable_nodes", lambda p: set(selectable))
+    assert avoidance.with_unfit(pod, ["x"]) == ["b", "c", "x"]  # "a" still fits: avoid b, c
     unfit = ["a", "b", "c"]
-    assert fit.with_unfit(pod, ["a"]) == ["a"]  # none fits: avoid only the rejecting node
+    assert avoidance.with_unfit(pod, ["a"]) == ["a"]  # none fits: avoid only the rejecting node
     unfit = []
-    assert fit.with_unfit(pod, ["a"]) == ["a"]
+    assert avoidance.with_unfit(pod, ["a"]) == ["a"]
     unfit, selectable = ["b"], {"a"}
     # "a", the only candidate, rejected the workload: it is retried rather than leaving
     # the replacement Pending for good (the budget could never be spent)
-    assert fit.with_unfit(pod, ["a"]) == ["b"]
+    assert avoidance.with_unfit(pod, ["a"]) == ["b"]
 
 
 def test_rejecting_nodes_never_exclude_every_candidate(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -234,14 +234,14 @@ def test_rejecting_nodes_never_exclude_every_candidate(monkeypatch: pytest.Monke
     oldest are avoided, so the replacement lands on "a", is rejected again, and the
     workload's budget runs out (RedeployGaveUp, the gate) instead of a silent stall."""
     pod: dict[str, Any] = {"spec": {"nodeSelector": {"pool": "a"}}}
-    monkeypatch.setattr(fit, "unfit_nodes", lambda p, skip=None: [])
-    monkeypatch.setattr(fit, "selectable_nodes", lambda p: {"a", "b", "c"})
-    assert fit.keep_a_candidate(pod, ["c", "b", "a"]) == ["c", "b"]
-    assert fit.keep_a_candidate(pod, ["a", "c", "b"]) == ["a", "c"]
-    assert fit.with_unfit(pod, ["c", "x", "b", "c", "a"]) == ["b", "c", "x"]
-    assert fit.keep_a_candidate(pod, ["b"]) == ["b"]  # others remain: avoid it
-    monkeypatch.setattr(fit, "selectable_nodes", lambda p: set())  # selector unknown
-    assert fit.keep_a_candidate(pod, ["c", "b", "a"]) == ["c", "b", "a"]
+    monkeypatch.setattr(avoidance, "unfit_nodes", lambda p, skip=None: [])
+    monkeypatch.setattr(avoidance, "selectable_nodes", lambda p: {"a", "b", "c"})
+    assert avoidance.keep_a_candidate(pod, ["c", "b", "a"]) == ["c", "b"]
+    assert avoidance.keep_a_candidate(pod, ["a", "c", "b"]) == ["a", "c"]
+    assert avoidance.with_unfit(pod, ["c", "x", "b", "c", "a"]) == ["b", "c", "x"]
+    assert avoidance.keep_a_candidate(pod, ["b"]) == ["b"]  # others remain: avoid it
+    monkeypatch.setattr(avoidance, "selectable_nodes", lambda p: set())  # selector unknown
+    assert avoidance.keep_a_candidate(pod, ["c", "b", "a"]) == ["c", "b", "a"]
 
 
 def test_node_default_patch() -> None:
@@ -313,11 +313,11 @@ def test_unfit_on_a_real_node_judged_by_its_kubelets_policy(
                                                    "single-numa-node"}}},
            {"metadata": {"name": "emulated"}, "spec": {"policy": "best-effort"},
             "status": {"zones": zones}}]
-    monkeypatch.setattr(fit.cache, "node_topologies", lambda: nts)
+    monkeypatch.setattr(avoidance.cache, "node_topologies", lambda: nts)
     pod = {"metadata": {"name": "p", "annotations": {"numalign.io/resolved": json.dumps(
         {"policy": "best-effort", "scope": "container", "source": "namespace-default"})}},
         "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "2"}}}]}}
-    assert fit.unfit_nodes(pod) == ["real"]
+    assert avoidance.unfit_nodes(pod) == ["real"]
 
 
 def test_unfit_on_a_numalign_managed_node_judged_by_the_pods_own_policy(
@@ -330,12 +330,12 @@ def test_unfit_on_a_numalign_managed_node_judged_by_the_pods_own_policy(
     nts = [{"metadata": {"name": "nri"}, "spec": {},
             "status": {"zones": zones, "conditions": [nri],
                        "kubelet": {"topologyManagerPolicy": "none"}}}]
-    monkeypatch.setattr(fit.cache, "node_topologies", lambda: nts)
+    monkeypatch.setattr(avoidance.cache, "node_topologies", lambda: nts)
 
     def pod(policy: str) -> dict[str, Any]:
         return {"metadata": {"name": "p", "annotations": {"numalign.io/resolved": json.dumps(
             {"policy": policy, "scope": "pod", "source": "pod"})}},
             "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "2"}}}]}}
 
-    assert fit.unfit_nodes(pod("single-numa-node")) == ["nri"]
-    assert fit.unfit_nodes(pod("best-effort")) == []
+    assert avoidance.unfit_nodes(pod("single-numa-node")) == ["nri"]
+    assert avoidance.unfit_nodes(pod("best-effort")) == []

@@ -15,7 +15,7 @@ from numalign.agent import nrt
 from numalign.agent import podfingerprint as pfp
 from numalign.agent.publish import build_status
 from numalign.agent.state import NodeState
-from numalign.api.wire import NONE, Resolved
+from numalign.api.resolved import NONE, Resolved
 from numalign.topology.machine import load_machine
 
 VECTORS = Path(__file__).resolve().parents[1] / "fixtures" / "podfingerprint"

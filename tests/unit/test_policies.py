@@ -27,7 +27,7 @@ from numalign.topology.policies import (
     register,
     unregister,
 )
-from numalign.topology.policy import PolicyOptions
+from numalign.topology.policyconfig import PolicyOptions
 from toy_policy import AtMostTwo
 
 

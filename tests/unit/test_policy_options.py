@@ -7,7 +7,7 @@ import pytest
 from numalign.topology.errors import TopologyError
 from numalign.topology.merge import merge
 from numalign.topology.policies import check_policy
-from numalign.topology.policy import (
+from numalign.topology.policyconfig import (
     DEFAULT_MAX_ALLOWABLE_NUMA_NODES,
     PolicyOptions,
     check_numa_node_count,

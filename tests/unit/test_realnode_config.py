@@ -12,7 +12,7 @@ import yaml
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from numalign.api.wire import LABEL_MANAGED, MANAGED_NRI
+from numalign.api.names import LABEL_MANAGED, MANAGED_NRI
 from numalign.devcluster import certs, kubeproxy
 from numalign.devcluster import command as dev
 from numalign.devcluster.cluster import CLUSTER_CIDR, DevCluster

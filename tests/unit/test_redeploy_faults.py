@@ -13,9 +13,9 @@ import pytest
 
 from fake_kube import FakeKube
 from numalign.api.kube import ApiError
+from numalign.api.names import EVENT_REDEPLOY, EVENT_REDEPLOY_GAVE_UP
 from numalign.api.topologypolicy import RedeployPolicy
-from numalign.api.wire import EVENT_REDEPLOY, EVENT_REDEPLOY_GAVE_UP
-from numalign.controller import cache, kube
+from numalign.controller import cache, connection
 from numalign.controller.redeploy import (
     WorkloadState,
     build_replacement,
@@ -23,7 +23,7 @@ from numalign.controller.redeploy import (
     step,
     workload_key,
 )
-from numalign.controller.redeploy import decide as redeploy
+from numalign.controller.redeploy import rejected as redeploy
 
 PODS = "/api/v1/namespaces/ns/pods"
 
@@ -41,7 +41,7 @@ def _fake(monkeypatch: pytest.MonkeyPatch, *pods: dict[str, Any]) -> FakeKube:
     fake = FakeKube()
     for pod in pods:
         fake.add(PODS, pod)
-    monkeypatch.setattr(kube, "client", lambda: fake)
+    monkeypatch.setattr(connection, "client", lambda: fake)
     return fake
 
 

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from fake_kube import FakeKube
+from numalign.api.names import REJECT_REASON
 from numalign.api.topologypolicy import RedeployPolicy
-from numalign.api.wire import REJECT_REASON
-from numalign.controller import cache, kube
+from numalign.controller import cache, connection
 from numalign.controller.redeploy import build_replacement, step
-from numalign.controller.redeploy import decide as redeploy
+from numalign.controller.redeploy import rejected as redeploy
 from numalign.controller.redeploy.guard import (
     RedeployRefused,
     refusal_to_create,
@@ -111,7 +111,7 @@ def test_a_replacement_elsewhere_or_of_another_pod_is_refused() -> None:
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeKube]:
     cache.clear()
     api = FakeKube()
-    monkeypatch.setattr(kube, "client", lambda: api)
+    monkeypatch.setattr(connection, "client", lambda: api)
     monkeypatch.setattr(redeploy, "RECREATE_BARE_PODS", True)
     monkeypatch.setattr(redeploy, "governing_settings", lambda pod: ("p", RedeployPolicy()))
     monkeypatch.setattr(redeploy, "with_unfit", lambda pod, avoid: avoid)

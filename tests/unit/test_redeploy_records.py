@@ -13,8 +13,8 @@ import pytest
 from fake_kube import FakeKube
 from numalign.api.kube import ApiError
 from numalign.api.topologypolicy import RedeployPolicy
-from numalign.controller import cache, kube
-from numalign.controller.redeploy import decide, store
+from numalign.controller import cache, connection
+from numalign.controller.redeploy import rejected, store
 from numalign.controller.redeploy.record import (
     MAX_DATA_BYTES,
     RESET_AFTER_S,
@@ -111,19 +111,19 @@ def test_a_namespace_with_500_workloads_stays_under_the_configmap_limit(
     """500 Deployments come and go over eight hours, each with 16 rejected pods: without
     pruning their records pass 1 MiB and every later write is refused."""
     api = FakeApi()
-    monkeypatch.setattr(kube, "client", lambda: api)
+    monkeypatch.setattr(connection, "client", lambda: api)
     fresh_stores(monkeypatch)
     settings = RedeployPolicy.model_construct(max_attempts=100, backoff_seconds=0)
-    monkeypatch.setattr(decide, "governing_settings", lambda pod: ("p", settings))
-    monkeypatch.setattr(decide, "owner_replicas", owner_replicas(1, None))
-    monkeypatch.setattr(decide, "with_unfit", lambda pod, avoid: avoid)
+    monkeypatch.setattr(rejected, "governing_settings", lambda pod: ("p", settings))
+    monkeypatch.setattr(rejected, "owner_replicas", owner_replicas(1, None))
+    monkeypatch.setattr(rejected, "with_unfit", lambda pod, avoid: avoid)
     start = time.time() - 500 * 60
 
     async def run() -> None:
         for w in range(500):
             for n in range(16):
                 at = start + w * 60 + n
-                assert await decide.step(_owned_pod(w, n), first_seen=at, now=at) is None
+                assert await rejected.step(_owned_pod(w, n), first_seen=at, now=at) is None
 
     asyncio.run(run())
     assert api.largest <= LIMIT
@@ -144,12 +144,12 @@ def test_rejected_pods_of_a_namespace_at_once_write_their_record_without_conflic
     """50 workers deciding at once (one event loop): each decision is written once, none
     meets a stale resourceVersion, and every pod is acted on."""
     api = FakeApi()
-    monkeypatch.setattr(kube, "client", lambda: api)
+    monkeypatch.setattr(connection, "client", lambda: api)
     fresh_stores(monkeypatch)
     settings = RedeployPolicy.model_construct(max_attempts=100, backoff_seconds=0)
-    monkeypatch.setattr(decide, "governing_settings", lambda pod: ("p", settings))
-    monkeypatch.setattr(decide, "owner_replicas", owner_replicas(1, None))
-    monkeypatch.setattr(decide, "with_unfit", lambda pod, avoid: avoid)
+    monkeypatch.setattr(rejected, "governing_settings", lambda pod: ("p", settings))
+    monkeypatch.setattr(rejected, "owner_replicas", owner_replicas(1, None))
+    monkeypatch.setattr(rejected, "with_unfit", lambda pod, avoid: avoid)
     puts: list[str] = []
     conflicts: list[str] = []
     real_put = api.put
@@ -167,7 +167,7 @@ def test_rejected_pods_of_a_namespace_at_once_write_their_record_without_conflic
     now = time.time()
 
     async def run() -> list[float | None]:
-        return await asyncio.gather(*(decide.step(_owned_pod(w, 0), first_seen=now, now=now)
+        return await asyncio.gather(*(rejected.step(_owned_pod(w, 0), first_seen=now, now=now)
                                       for w in range(50)))
 
     assert asyncio.run(run()) == [None] * 50

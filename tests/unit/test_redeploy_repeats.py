@@ -12,16 +12,16 @@ from typing import Any
 import pytest
 from test_redeploy_records import FakeApi, fresh_stores, owner_replicas
 
-from numalign.api.topologypolicy import RedeployPolicy
-from numalign.api.wire import EVENT_REDEPLOY, EVENT_REDEPLOY_GAVE_UP, EVENT_REDEPLOY_REPEAT
-from numalign.controller import kube
-from numalign.controller.redeploy import decide, gating
-from numalign.controller.redeploy.record import (
+from numalign.api.names import (
     ANN_WORKLOAD,
-    WorkloadState,
-    iso,
-    repeats_a_counted_rejection,
+    EVENT_REDEPLOY,
+    EVENT_REDEPLOY_GAVE_UP,
+    EVENT_REDEPLOY_REPEAT,
 )
+from numalign.api.topologypolicy import RedeployPolicy
+from numalign.controller import connection
+from numalign.controller.redeploy import gating, rejected
+from numalign.controller.redeploy.record import WorkloadState, iso, repeats_a_counted_rejection
 
 RS = {"kind": "ReplicaSet", "name": "rr-5f8", "uid": "rs-1", "controller": True}
 NOW = 1_800_000_000.0
@@ -42,14 +42,14 @@ def _failed(n: int, node: str = "localhost", seen: bool = False) -> dict[str, An
 @pytest.fixture
 def world(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     api = FakeApi()
-    monkeypatch.setattr(kube, "client", lambda: api)
+    monkeypatch.setattr(connection, "client", lambda: api)
     fresh_stores(monkeypatch)
     settings = RedeployPolicy.model_construct(enabled=True, max_attempts=2, backoff_seconds=1,
                                               avoid_rejecting_nodes=True)
-    monkeypatch.setattr(decide, "governing_settings", lambda pod: ("rr", settings))
+    monkeypatch.setattr(rejected, "governing_settings", lambda pod: ("rr", settings))
     rs = {"metadata": {"name": "rr-5f8", "annotations": {}}, "spec": {"replicas": 1}}
-    monkeypatch.setattr(decide, "owner_replicas", owner_replicas(1, rs))
-    monkeypatch.setattr(decide, "with_unfit", lambda pod, avoid: avoid)
+    monkeypatch.setattr(rejected, "owner_replicas", owner_replicas(1, rs))
+    monkeypatch.setattr(rejected, "with_unfit", lambda pod, avoid: avoid)
     monkeypatch.setattr(gating, "with_unfit", lambda pod, avoid: avoid)
     return {"api": api, "deleted": api.deleted, "events": api.events, "settings": settings}
 
@@ -59,7 +59,7 @@ def _record(api: FakeApi) -> WorkloadState:
 
 
 def _step(pod: dict[str, Any], now: float) -> None:
-    assert asyncio.run(decide.step(pod, first_seen=now - 60, now=now)) is None
+    assert asyncio.run(rejected.step(pod, first_seen=now - 60, now=now)) is None
 
 
 def test_a_pile_made_while_the_operator_was_away_spends_one_attempt(

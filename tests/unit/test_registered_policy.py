@@ -24,16 +24,12 @@ from numalign.agent import metrics, nrt
 from numalign.agent.publish import build_status
 from numalign.agent.state import NodeState
 from numalign.api import crdgen
+from numalign.api.allocation import parse_admitted
+from numalign.api.errors import WireError
 from numalign.api.nodetopology import KubeletSettings, NodeTopologySpec
 from numalign.api.resolution import PodMeta, PolicyRef, resolve
+from numalign.api.resolved import Resolved, node_default, parse_resolved
 from numalign.api.topologypolicy import TopologyPolicySpec
-from numalign.api.wire import (
-    Resolved,
-    WireError,
-    node_default,
-    parse_admitted,
-    parse_resolved,
-)
 from numalign.topology import policies
 from numalign.topology.errors import TopologyError
 from numalign.topology.machine import load_machine

@@ -25,8 +25,8 @@ from numalign.api.resolution import (
     resolve,
     specificity,
 )
+from numalign.api.resolved import resolved_or_none
 from numalign.api.selectors import selector_matches, selectors_disjoint
-from numalign.api.wire import resolved_or_none
 from numalign.topology.policies import names
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import kopf
 import pytest
 
-from numalign.api.wire import ANN_RESOLVED
+from numalign.api.names import ANN_RESOLVED
 from numalign.controller import pods
 from numalign.controller.pods import may_set_resolved, mutate_pod
 

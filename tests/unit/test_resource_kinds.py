@@ -13,13 +13,13 @@ import pytest
 
 from numalign.topology import managers
 from numalign.topology.admit import UNEXPECTED_REASON, admit_pod
+from numalign.topology.demands import iterate_masks
 from numalign.topology.hints import TopologyHint, mask_ids, mask_of
 from numalign.topology.ledger import ContainerAllocation, Ledger
 from numalign.topology.machine import Machine, machine_from_dict
 from numalign.topology.managers.base import Admission, AllocationFailed, Ask
 from numalign.topology.merge import REJECT_MESSAGE, REJECT_REASON
 from numalign.topology.pod import Container, Pod, pod_from_dict
-from numalign.topology.providers import iterate_masks
 
 RES = "example.com/fpga-slot"
 KIND = "fpga-slots"
@@ -231,7 +231,7 @@ def test_the_kinds_allocation_reaches_the_nodes_status(fpga: None) -> None:
     container's devices on the wire record the node publishes."""
     from numalign.agent.publish import build_status
     from numalign.agent.state import NodeState
-    from numalign.api.wire import Resolved
+    from numalign.api.resolved import Resolved
 
     st = NodeState("n", toy_machine())
     res = {"cpu": "2", "memory": "1Gi", RES: "3"}
@@ -254,8 +254,9 @@ def test_the_extender_decides_afresh_a_kind_placed_by_more_than_counts(fpga: Non
     them (a shortcut that counts devices per NUMA node), it decides with them held."""
     from numalign.agent.publish import build_status
     from numalign.agent.state import NodeState
+    from numalign.api.names import ANN_RESOLVED
     from numalign.api.nodestatus import HeldPod
-    from numalign.api.wire import ANN_RESOLVED, Resolved
+    from numalign.api.resolved import Resolved
     from numalign.extender.decide import Decider
 
     m = machine_from_dict({

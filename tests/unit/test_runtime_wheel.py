@@ -68,7 +68,7 @@ def test_the_wheel_ships_the_runtime_and_not_the_dev_cluster_or_the_oracles(
     assert not [n for n in names if n.startswith(DEV_ONLY)]
     for module in ("cli.py", "commands/operator.py", "commands/agent.py",
                    "commands/extender.py", "commands/kubectl.py", "controller/main.py",
-                   "agent/node.py", "extender/server.py", "api/wire.py", "topology/admit.py",
+                   "agent/node.py", "extender/server.py", "api/allocation.py", "topology/admit.py",
                    "kubeletapi/podresources_v1/api_pb2.py", "nriapi/v1alpha1/api_pb2.py",
                    "py.typed"):
         assert f"numalign/{module}" in names, module

@@ -19,8 +19,10 @@ from test_kubectl_plugin import event, rejected_pod
 
 import testdata
 from numalign.api.admission import InvalidGpuRequest, admit_resolved
+from numalign.api.allocation import parse_allocation
+from numalign.api.errors import WireError
 from numalign.api.resolution import PodMeta, PolicyRef, policy_problems, resolve
-from numalign.api.wire import WireError, parse_allocation, parse_resolved, resolved_or_none
+from numalign.api.resolved import parse_resolved, resolved_or_none
 from numalign.commands import explain, kubectl, kubectl_nodes, kubectl_why
 from numalign.commands import explain_pending as pending
 from numalign.topology.errors import TopologyError

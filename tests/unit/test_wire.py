@@ -7,23 +7,18 @@ import json
 
 import pytest
 
-from numalign.api.nodetopology import NodeTopologyStatus
-from numalign.api.wire import (
-    ANN_ALLOCATION,
-    ANN_RESOLVED,
-    NONE,
+from numalign.api.allocation import (
     Admitted,
     Allocation,
     ContainerRecord,
-    Resolved,
-    WireError,
-    node_default,
     parse_admitted,
     parse_allocation,
-    parse_options,
-    parse_resolved,
 )
-from numalign.topology.policy import PolicyOptions
+from numalign.api.errors import WireError
+from numalign.api.names import ANN_ALLOCATION, ANN_RESOLVED
+from numalign.api.nodetopology import NodeTopologyStatus
+from numalign.api.resolved import NONE, Resolved, node_default, parse_options, parse_resolved
+from numalign.topology.policyconfig import PolicyOptions
 
 
 def test_resolved_annotation_parsed() -> None:

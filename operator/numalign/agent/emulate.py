@@ -18,16 +18,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from numalign.api.allocation import Allocation
 from numalign.api.effective import NodeKind, NodePolicy, effective_policy
 from numalign.api.kube import MERGE_PATCH, NT_BASE, ApiError, Kube, nt_path, pod_path, q
 from numalign.api.kube.listwatch import list_watch
-from numalign.api.wire import (
+from numalign.api.names import (
     EVENT_INVALID_POLICY,
     LABEL_MACHINE,
     REJECT_REASON,
     REJECTED_PREFIX,
     TOPOLOGY_MESSAGE,
-    Allocation,
 )
 from numalign.topology.machine import Machine
 

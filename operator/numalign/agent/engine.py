@@ -8,22 +8,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from numalign.api.admission import INVALID_GPU_REASON, InvalidGpuRequest, admit_resolved
+from numalign.api.allocation import Allocation, ContainerRecord
+from numalign.api.names import REJECT_REASON, REJECTED_PREFIX, TOPOLOGY_MESSAGE
 from numalign.api.nodestatus import ledger_container, wire_container
-from numalign.api.wire import (
-    REJECT_REASON,
-    REJECTED_PREFIX,
-    TOPOLOGY_MESSAGE,
-    Allocation,
-    ContainerRecord,
-    Resolved,
-)
+from numalign.api.resolved import Resolved
 from numalign.topology.admit import AdmitResult, ProviderKind
 from numalign.topology.errors import TopologyError
-from numalign.topology.fit import fit_requests
 from numalign.topology.hints import mask_ids
 from numalign.topology.ledger import Ledger, LedgerError
 from numalign.topology.machine import Machine
 from numalign.topology.pod import Pod, pod_from_dict
+from numalign.topology.resourcefit import fit_requests
 
 
 class RestoreConflict(Exception):

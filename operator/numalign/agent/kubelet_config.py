@@ -15,7 +15,7 @@ import yaml
 
 from numalign.topology.errors import TopologyError
 from numalign.topology.policies import check_policy
-from numalign.topology.policy import check_scope, parse_policy_options
+from numalign.topology.policyconfig import check_scope, parse_policy_options
 from numalign.topology.quantity import format_cpulist, parse_cpulist
 
 KIND = "KubeletConfiguration"

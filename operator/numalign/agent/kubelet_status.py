@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from numalign.api.wire import LABEL_EMULATED, LABEL_MACHINE, REJECTED_PREFIX
-from numalign.topology.fit import DEFAULT_EPHEMERAL_STORAGE, DEFAULT_MAX_PODS
+from numalign.api.names import LABEL_EMULATED, LABEL_MACHINE, REJECTED_PREFIX
 from numalign.topology.machine import Machine
+from numalign.topology.resourcefit import DEFAULT_EPHEMERAL_STORAGE, DEFAULT_MAX_PODS
 
 JSON = dict[str, Any]
 
@@ -40,7 +40,7 @@ def _quantity(n: int) -> str:
 
 def machine_resources(machine: Machine, max_pods: int = DEFAULT_MAX_PODS) -> dict[str, str]:
     """Capacity (= allocatable: an emulated node reserves nothing) from a machine file;
-    the engine's resource-fit check (``topology.fit.allocatable``) counts the same."""
+    the engine's resource-fit check (``topology.resourcefit.allocatable``) counts the same."""
     res: dict[str, str] = {
         "cpu": str(len(machine.cpus)),
         "memory": _quantity(sum(n.memory for n in machine.numa_nodes)),

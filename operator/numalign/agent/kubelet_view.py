@@ -21,7 +21,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from numalign.api.wire import Allocation, ContainerRecord, Resolved, parse_options
+from numalign.api.allocation import Allocation, ContainerRecord
+from numalign.api.resolved import Resolved, parse_options
 from numalign.topology.machine import Device, Machine
 
 from .kubelet_config import KubeletConfig

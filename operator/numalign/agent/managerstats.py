@@ -28,10 +28,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from numalign.topology.admit import AdmitResult
+from numalign.topology.demands import guaranteed_cpus, memory_request
 from numalign.topology.pod import Container, Pod
 from numalign.topology.policies import get_policy
-from numalign.topology.policy import SCOPE_CONTAINER, SCOPE_POD
-from numalign.topology.providers import guaranteed_cpus, memory_request
+from numalign.topology.policyconfig import SCOPE_CONTAINER, SCOPE_POD
 
 BOUNDARY_NUMA_NODE = "numa_node"
 SCOPES = (SCOPE_CONTAINER, SCOPE_POD)

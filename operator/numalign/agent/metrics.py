@@ -41,7 +41,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from numalign.topology.policy import POLICY_NONE
+from numalign.topology.policyconfig import POLICY_NONE
 
 from .managerstats import BOUNDARY_NUMA_NODE, DURATION_BUCKETS, SCOPES, ManagerCounts
 from .state import NodeState

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from numalign.api.kube import JSON, NT_BASE, ApiError, Kube, q
 from numalign.api.kube.listwatch import list_watch
-from numalign.api.wire import LABEL_MACHINE, REJECT_REASON
+from numalign.api.names import LABEL_MACHINE, REJECT_REASON
 from numalign.topology.errors import TopologyError
 from numalign.topology.machine import Machine
 

@@ -56,11 +56,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from numalign.api.errors import WireError
 from numalign.api.kube import ApiError, Kube, q
-from numalign.api.wire import WireError, parse_options
+from numalign.api.resolved import parse_options
 from numalign.topology.policies import known as known_policy
 from numalign.topology.policies import names as policy_names
-from numalign.topology.policy import SCOPES
+from numalign.topology.policyconfig import SCOPES
 from numalign.topology.quantity import format_bytes, parse_cpulist, quantity_bytes
 
 from . import podfingerprint as pfp

@@ -13,11 +13,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from numalign.api.allocation import Admitted
 from numalign.api.common import API_VERSION
 from numalign.api.effective import NodeKind
 from numalign.api.kube import JSON_PATCH, MERGE_PATCH, ApiError, Kube, nt_path
 from numalign.api.nodetopology import KIND, NRI_PLACEMENT, POLICY_APPLIED, READY
-from numalign.api.wire import Admitted
 from numalign.topology.cputopo import cpu_topology_json
 from numalign.topology.machine import Machine
 from numalign.topology.quantity import format_bytes, format_cpulist

@@ -14,11 +14,11 @@ from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
-from numalign.api.wire import Allocation, ContainerRecord
+from numalign.api.allocation import Allocation, ContainerRecord
+from numalign.topology.demands import guaranteed_cpus
 from numalign.topology.errors import TopologyError
 from numalign.topology.machine import Machine
 from numalign.topology.pod import QOS_GUARANTEED, pod_from_dict
-from numalign.topology.providers import guaranteed_cpus
 
 
 def _quantity(q: Decimal) -> str:

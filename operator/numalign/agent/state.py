@@ -20,22 +20,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from numalign.api.allocation import Allocation, parse_admitted, parse_allocation
+from numalign.api.errors import WireError
+from numalign.api.names import ANN_ALLOCATION, REJECT_REASON
 from numalign.api.nodestatus import reserved_holder
-from numalign.api.wire import (
-    ANN_ALLOCATION,
-    NONE,
-    REJECT_REASON,
-    Allocation,
-    Resolved,
-    WireError,
-    node_default,
-    parse_admitted,
-    parse_allocation,
-)
+from numalign.api.resolved import NONE, Resolved, node_default
 from numalign.topology.admit import ProviderKind
 from numalign.topology.ledger import Ledger
 from numalign.topology.machine import Machine
-from numalign.topology.policy import POLICY_NONE
+from numalign.topology.policyconfig import POLICY_NONE
 
 from . import engine
 from .managerstats import ManagerCounts, Managers, record_admission

@@ -14,7 +14,8 @@ from numalign.topology.pod import Pod
 from numalign.topology.text import printable
 
 from .effective import EffectivePolicy
-from .wire import EVENT_INVALID_GPU, Resolved
+from .names import EVENT_INVALID_GPU
+from .resolved import Resolved
 
 # A pod whose numalign.io/gpus cannot be read (or asks what the machine cannot name) is
 # refused with this reason: Failed, with a Warning event, no allocation.

@@ -32,7 +32,7 @@ from pydantic_core import PydanticCustomError, core_schema
 from numalign.topology import policies
 from numalign.topology.machine import MAX_NUMA_NODES as ENGINE_MAX_NUMA_NODES
 
-from .wire import MIN_MAX_ALLOWABLE_NUMA_NODES
+from .resolved import MIN_MAX_ALLOWABLE_NUMA_NODES
 
 GROUP = "numalign.io"
 VERSION = "v1alpha1"

@@ -34,17 +34,17 @@ from functools import cached_property
 from typing import Any
 
 from numalign.topology.policies import AlignmentPolicy, get_policy, kubelet_names
-from numalign.topology.policy import OPTION_MAX_ALLOWABLE_NUMA_NODES, SCOPES
+from numalign.topology.policyconfig import OPTION_MAX_ALLOWABLE_NUMA_NODES, SCOPES
 
+from .errors import WireError
+from .names import SOURCE_KUBELET
 from .reads import NodeTopologyRead, PodRead
-from .wire import (
+from .resolved import (
     DEFAULT_SCOPE,
     KUBELET_OPTION_NAMES,
     NONE,
-    SOURCE_KUBELET,
     Options,
     Resolved,
-    WireError,
     node_default,
     parse_options,
     parse_resolved,

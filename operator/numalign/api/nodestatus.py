@@ -17,7 +17,7 @@ from numalign.topology.machine import Machine, machine_from_dict
 from numalign.topology.pod import HUGEPAGES_PREFIX
 from numalign.topology.quantity import parse_cpulist
 
-from . import wire
+from . import allocation as wire
 
 JSON = dict[str, Any]
 

@@ -23,8 +23,8 @@ from pydantic import (
     WrapValidator,
 )
 
+from .names import ANN_RESOLVED, LABEL_MANAGED, MANAGED_NRI
 from .nodetopology import NRI_NOT_PLACING, NRI_PLACEMENT
-from .wire import ANN_RESOLVED, LABEL_MANAGED, MANAGED_NRI
 
 T = TypeVar("T")
 

@@ -4,7 +4,7 @@ One pure function, :func:`resolve`, used by the operator (mutating webhook, back
 handler, redeploy settings); the rules (pod override, then the best-ranked matching
 TopologyPolicy, then the node's default, else ``none``) are in the README (section
 "TopologyPolicy"). An unbound pod that no policy matches gets the
-*deferred* value (:data:`numalign.api.wire.DEFERRED`): the agent admits it with its
+*deferred* value (:data:`numalign.api.resolved.DEFERRED`): the agent admits it with its
 node's default, the operator rewrites it once the pod is bound. Policies are read
 through the CRD's own model (:class:`~numalign.api.topologypolicy.TopologyPolicySpec`);
 an invalid one never matches.
@@ -20,22 +20,15 @@ from typing import Any
 from pydantic import ValidationError
 
 from numalign.topology import policies as registry
-from numalign.topology.policy import SCOPES
+from numalign.topology.policyconfig import SCOPES
 from numalign.topology.text import clip, printable, quote
 
 from .effective import pod_or_node_default
+from .names import ANN_POLICY, ANN_SCOPE, SOURCE_POD, SOURCE_POLICY_PREFIX
+from .resolved import DEFERRED, Resolved, parse_options
+from .resolved import node_default as wire_node_default
 from .selectors import selector_size, selectors_disjoint
 from .topologypolicy import RedeployPolicy, TopologyPolicySpec
-from .wire import (
-    ANN_POLICY,
-    ANN_SCOPE,
-    DEFERRED,
-    SOURCE_POD,
-    SOURCE_POLICY_PREFIX,
-    Resolved,
-    parse_options,
-)
-from .wire import node_default as wire_node_default
 
 
 class _Unknown:

@@ -37,7 +37,7 @@ from numalign.topology.ledger import Ledger
 from numalign.topology.machine import Machine, load_machine
 from numalign.topology.pod import pod_from_dict
 from numalign.topology.policies import check_policy
-from numalign.topology.policy import (
+from numalign.topology.policyconfig import (
     SCOPE_CONTAINER,
     PolicyOptions,
     check_scope,

@@ -36,21 +36,16 @@ from typing import Any, NoReturn
 
 import yaml
 
+from numalign.api.allocation import parse_admitted
 from numalign.api.effective import NodeKind, NodePolicy, Origin, effective_policy
+from numalign.api.errors import WireError
+from numalign.api.names import ANN_ALLOCATION, ANN_POLICY, ANN_RESOLVED, ANN_SCOPE
 from numalign.api.nodestatus import (
     held_from_document,
     held_from_status,
     kubelet_settings,
     ledger_from_held,
     machine_from_status,
-)
-from numalign.api.wire import (
-    ANN_ALLOCATION,
-    ANN_POLICY,
-    ANN_RESOLVED,
-    ANN_SCOPE,
-    WireError,
-    parse_admitted,
 )
 from numalign.commands import explain_pending as pending
 from numalign.commands import explain_realnode as realnode
@@ -61,11 +56,7 @@ from numalign.topology.ledger import Ledger
 from numalign.topology.machine import load_machine
 from numalign.topology.pod import pod_from_dict
 from numalign.topology.policies import check_policy
-from numalign.topology.policy import (
-    SCOPE_CONTAINER,
-    check_scope,
-    parse_policy_options,
-)
+from numalign.topology.policyconfig import SCOPE_CONTAINER, check_scope, parse_policy_options
 from numalign.topology.text import printable
 
 PROG = "numalign explain"

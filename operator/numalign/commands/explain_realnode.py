@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from numalign.api.wire import REJECT_REASON
+from numalign.api.names import REJECT_REASON
 from numalign.topology.explain import Explanation
 from numalign.topology.machine import Machine
 from numalign.topology.quantity import parse_cpulist

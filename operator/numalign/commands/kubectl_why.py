@@ -5,7 +5,7 @@ From objects already read (pure: the caller lists them): the pod's resolved poli
 the redeploy record of its workload (the ``numalign-redeploy`` ConfigMap of its
 namespace), its events (the scheduler's ``FailedScheduling`` messages, extender refusals
 included; the agents' and the operator's), and the nodes whose NodeTopology shows they
-cannot fit it now (:func:`numalign.api.fit.unfit_among`, the operator's own judgement).
+cannot fit it now (:func:`numalign.api.zonefit.unfit_among`, the operator's own judgement).
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from numalign.api.fit import unfit_among
-from numalign.api.wire import ANN_REJECTION, ANN_RESOLVED, REJECTED_PREFIX, resolved_or_none
+from numalign.api.names import ANN_REJECTION, ANN_RESOLVED, REJECTED_PREFIX
+from numalign.api.resolved import resolved_or_none
+from numalign.api.zonefit import unfit_among
 from numalign.commands.explain_pending import FAILED_SCHEDULING, event_time
 from numalign.controller.redeploy.record import WorkloadState, workload_key
 from numalign.topology.text import printable_doc

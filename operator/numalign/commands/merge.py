@@ -24,7 +24,7 @@ from numalign.topology.hints import ProviderHints, TopologyHint
 from numalign.topology.merge import merge
 from numalign.topology.policies import get_policy
 from numalign.topology.policies.loader import PolicyPluginError
-from numalign.topology.policy import PolicyOptions, parse_policy_options
+from numalign.topology.policyconfig import PolicyOptions, parse_policy_options
 
 USAGE = """usage: numalign merge < LINES.jsonl
 

@@ -29,13 +29,12 @@ from typing import Any
 import kopf
 
 from numalign.api.kube import NT_BASE, q
-from numalign.api.wire import REJECT_REASON
+from numalign.api.names import LABEL_STATE, REJECT_REASON
 
-from . import kube
+from . import connection
 
 # The redeploy records: one ConfigMap per namespace (controller.redeploy.store).
 STATE_CONFIGMAP = "numalign-redeploy"
-STATE_LABEL = "numalign.io/state"
 
 
 def _rv(obj: Mapping[str, Any] | None) -> int | None:
@@ -142,7 +141,7 @@ def _list_rv(rv: str) -> int | None:
 
 def _custom(base: str) -> Lister:
     async def lister() -> tuple[list[dict[str, Any]], int | None]:
-        items, rv = await kube.list_items(base)  # nothing when the CRD is not installed
+        items, rv = await connection.list_items(base)  # nothing when the CRD is not installed
         return items, _list_rv(rv)
     return lister
 
@@ -155,12 +154,12 @@ def slim_labels(obj: Mapping[str, Any]) -> dict[str, Any]:
 
 
 async def _list_nodes() -> tuple[list[dict[str, Any]], int | None]:
-    items, rv = await kube.client().list_all("/api/v1/nodes")
+    items, rv = await connection.client().list_all("/api/v1/nodes")
     return [slim_labels(n) for n in items], _list_rv(rv)
 
 
 async def _list_namespaces() -> tuple[list[dict[str, Any]], int | None]:
-    items, rv = await kube.client().list_all("/api/v1/namespaces")
+    items, rv = await connection.client().list_all("/api/v1/namespaces")
     return [slim_labels(n) for n in items], _list_rv(rv)
 
 
@@ -174,9 +173,9 @@ def slim_state(obj: Mapping[str, Any]) -> dict[str, Any]:
 async def _list_states() -> tuple[list[dict[str, Any]], int | None]:
     # By name: RBAC lets the operator read no other ConfigMap (resourceNames), which a
     # LIST passes only with this field selector.
-    items, rv = await kube.client().list_all("/api/v1/configmaps", {
+    items, rv = await connection.client().list_all("/api/v1/configmaps", {
         "fieldSelector": f"metadata.name={STATE_CONFIGMAP}",
-        "labelSelector": f"{STATE_LABEL}=redeploy"})
+        "labelSelector": f"{LABEL_STATE}=redeploy"})
     return [slim_state(cm) for cm in items], _list_rv(rv)
 
 
@@ -197,8 +196,8 @@ def is_rejected(obj: Mapping[str, Any]) -> bool:
 
 
 async def _list_failed() -> tuple[list[dict[str, Any]], int | None]:
-    items, rv = await kube.client().list_all("/api/v1/pods",
-                                             {"fieldSelector": "status.phase=Failed"})
+    items, rv = await connection.client().list_all("/api/v1/pods",
+                                                   {"fieldSelector": "status.phase=Failed"})
     return [slim_failed(p) for p in items if is_rejected(p)], _list_rv(rv)
 
 
@@ -215,7 +214,7 @@ async def _list_nothing() -> tuple[list[dict[str, Any]], int | None]:
     return [], None
 
 
-POLICIES = Store("topologypolicies", _custom(kube.TP_BASE), _name)
+TOPOLOGY_POLICIES = Store("topologypolicies", _custom(connection.TP_BASE), _name)
 NODE_TOPOLOGIES = Store("nodetopologies", _custom(NT_BASE), _name)
 NODES = Store("nodes", _list_nodes, _name)
 NAMESPACES = Store("namespaces", _list_namespaces, _name)
@@ -224,7 +223,7 @@ FAILED = Store("rejected-pods", _list_failed, _uid)
 # Fed by pod events only (held pods are few; the initial listing fills it).
 GATED = Store("gated-pods", _list_nothing, _uid)
 
-ALL = (POLICIES, NODE_TOPOLOGIES, NODES, NAMESPACES, STATES, FAILED)
+ALL = (TOPOLOGY_POLICIES, NODE_TOPOLOGIES, NODES, NAMESPACES, STATES, FAILED)
 
 
 async def resync() -> None:
@@ -248,7 +247,7 @@ def clear() -> None:
 
 
 def policies() -> list[dict[str, Any]]:
-    return sorted(POLICIES.values(), key=_name)
+    return sorted(TOPOLOGY_POLICIES.values(), key=_name)
 
 
 def node_topologies() -> list[dict[str, Any]]:
@@ -273,7 +272,7 @@ async def know_namespace(name: str) -> None:
     (and remembered). Handlers call it before resolving a pod of ``name``."""
     if not name or NAMESPACES.get(name) is not None:
         return
-    obj = await kube.client().get_or_none(f"/api/v1/namespaces/{q(name)}")
+    obj = await connection.client().get_or_none(f"/api/v1/namespaces/{q(name)}")
     if obj is not None:
         NAMESPACES.put(slim_labels(obj))
 
@@ -303,8 +302,8 @@ def all_states() -> list[dict[str, Any]]:
 async def refresh_state(namespace: str) -> None:
     """Drop the cached record of ``namespace`` and read it again (after a 409)."""
     STATES.forget(f"{namespace}/{STATE_CONFIGMAP}")
-    cm = await kube.client().get_or_none(kube.ns_path(namespace, "configmaps",
-                                                      STATE_CONFIGMAP))
+    cm = await connection.client().get_or_none(connection.ns_path(namespace, "configmaps",
+                                                                  STATE_CONFIGMAP))
     if cm is not None:
         STATES.put(slim_state(cm))
 

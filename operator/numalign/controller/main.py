@@ -17,11 +17,12 @@ from typing import Any
 import kopf
 from aiohttp import web
 
+from numalign.api.names import FINALIZER
 from numalign.topology.text import printable
 
 from . import (
     cache,
-    kube,
+    connection,
     metrics,
     nodedefaults,
     pods,
@@ -80,7 +81,7 @@ def current_options() -> Options:
 
 @kopf.on.login()
 def login(**_: Any) -> kopf.ConnectionInfo:
-    return kube.connection_info()
+    return connection.connection_info()
 
 
 async def _periodic_pass() -> None:
@@ -141,7 +142,7 @@ async def startup(settings: kopf.OperatorSettings, logger: kopf.Logger, **_: Any
     logging.getLogger("kopf.objects").addFilter(printable_records)
     settings.watching.server_timeout = 120
     settings.networking.request_timeout = 60
-    settings.persistence.finalizer = "numalign.io/operator"
+    settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="numalign.io")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="numalign.io", key="last-handled-configuration")
@@ -190,7 +191,7 @@ async def cleanup(**_: Any) -> None:
         await r.cleanup()
     _runners.clear()
     await redeploy.stop_workers()
-    await kube.close()
+    await connection.close()
 
 
 async def run(opts: Options, stop_flag: asyncio.Event | None = None,
@@ -198,8 +199,8 @@ async def run(opts: Options, stop_flag: asyncio.Event | None = None,
     """Run the operator in this event loop until ``stop_flag`` is set or it fails."""
     global _options
     _options = opts
-    kube.configure(opts.kubeconfig)
-    redeploy.decide.RECREATE_BARE_PODS = opts.recreate_bare_pods
+    connection.configure(opts.kubeconfig)
+    redeploy.rejected.RECREATE_BARE_PODS = opts.recreate_bare_pods
     if opts.metrics_port:  # before Kopf, so that a taken port fails the start at once
         metrics.start_http_server(opts.metrics_port, opts.metrics_addr)
         log.info(f"metrics on http://{opts.metrics_addr}:{opts.metrics_port}/metrics")

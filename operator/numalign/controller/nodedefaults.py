@@ -19,17 +19,18 @@ from typing import Any
 
 import kopf
 
+from numalign.api.common import GROUP, VERSION
 from numalign.api.effective import NodeKind
 from numalign.api.kube import MERGE_PATCH, ApiError, nt_path
+from numalign.api.names import SOURCE_KUBELET, SOURCE_POLICY_PREFIX
 from numalign.api.reads import NodeTopologyRead
 from numalign.api.resolution import (
     node_default_for,
     node_spec_from,
     policy_refs,
 )
-from numalign.api.wire import SOURCE_KUBELET, SOURCE_POLICY_PREFIX
 
-from . import cache, kube
+from . import cache, connection
 
 FIELDS = ("policy", "scope", "options", "source")
 
@@ -85,11 +86,11 @@ async def reconcile_node(name: str, logger: kopf.Logger | None = None,
     if rv:
         body["metadata"] = {"resourceVersion": rv}
     try:
-        out = await kube.client().patch(nt_path(name), body, MERGE_PATCH)
+        out = await connection.client().patch(nt_path(name), body, MERGE_PATCH)
     except ApiError as e:
         if e.status == 409:  # the cached copy was stale: the next event or pass retries
             cache.NODE_TOPOLOGIES.forget(name)
-            obj = await kube.client().get_or_none(nt_path(name))
+            obj = await connection.client().get_or_none(nt_path(name))
             if obj is not None:
                 cache.NODE_TOPOLOGIES.put(obj)
             return
@@ -102,7 +103,7 @@ async def reconcile_node(name: str, logger: kopf.Logger | None = None,
         logger.info(f"node default of {name}: {patch}")
 
 
-@kopf.on.event(kube.GROUP, kube.VERSION, kube.NT_PLURAL, id="node-default")
+@kopf.on.event(GROUP, VERSION, connection.NT_PLURAL, id="node-default")
 async def nt_event(body: kopf.Body, name: str, type: str | None, logger: kopf.Logger,
                    **_: Any) -> None:
     cache.feed(cache.NODE_TOPOLOGIES, body, type)

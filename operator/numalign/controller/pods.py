@@ -16,6 +16,13 @@ from typing import Any
 import kopf
 
 from numalign.api.kube import STRATEGIC_PATCH, ApiError
+from numalign.api.names import (
+    ANN_OVERRIDE_WARNED,
+    ANN_POLICY,
+    ANN_RESOLVED,
+    ANN_SCOPE,
+    EVENT_INVALID_OVERRIDE,
+)
 from numalign.api.resolution import (
     NODE_UNKNOWN,
     PodMeta,
@@ -23,18 +30,11 @@ from numalign.api.resolution import (
     policy_refs,
     resolve,
 )
-from numalign.api.wire import (
-    ANN_POLICY,
-    ANN_RESOLVED,
-    ANN_SCOPE,
-    EVENT_INVALID_OVERRIDE,
-    Resolved,
-    resolved_or_none,
-)
+from numalign.api.resolved import Resolved, resolved_or_none
 
-from . import cache, kube, redeploy
+from . import cache, redeploy
+from . import connection as kube
 
-ANN_OVERRIDE_WARNED = "numalign.io/override-warning"
 # Who may create a pod that carries its own numalign.io/resolved: cluster admins and the
 # ServiceAccounts of the operator's namespace (the admission policy
 # numalign-pod-annotations trusts the same; config/tenancy).
@@ -108,7 +108,7 @@ async def mutate_pod(body: kopf.Body, patch: kopf.Patch, dryrun: bool, logger: k
         # the rejected pod waits out its backoff, and for good once the workload spent
         # its redeploy budget: no runaway of Failed pods (kubernetes#84869).
         gates = list((body.get("spec") or {}).get("schedulingGates") or [])
-        patch.setdefault("spec", {})["schedulingGates"] = [*gates, {"name": redeploy.GATE}]
+        patch.setdefault("spec", {})["schedulingGates"] = [*gates, {"name": redeploy.REDEPLOY_GATE}]
 
 
 @kopf.on.validate("", "v1", "pods", id="overrides", operations=["CREATE"], ignore_failures=True)

@@ -22,7 +22,9 @@ from typing import Any
 
 import kopf
 
+from numalign.api.common import GROUP, VERSION
 from numalign.api.kube import MERGE_PATCH, ApiError
+from numalign.api.names import SOURCE_POLICY_PREFIX
 from numalign.api.resolution import (
     PolicyRef,
     conflicts,
@@ -30,9 +32,8 @@ from numalign.api.resolution import (
     policy_problems,
     policy_refs,
 )
-from numalign.api.wire import SOURCE_POLICY_PREFIX
 
-from . import cache, kube, redeploy
+from . import cache, connection, redeploy
 
 
 def _condition(old: list[Mapping[str, Any]], type_: str, status: str, reason: str,
@@ -151,20 +152,20 @@ async def reconcile_status(name: str, logger: kopf.Logger | None = None,
     if _same(status, obj.get("status") or {}):
         return
     try:
-        out = await kube.client().patch(kube.tp_path(name, "status"), {"status": status},
-                                        MERGE_PATCH)
+        out = await connection.client().patch(connection.tp_path(name, "status"),
+                                              {"status": status}, MERGE_PATCH)
         if out:
-            cache.POLICIES.put(out)
+            cache.TOPOLOGY_POLICIES.put(out)
     except ApiError as e:
         if e.status != 404 and logger is not None:
             logger.warning(f"cannot update status of TopologyPolicy/{name}: {e.status} "
                            f"{e.reason}")
 
 
-@kopf.on.event(kube.GROUP, kube.VERSION, kube.TP_PLURAL, id="policy-status")
+@kopf.on.event(GROUP, VERSION, connection.TP_PLURAL, id="policy-status")
 async def policy_event(body: kopf.Body, name: str, type: str | None, logger: kopf.Logger,
                        **_: Any) -> None:
-    cache.feed(cache.POLICIES, body, type)
+    cache.feed(cache.TOPOLOGY_POLICIES, body, type)
     if type == "DELETED":
         return
     await reconcile_status(name, logger)
@@ -178,7 +179,7 @@ async def reconcile_all(logger: kopf.Logger | None = None) -> None:
                                inputs)
 
 
-@kopf.on.validate(kube.GROUP, kube.VERSION, kube.TP_PLURAL, id="policy-overlaps",
+@kopf.on.validate(GROUP, VERSION, connection.TP_PLURAL, id="policy-overlaps",
                   operations=["CREATE", "UPDATE"], ignore_failures=True)
 async def validate_policy(body: kopf.Body, **_: Any) -> None:
     spec = dict(body.get("spec") or {})
@@ -187,8 +188,8 @@ async def validate_policy(body: kopf.Body, **_: Any) -> None:
     if problems:
         raise kopf.AdmissionError("; ".join(problems), code=422)
     # Read live, not from the cache: two policies created at once must see each other.
-    items, _rv = await kube.list_items(kube.TP_BASE)
-    namespaces, _rv = await kube.client().list_all("/api/v1/namespaces")
+    items, _rv = await connection.list_items(connection.TP_BASE)
+    namespaces, _rv = await connection.client().list_all("/api/v1/namespaces")
     labels = {str(n["metadata"]["name"]): dict(n["metadata"].get("labels") or {})
               for n in namespaces}
     others = [p for p in policy_refs(items) if p.name != name]

@@ -27,9 +27,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from numalign.api.common import GROUP, VERSION
 from numalign.api.kube import MERGE_PATCH, ApiError, q
 
-from . import kube
+from . import connection
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class Hook:
 HOOKS: tuple[Hook, ...] = (
     Hook("resolve", True, "", "v1", "pods", ("CREATE",)),
     Hook("overrides", False, "", "v1", "pods", ("CREATE",)),
-    Hook("policy-overlaps", False, kube.GROUP, kube.VERSION, kube.TP_PLURAL,
+    Hook("policy-overlaps", False, GROUP, VERSION, connection.TP_PLURAL,
          ("CREATE", "UPDATE"), namespaced=False),
 )
 
@@ -131,7 +132,7 @@ ADMISSION = "/apis/admissionregistration.k8s.io/v1"
 async def _apply(mutating: bool, hooks: list[dict[str, Any]]) -> None:
     kind = "MutatingWebhookConfiguration" if mutating else "ValidatingWebhookConfiguration"
     base = f"{ADMISSION}/{kind.lower()}s"
-    client = kube.client()
+    client = connection.client()
     try:
         await client.patch(f"{base}/{q(NAME)}", {"webhooks": hooks}, MERGE_PATCH)
         return

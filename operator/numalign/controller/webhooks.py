@@ -43,7 +43,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from numalign.api.kube import ApiError
 
-from . import kube, webhookconfig
+from . import connection, webhookconfig
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ def ensure_material(files: dict[str, bytes], hosts: list[str]) -> dict[str, byte
 
 
 async def _from_secret(namespace: str, name: str) -> tuple[dict[str, bytes], str | None]:
-    s = await kube.client().get_or_none(kube.ns_path(namespace, "secrets", name))
+    s = await connection.client().get_or_none(connection.ns_path(namespace, "secrets", name))
     if s is None:
         return {}, None
     return ({k: base64.b64decode(v) for k, v in (s.get("data") or {}).items()},
@@ -171,10 +171,10 @@ async def certificates(cert_dir: Path, hosts: list[str], secret: str | None = No
                     "data": {k: base64.b64encode(v).decode() for k, v in new.items()}}
             try:
                 if rv is None:
-                    await kube.client().create(kube.ns_path(ns, "secrets"), body)
+                    await connection.client().create(connection.ns_path(ns, "secrets"), body)
                 else:
                     body["metadata"]["resourceVersion"] = rv  # type: ignore[index]
-                    await kube.client().put(kube.ns_path(ns, "secrets", name), body)
+                    await connection.client().put(connection.ns_path(ns, "secrets", name), body)
                 files = new
                 break
             except ApiError as e:

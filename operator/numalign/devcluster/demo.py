@@ -25,7 +25,7 @@ from urllib.parse import quote
 import yaml
 
 from numalign.api.kube import SyncKube
-from numalign.api.wire import (
+from numalign.api.names import (
     EVENT_INVALID_OVERRIDE,
     EVENT_REDEPLOY,
     EVENT_REDEPLOY_GAVE_UP,

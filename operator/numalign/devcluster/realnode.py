@@ -37,10 +37,10 @@ from typing import Any
 import yaml
 
 from numalign.api.kube import REQUEST_ERRORS, nt_path
-from numalign.api.wire import NRI_PLUGIN_NAME, SOURCE_KUBELET
+from numalign.api.names import NRI_PLUGIN_NAME, SOURCE_KUBELET
 from numalign.topology.machine import Machine, load_machine
 from numalign.topology.policies import kubelet_names
-from numalign.topology.policy import SCOPES
+from numalign.topology.policyconfig import SCOPES
 
 from . import certs, kubeproxy
 from .addons import metrics_flags, metrics_url

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from numalign.api.wire import ANN_TOLERATE_UNPLACED, LABEL_MANAGED, MANAGED_NRI
+from numalign.api.names import ANN_TOLERATE_UNPLACED, LABEL_MANAGED, MANAGED_NRI
 
 from .images import PAUSE_IMAGE
 from .nodebuild import cni_bin_dir, node_bin_dir

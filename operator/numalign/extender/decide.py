@@ -35,21 +35,16 @@ from typing import Any
 
 from numalign.api.admission import INVALID_GPU_REASON, InvalidGpuRequest, admit_resolved
 from numalign.api.effective import EffectivePolicy, NodeKind, effective_policy
+from numalign.api.names import ANN_GPUS, REJECT_REASON, REJECTED_PREFIX, TOPOLOGY_MESSAGE
 from numalign.api.nodestatus import HeldPod
-from numalign.api.wire import (
-    ANN_GPUS,
-    REJECT_REASON,
-    REJECTED_PREFIX,
-    TOPOLOGY_MESSAGE,
-    Resolved,
-)
+from numalign.api.resolved import Resolved
 from numalign.topology.admit import UNEXPECTED_REASON
 from numalign.topology.errors import TopologyError
-from numalign.topology.fit import DEFAULT_MAX_PODS
 from numalign.topology.hints import mask_count
 from numalign.topology.ledger import ContainerAllocation, Ledger
 from numalign.topology.machine import Machine
 from numalign.topology.pod import Pod, pod_from_dict
+from numalign.topology.resourcefit import DEFAULT_MAX_PODS
 
 from .score import MAX_SCORE, MIN_SCORE, NEUTRAL_SCORE, SCORE_WEIGHTS, pod_numa, score_admission
 from .view import EntryReader, KeptByIdentity, NodeView, held_key

@@ -24,7 +24,7 @@ from typing import Any
 
 from numalign.api.kube import ApiError, Kube
 from numalign.api.kube.client import TRANSPORT_ERRORS, pod_path
-from numalign.api.wire import ANN_GPUS, ANN_RESOLVED
+from numalign.api.names import ANN_GPUS, ANN_RESOLVED
 
 log = logging.getLogger("numalign.extender")
 

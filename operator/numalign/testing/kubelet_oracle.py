@@ -16,9 +16,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from numalign.topology.fit import allocatable
 from numalign.topology.machine import Machine
 from numalign.topology.quantity import quantity_bytes
+from numalign.topology.resourcefit import allocatable
 
 JSON = dict[str, Any]
 

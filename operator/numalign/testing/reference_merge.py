@@ -13,7 +13,7 @@ import itertools
 from collections.abc import Mapping, Sequence
 
 from numalign.topology.hints import ProviderHints, TopologyHint
-from numalign.topology.policy import PolicyOptions
+from numalign.topology.policyconfig import PolicyOptions
 
 
 def _count(mask: int) -> int:

@@ -9,7 +9,7 @@ of the ledger that replaces it only when the whole pod is admitted.
 Rejections carry the kubelet's reasons and messages, in its order of admit handlers:
 ``TopologyAffinityError`` (the merge does not admit) or ``UnexpectedAdmissionError`` (a
 manager cannot allocate inside what was admitted); then the resource-fit check
-(``topology.fit``: ``OutOfcpu``, ``OutOfmemory``, ``OutOf<resource>``) against the pods
+(``topology.resourcefit``: ``OutOfcpu``, ``OutOfmemory``, ``OutOf<resource>``) against the pods
 the ledger holds. A pod asking for more than the machine has is rejected the same way;
 only malformed input (an unknown policy or scope) raises ``TopologyError``.
 
@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import TopologyError
-from .fit import check_fit_totals, fit_requests
 from .hintgen import HintPlan, plan_hints
 from .hints import NumaMask, ProviderHints, TopologyHint, mask_ids
 from .ledger import MEMORY, ContainerAllocation, Ledger
@@ -39,7 +38,8 @@ from .managers.gpu_groups import NAME as GPU_GROUPS
 from .merge import REJECT_MESSAGE, REJECT_REASON, MergeResult, merge
 from .pod import HUGEPAGES_PREFIX, Container, Pod, is_hugepages
 from .policies import AlignmentPolicy, get_policy
-from .policy import SCOPE_CONTAINER, SCOPE_POD, PolicyOptions, check_scope
+from .policyconfig import SCOPE_CONTAINER, SCOPE_POD, PolicyOptions, check_scope
+from .resourcefit import check_fit_totals, fit_requests
 
 UNEXPECTED_REASON = "UnexpectedAdmissionError"
 

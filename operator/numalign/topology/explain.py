@@ -35,7 +35,7 @@ from .machine import Machine
 from .merge import REJECT_REASON, Candidate, MergeResult
 from .pod import Pod
 from .policies import get_policy
-from .policy import PolicyOptions
+from .policyconfig import PolicyOptions
 
 JSON = dict[str, Any]
 

@@ -37,7 +37,7 @@ nodes reusable items pin, plus the memory manager's group rule), so
   override's hints, "cannot satisfy") take part as they are: a preferred answer must be
   preferred in them too, and a non-preferred AND may use any of their masks.
 
-``tests/unit/test_providers.py`` checks the claim: on random machines, states and
+``tests/unit/test_demands.py`` checks the claim: on random machines, states and
 requests, the merge of the reduced lists equals the merge of the full kubelet lists.
 
 Limits, reported as ``exact=False`` on the plan: a search that runs out of its budget
@@ -51,10 +51,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from .demands import Demand, full_hints
 from .hints import NumaMask, TopologyHint, mask_of
 from .policies import get_policy
 from .policies.base import AlignmentPolicy
-from .providers import Demand, full_hints
 from .subsets import SEARCH_BUDGET, SearchStats, Table, best_subset
 
 __all__ = ["FULL_LIMIT", "HintPlan", "best_subset", "plan_hints"]

@@ -93,7 +93,7 @@ class PodRecord:
     namespace: str
     containers: dict[str, ContainerAllocation] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)  # free-form (policy, hint, ...)
-    # the pod's requests as the kubelet's resource-fit check counts them (topology.fit)
+    # the pod's requests as the kubelet's resource-fit check counts them (topology.resourcefit)
     requests: dict[str, int] = field(default_factory=dict)
 
 

@@ -30,7 +30,7 @@ from numalign.topology.errors import TopologyError
 from numalign.topology.hints import NumaMask, ProviderHints, TopologyHint, mask_ids, mask_of
 from numalign.topology.policies import get_policy
 from numalign.topology.policies.base import AlignmentPolicy
-from numalign.topology.policy import POLICY_NONE, PolicyOptions, check_numa_node_count
+from numalign.topology.policyconfig import POLICY_NONE, PolicyOptions, check_numa_node_count
 from numalign.topology.reachable import reachable_non_preferred
 
 # How many of the best merged candidates a MergeResult keeps for `numalign explain`.

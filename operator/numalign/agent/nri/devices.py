@@ -22,13 +22,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from numalign.agent.podresources import KubeletPod
+from numalign.topology.demands import iterate_masks
 from numalign.topology.errors import TopologyError
 from numalign.topology.hints import NumaMask, TopologyHint
 from numalign.topology.ledger import ContainerAllocation
 from numalign.topology.machine import Machine
 from numalign.topology.managers.base import Admission, Ask, ProviderKind
 from numalign.topology.pod import Container
-from numalign.topology.providers import iterate_masks
 
 # container name -> resource -> device ids
 Assigned = Mapping[str, Mapping[str, Sequence[str]]]

@@ -54,6 +54,13 @@ from numalign.agent.podresources import PodResourcesClient, PodResourcesError, S
 from numalign.agent.state import NodeState, PlacedPod
 from numalign.api.kube import MERGE_PATCH, Kube, pod_path, q
 from numalign.api.kube.listwatch import list_watch
+from numalign.api.names import (
+    ANN_REJECTION,
+    LABEL_MANAGED,
+    MANAGED_NRI,
+    NRI_PLUGIN_NAME,
+    REJECTED_PREFIX,
+)
 from numalign.api.nodetopology import (
     NRI_KUBELET_MANAGERS_ON,
     NRI_NOT_MANAGED,
@@ -62,13 +69,6 @@ from numalign.api.nodetopology import (
     NRI_STARTING,
 )
 from numalign.api.reads import ObjectRead, labelled_nri
-from numalign.api.wire import (
-    ANN_REJECTION,
-    LABEL_MANAGED,
-    MANAGED_NRI,
-    NRI_PLUGIN_NAME,
-    REJECTED_PREFIX,
-)
 from numalign.topology.machine import Machine
 
 log = logging.getLogger(__name__)

@@ -47,8 +47,10 @@ from typing import Any
 from numalign.agent.nri.devices import Assigned, assigned_kinds
 from numalign.agent.nri.plugin import CpuSet, Placement, Rejected
 from numalign.agent.state import NodeState, PlacedPod, published_pods
+from numalign.api.allocation import Allocation
+from numalign.api.names import REJECT_REASON
 from numalign.api.nodestatus import RESERVED_UID
-from numalign.api.wire import REJECT_REASON, Allocation, Resolved
+from numalign.api.resolved import Resolved
 from numalign.topology import quantity
 from numalign.topology.errors import TopologyError
 from numalign.topology.ledger import Ledger

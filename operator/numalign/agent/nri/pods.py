@@ -18,7 +18,7 @@ from typing import Any
 
 from numalign.agent.nri.placer import PodView
 from numalign.api.effective import NodeKind, NodePolicy, effective_policy
-from numalign.api.wire import node_default
+from numalign.api.resolved import node_default
 
 
 class PodIndex:

@@ -1,11 +1,18 @@
 """Redeploy of pods rejected with ``TopologyAffinityError``; the rules (attempt budget,
 backoff, scheduling gate, node avoidance, release, durable decisions) are written down
 once, in the README (section "TopologyPolicy"). :mod:`.record` is the pure logic,
-:mod:`.store` the ConfigMap records, :mod:`.decide` one rejected pod's decision,
+:mod:`.store` the ConfigMap records, :mod:`.rejected` one rejected pod's decision,
 :mod:`.gating` the held pods, :mod:`.handlers` the Kopf handlers."""
 
+from numalign.api.names import (
+    ANN_REDEPLOY_BASE,
+    ANN_REDEPLOY_OF,
+    ANN_REDEPLOY_RESET,
+    ANN_WORKLOAD,
+    REDEPLOY_GATE,
+)
+
 from . import handlers
-from .decide import step
 from .gating import (
     Workload,
     backoff_message,
@@ -18,12 +25,7 @@ from .gating import (
 )
 from .handlers import stop_workers
 from .record import (
-    ANN_BASE,
-    ANN_REDEPLOY_OF,
-    ANN_RESET,
-    ANN_WORKLOAD,
     AVOID_FOR_S,
-    GATE,
     RESET_AFTER_S,
     WorkloadState,
     backoff_delay,
@@ -36,9 +38,11 @@ from .record import (
     with_node_avoidance,
     workload_key,
 )
+from .rejected import step
 
 __all__ = [
-    "ANN_BASE", "ANN_REDEPLOY_OF", "ANN_RESET", "ANN_WORKLOAD", "AVOID_FOR_S", "GATE",
+    "ANN_REDEPLOY_BASE", "ANN_REDEPLOY_OF", "ANN_REDEPLOY_RESET", "ANN_WORKLOAD", "AVOID_FOR_S",
+    "REDEPLOY_GATE",
     "RESET_AFTER_S", "Workload", "WorkloadState", "backoff_delay", "backoff_message",
     "base_name", "build_replacement", "controller_ref", "gate_message", "handlers",
     "has_gate", "is_topology_rejected", "periodic_release", "release_budgets",

@@ -10,25 +10,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from numalign.api.kube import JSON_PATCH, ApiError
-from numalign.api.topologypolicy import RedeployPolicy
-from numalign.api.wire import (
+from numalign.api.names import (
+    ANN_REDEPLOY_RESET,
     EVENT_REDEPLOY_BACKOFF,
     EVENT_REDEPLOY_EXHAUSTED,
     EVENT_REDEPLOY_RELEASED,
+    REDEPLOY_GATE,
     REJECT_REASON,
 )
+from numalign.api.topologypolicy import RedeployPolicy
 
-from .. import cache, kube
-from ..fit import with_unfit
-from .decide import governing_settings
-from .record import (
-    ANN_RESET,
-    GATE,
-    RESET_AFTER_S,
-    WorkloadState,
-    controller_ref,
-    workload_key,
-)
+from .. import cache, connection
+from ..avoidance import with_unfit
+from .record import RESET_AFTER_S, WorkloadState, controller_ref, workload_key
+from .rejected import governing_settings
 from .store import prune_records, read_owner, update_record, workload_state
 
 log = logging.getLogger(__name__)
@@ -61,7 +56,7 @@ class Workload:
         return bool(st.exhausted) and now - st.last_rejection() <= RESET_AFTER_S
 
     def hold(self, now: float) -> str | None:
-        """Why its new pods are held by :data:`GATE`: ``exhausted`` (the budget is
+        """Why its new pods are held by :data:`REDEPLOY_GATE`: ``exhausted`` (the budget is
         spent), ``backoff`` (a rejected pod waits out its backoff: its controller's
         replacement must not be scheduled before), or None."""
         if not self.failed and not self.state.exhausted:
@@ -75,7 +70,7 @@ class Workload:
     def avoid(self, now: float) -> list[str]:
         """Nodes its new pods should avoid: the nodes of its rejected pods now, then the
         nodes in its record, newest first (with ``avoidRejectingNodes``), plus the nodes
-        that cannot fit it (:func:`~numalign.controller.fit.with_unfit`). Nothing until
+        that cannot fit it (:func:`~numalign.controller.avoidance.with_unfit`). Nothing until
         it was rejected once."""
         recorded = self.state.avoid_nodes(now)
         nodes = list(dict.fromkeys([*sorted(set(self.failed.values())), *recorded]))
@@ -91,7 +86,7 @@ async def _rejected_by_owner(namespace: str) -> dict[str, dict[str, str]]:
     TopologyAffinityError. Read from the API server's watch cache (resourceVersion "0":
     no etcd read): a controller learnt of its Failed pod from there before creating the
     replacement this answer is for; the operator's own watch may lag behind."""
-    failed = await kube.client().get(kube.ns_path(namespace, "pods"), {
+    failed = await connection.client().get(connection.ns_path(namespace, "pods"), {
         "fieldSelector": "status.phase=Failed", "resourceVersion": "0"})
     out: dict[str, dict[str, str]] = {}
     for other in failed.get("items") or []:
@@ -133,10 +128,10 @@ def gate_message(pod: Mapping[str, Any], st: WorkloadState) -> str:
     ns = str((pod.get("metadata") or {}).get("namespace", ""))
     spent = (f"{st.attempts} redeploy attempt(s) (budget {st.budget or st.attempts}"
              + (f", TopologyPolicy/{st.policy}" if st.policy else "") + ")")
-    return (f"held by the scheduling gate {GATE}: {kind}/{owner} was rejected with "
+    return (f"held by the scheduling gate {REDEPLOY_GATE}: {kind}/{owner} was rejected with "
             f"TopologyAffinityError and spent {spent}, so its new pods are not scheduled. "
             f"Fix the policy or free capacity, then release them all with `kubectl annotate "
-            f"-n {ns} {kind.lower()}/{owner} {ANN_RESET}=$(date +%s) --overwrite`, or let "
+            f"-n {ns} {kind.lower()}/{owner} {ANN_REDEPLOY_RESET}=$(date +%s) --overwrite`, or let "
             f"this one try once more by removing the gate (`kubectl patch -n {ns} pod/{name} "
             f"--type=json -p '[{{\"op\":\"remove\",\"path\":\"/spec/schedulingGates\"}}]'`"
             f"); released by itself {int(RESET_AFTER_S // 60)} minutes after the last "
@@ -145,13 +140,13 @@ def gate_message(pod: Mapping[str, Any], st: WorkloadState) -> str:
 
 def backoff_message(pod: Mapping[str, Any]) -> str:
     ref = controller_ref(pod) or {}
-    return (f"held by the scheduling gate {GATE} while a pod of {ref.get('kind', '')}/"
+    return (f"held by the scheduling gate {REDEPLOY_GATE} while a pod of {ref.get('kind', '')}/"
             f"{ref.get('name', '')} rejected with TopologyAffinityError waits out its "
             f"redeploy backoff; released when the operator has redeployed it")
 
 
 async def release_budgets(now: float) -> None:
-    """Release exhausted records whose controller's :data:`ANN_RESET` changed (or that
+    """Release exhausted records whose controller's :data:`ANN_REDEPLOY_RESET` changed (or that
     expired, or whose controller is gone)."""
     for cm in cache.all_states():
         ns = str(cm["metadata"].get("namespace") or "")
@@ -169,9 +164,9 @@ async def release_budgets(now: float) -> None:
                     why = "controller gone"
                 else:
                     token = str(((owner.get("metadata") or {}).get("annotations") or {}).get(
-                        ANN_RESET, ""))
+                        ANN_REDEPLOY_RESET, ""))
                     if token != (st.reset or ""):
-                        why = f"{ANN_RESET}={token}"
+                        why = f"{ANN_REDEPLOY_RESET}={token}"
 
             if why is None:
                 continue
@@ -200,15 +195,15 @@ async def tell_once(pod: Mapping[str, Any], why: str, st: WorkloadState) -> None
         warned.clear()
     seen.add(why)
     if why == "exhausted":
-        await kube.event(pod, "Warning", reason=EVENT_REDEPLOY_EXHAUSTED,
-                         message=gate_message(pod, st))
+        await connection.event(pod, "Warning", reason=EVENT_REDEPLOY_EXHAUSTED,
+                               message=gate_message(pod, st))
     else:
-        await kube.event(pod, "Normal", reason=EVENT_REDEPLOY_BACKOFF,
-                         message=backoff_message(pod))
+        await connection.event(pod, "Normal", reason=EVENT_REDEPLOY_BACKOFF,
+                               message=backoff_message(pod))
 
 
 async def release_held(namespace: str | None = None, now: float | None = None) -> None:
-    """Remove :data:`GATE` from held pods whose workload has no reason to hold them any
+    """Remove :data:`REDEPLOY_GATE` from held pods whose workload has no reason to hold them any
     more (its rejected pods were redeployed, its budget released); tell the others why
     they are held. One LIST of Failed pods per namespace with held pods. Idempotent."""
     now = time.time() if now is None else now
@@ -240,12 +235,13 @@ async def periodic_release(now: float | None = None) -> None:
 async def ungate(pod: Mapping[str, Any]) -> None:
     meta = pod.get("metadata") or {}
     gates = list((pod.get("spec") or {}).get("schedulingGates") or [])
-    idx = next((i for i, g in enumerate(gates) if g.get("name") == GATE), None)
+    idx = next((i for i, g in enumerate(gates) if g.get("name") == REDEPLOY_GATE), None)
     if idx is None:
         return
     try:
-        await kube.client().patch(kube.ns_path(str(meta["namespace"]), "pods", str(meta["name"])), [
-            {"op": "test", "path": f"/spec/schedulingGates/{idx}/name", "value": GATE},
+        await connection.client().patch(connection.ns_path(str(meta["namespace"]), "pods",
+                                                           str(meta["name"])), [
+            {"op": "test", "path": f"/spec/schedulingGates/{idx}/name", "value": REDEPLOY_GATE},
             {"op": "remove", "path": f"/spec/schedulingGates/{idx}"}], JSON_PATCH)
     except ApiError as e:
         if e.status == 404:  # gone
@@ -256,6 +252,7 @@ async def ungate(pod: Mapping[str, Any]) -> None:
         raise
     cache.GATED.remove(pod)
     warned.pop(str(meta.get("uid", "")), None)
-    await kube.event(pod, "Normal", reason=EVENT_REDEPLOY_RELEASED,
-                     message=f"scheduling gate {GATE} removed: the workload's rejected pods "
-                             "were redeployed or its redeploy budget was released")
+    await connection.event(pod, "Normal", reason=EVENT_REDEPLOY_RELEASED,
+                           message=f"scheduling gate {REDEPLOY_GATE} removed: the workload's "
+                                   "rejected pods were redeployed or its redeploy budget was "
+                                   "released")

@@ -15,14 +15,9 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from numalign.api.wire import REJECT_REASON
+from numalign.api.names import ANN_REDEPLOY_OF, ANN_REDEPLOY_OF_UID, REJECT_REASON
 
-from .record import (
-    ANN_REDEPLOY_OF,
-    ANN_REDEPLOY_OF_UID,
-    is_topology_rejected,
-    with_node_avoidance,
-)
+from .record import is_topology_rejected, with_node_avoidance
 
 # Namespaces whose pods the operator never deletes or creates: the cluster's own.
 PROTECTED_NAMESPACES = frozenset({"kube-system"})

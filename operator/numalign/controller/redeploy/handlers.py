@@ -13,11 +13,11 @@ import kopf
 
 from numalign.api.kube import ApiError
 
-from .. import cache, kube, metrics
-from .decide import give_up, step
+from .. import cache, connection, metrics
 from .gating import release_held, tell_once, warned, workload_of
 from .guard import PROTECTED_NAMESPACES, RedeployRefused
 from .record import has_gate, is_topology_rejected
+from .rejected import give_up, step
 
 # ---------------------------------------------------------------------------
 # Kopf handler
@@ -42,7 +42,8 @@ MAX_SLEEP = 60.0
 
 async def _one_pass(meta: Mapping[str, Any], first_seen: float) -> float | None:
     """Read the pod and take one step."""
-    fresh = await kube.client().get(kube.ns_path(meta["namespace"], "pods", meta["name"]))
+    fresh = await connection.client().get(connection.ns_path(meta["namespace"], "pods",
+                                                             meta["name"]))
     if fresh["metadata"].get("uid") != meta.get("uid") or not is_topology_rejected(fresh):
         return None
     await cache.ready()

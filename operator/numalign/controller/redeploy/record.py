@@ -13,15 +13,19 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from numalign.api.wire import ANN_ALLOCATION, ANN_REJECTION, ANN_RESOLVED, REJECT_REASON
+from numalign.api.names import (
+    ANN_ALLOCATION,
+    ANN_REDEPLOY_BASE,
+    ANN_REDEPLOY_OF,
+    ANN_REDEPLOY_OF_UID,
+    ANN_REJECTION,
+    ANN_RESOLVED,
+    ANN_WORKLOAD,
+    REDEPLOY_GATE,
+    REJECT_REASON,
+)
 from numalign.topology import jsontext
 
-ANN_REDEPLOY_OF = "numalign.io/redeploy-of"
-ANN_REDEPLOY_OF_UID = "numalign.io/redeploy-of-uid"
-ANN_BASE = "numalign.io/redeploy-base"
-ANN_WORKLOAD = "numalign.io/workload"
-ANN_RESET = "numalign.io/redeploy-reset"
-GATE = "numalign.io/redeploy"
 REPLICATED_KINDS = ("ReplicaSet", "StatefulSet", "ReplicationController")
 RESET_AFTER_S = 3600.0
 AVOID_FOR_S = 1800.0
@@ -57,7 +61,7 @@ def controller_ref(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
 def base_name(pod: Mapping[str, Any]) -> str:
     meta = pod.get("metadata") or {}
     ann = meta.get("annotations") or {}
-    return str(ann.get(ANN_BASE) or meta.get("name") or "pod")
+    return str(ann.get(ANN_REDEPLOY_BASE) or meta.get("name") or "pod")
 
 
 def workload_key(pod: Mapping[str, Any]) -> str:
@@ -103,7 +107,7 @@ class WorkloadState:
     policy: str | None = None
     exhausted: str | None = None  # when the budget was spent (new pods are gated)
     owner: dict[str, str] | None = None  # the controller: kind, name
-    reset: str | None = None  # the controller's ANN_RESET value when it was exhausted
+    reset: str | None = None  # the controller's ANN_REDEPLOY_RESET value when it was exhausted
     released: dict[str, str] | None = None  # gave_up entries from before a release
     last: str | None = None  # the last rejection (ISO time)
     budget: int | None = None  # attempts allowed at the last decision
@@ -269,7 +273,7 @@ def build_replacement(pod: Mapping[str, Any], name: str, avoid: list[str]) -> di
            if k not in _DROP_ANNOTATIONS and not k.startswith("kopf.zalando.org/")}
     ann[ANN_REDEPLOY_OF] = str(meta.get("name", ""))
     ann[ANN_REDEPLOY_OF_UID] = str(meta.get("uid", ""))
-    ann[ANN_BASE] = base_name(pod)
+    ann[ANN_REDEPLOY_BASE] = base_name(pod)
     spec = dict(pod.get("spec") or {})
     spec.pop("nodeName", None)
     return {
@@ -282,7 +286,7 @@ def build_replacement(pod: Mapping[str, Any], name: str, avoid: list[str]) -> di
 
 
 def has_gate(pod: Mapping[str, Any]) -> bool:
-    return any(isinstance(g, Mapping) and g.get("name") == GATE
+    return any(isinstance(g, Mapping) and g.get("name") == REDEPLOY_GATE
                for g in (pod.get("spec") or {}).get("schedulingGates") or [])
 
 

@@ -8,9 +8,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from numalign.api.kube import ApiError
+from numalign.api.names import LABEL_STATE
 
-from .. import cache, kube
-from ..cache import STATE_CONFIGMAP, STATE_LABEL
+from .. import cache, connection
+from ..cache import STATE_CONFIGMAP
 from .record import MAX_DATA_BYTES, REPLICATED_KINDS, WorkloadState, controller_ref, prune
 
 
@@ -35,15 +36,16 @@ async def save_state(namespace: str, data: dict[str, str], resource_version: str
         prune(data, time.time(), live_uids(namespace))
     body: dict[str, Any] = {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": STATE_CONFIGMAP, "namespace": namespace,
-                         "labels": {STATE_LABEL: "redeploy"}},
+                         "labels": {LABEL_STATE: "redeploy"}},
             "data": data}
     try:
         if resource_version is None:
-            out = await kube.client().create(kube.ns_path(namespace, "configmaps"), body)
+            out = await connection.client().create(connection.ns_path(namespace, "configmaps"),
+                                                   body)
         else:
             body["metadata"]["resourceVersion"] = resource_version
-            out = await kube.client().put(
-                kube.ns_path(namespace, "configmaps", STATE_CONFIGMAP), body)
+            out = await connection.client().put(
+                connection.ns_path(namespace, "configmaps", STATE_CONFIGMAP), body)
     except ApiError as e:
         if e.status == 409:
             await cache.refresh_state(namespace)
@@ -97,7 +99,7 @@ async def read_owner(kind: str, name: str, namespace: str) -> dict[str, Any] | N
         return None
     group, resource = where
     try:
-        return await kube.client().get(kube.ns_path(namespace, resource, name, group))
+        return await connection.client().get(connection.ns_path(namespace, resource, name, group))
     except ApiError as e:
         if e.status in (403, 404):
             return None

@@ -25,7 +25,7 @@ and answers ``ask`` (demands for the hint generator, or hint lists as they are, 
 decision), ``hints`` (its map for the merge), ``allocate`` (one container inside the
 merged hint, raising ``AllocationFailed`` with the kubelet's message) and ``report``.
 What it allocates into a container's ``devices`` is recorded in the ledger and goes, with
-no change elsewhere, to the node's wire record (``api/wire.py``), its NodeTopology status
+no change elsewhere, to the node's wire record (``api/allocation.py``), its NodeTopology status
 (``api/nodestatus.py``, ``agent/publish.py``) and the extender's room check; ``report``
 reaches ``AdmitResult.reports`` (GPU groups' also the wire record's ``gpus``).
 """

@@ -19,11 +19,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..demands import Demand
 from ..hints import TopologyHint
 from ..ledger import ContainerAllocation, Ledger
 from ..machine import Machine
 from ..pod import Container, Pod, effective_request
-from ..providers import Demand
 
 
 class AllocationFailed(Exception):

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..cpu_assign import allocate_cpus
+from ..demands import cpu_demand, guaranteed_cpus
 from ..hints import TopologyHint
 from ..ledger import ContainerAllocation
 from ..pod import Container
-from ..providers import cpu_demand, guaranteed_cpus
 from .base import Admission, AllocationFailed, Ask
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..demands import Demand, device_hints_or_demand, device_request
 from ..hints import NumaMask, TopologyHint
 from ..ledger import ContainerAllocation
 from ..pod import Container
-from ..providers import Demand, device_hints_or_demand, device_request
 from .base import Admission, AllocationFailed, Ask
 
 

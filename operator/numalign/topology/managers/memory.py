@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from ..demands import Demand, iterate_masks, memory_demand, memory_request
 from ..hintgen import FULL_LIMIT, best_subset
 from ..hints import NumaMask, TopologyHint, mask_ids
 from ..ledger import ContainerAllocation
 from ..pod import Container
-from ..providers import Demand, iterate_masks, memory_demand, memory_request
 from .base import Admission, AllocationFailed, Ask
 
 

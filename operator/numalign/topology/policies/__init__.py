@@ -13,7 +13,7 @@ so that a command that names only a built-in policy never pays for the plugin lo
 from __future__ import annotations
 
 from numalign.topology.errors import TopologyError
-from numalign.topology.policy import go_quote
+from numalign.topology.policyconfig import go_quote
 
 from .base import AlignmentPolicy
 from .best_effort import BestEffortPolicy

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from numalign.topology.hints import TopologyHint
-from numalign.topology.policy import POLICY_BEST_EFFORT
+from numalign.topology.policyconfig import POLICY_BEST_EFFORT
 
 from .base import AlignmentPolicy
 

@@ -5,7 +5,7 @@ NUMA node."""
 from __future__ import annotations
 
 from numalign.topology.hints import TopologyHint
-from numalign.topology.policy import POLICY_NONE
+from numalign.topology.policyconfig import POLICY_NONE
 
 from .base import AlignmentPolicy
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from numalign.topology.policy import POLICY_RESTRICTED
+from numalign.topology.policyconfig import POLICY_RESTRICTED
 
 from .base import AlignmentPolicy
 

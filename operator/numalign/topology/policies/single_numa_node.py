@@ -6,7 +6,7 @@ hint of every NUMA node is reported as no affinity; only a preferred hint is adm
 from __future__ import annotations
 
 from numalign.topology.hints import NumaMask, TopologyHint
-from numalign.topology.policy import POLICY_SINGLE_NUMA_NODE
+from numalign.topology.policyconfig import POLICY_SINGLE_NUMA_NODE
 
 from .base import AlignmentPolicy
 

@@ -1,4 +1,4 @@
-"""Which nodes cannot fit a pod (the judgement is ``numalign.api.fit``'s, on the
+"""Which nodes cannot fit a pod (the judgement is ``numalign.api.zonefit``'s, on the
 NodeTopologies the operator caches), and the nodes a redeployed pod avoids."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from numalign.api.fit import unfit_among
+from numalign.api.zonefit import unfit_among
 
 from . import cache, metrics
 

@@ -10,6 +10,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from numalign.api.kube import ApiError
+from numalign.api.names import (
+    ANN_REDEPLOY_RESET,
+    EVENT_REDEPLOY,
+    EVENT_REDEPLOY_GAVE_UP,
+    EVENT_REDEPLOY_REPEAT,
+    REDEPLOY_GATE,
+)
 from numalign.api.resolution import (
     NODE_UNKNOWN,
     PodMeta,
@@ -18,18 +25,11 @@ from numalign.api.resolution import (
     resolve,
 )
 from numalign.api.topologypolicy import RedeployPolicy
-from numalign.api.wire import (
-    EVENT_REDEPLOY,
-    EVENT_REDEPLOY_GAVE_UP,
-    EVENT_REDEPLOY_REPEAT,
-)
 
-from .. import cache, kube, metrics
-from ..fit import with_unfit
+from .. import cache, connection, metrics
+from ..avoidance import with_unfit
 from .guard import RedeployRefused, refusal_to_create, refusal_to_delete
 from .record import (
-    ANN_RESET,
-    GATE,
     WorkloadState,
     backoff_delay,
     base_name,
@@ -100,8 +100,8 @@ def governing_settings(pod: Mapping[str, Any]) -> tuple[str | None, RedeployPoli
 
 async def _delete_pod(namespace: str, name: str, uid: str) -> None:
     try:
-        await kube.client().delete(kube.ns_path(namespace, "pods", name),
-                                   {"preconditions": {"uid": uid}, "gracePeriodSeconds": 0})
+        await connection.client().delete(connection.ns_path(namespace, "pods", name),
+                                         {"preconditions": {"uid": uid}, "gracePeriodSeconds": 0})
     except ApiError as e:
         if e.status not in (404, 409):  # gone, or a different pod now has that name
             raise
@@ -123,14 +123,14 @@ async def _finish(pod: Mapping[str, Any], decision: Mapping[str, Any]) -> str:
         if why is not None:
             raise RedeployRefused(why)
         try:
-            await kube.client().create(kube.ns_path(ns, "pods"), new)
+            await connection.client().create(connection.ns_path(ns, "pods"), new)
         except ApiError as e:
             if e.status != 409:
                 raise
             # AlreadyExists: created before a crash/retry, or someone else's pod.
             try:
-                existing = await kube.client().get(
-                    kube.ns_path(ns, "pods", str(decision["replacement"])))
+                existing = await connection.client().get(
+                    connection.ns_path(ns, "pods", str(decision["replacement"])))
             except ApiError as e2:
                 if e2.status != 404:
                     raise
@@ -157,8 +157,8 @@ async def give_up(pod: Mapping[str, Any], why: str, now: float) -> None:
         data[key] = st.dump()
         await save_state(ns, data, rv)
     metrics.REDEPLOYS.labels(outcome="gave_up").inc()
-    await kube.event(pod, "Warning", reason=EVENT_REDEPLOY_GAVE_UP,
-                     message=f"not redeploying {name}: {why}")
+    await connection.event(pod, "Warning", reason=EVENT_REDEPLOY_GAVE_UP,
+                           message=f"not redeploying {name}: {why}")
 
 
 async def _give_up_name_taken(pod: Mapping[str, Any], decision: Mapping[str, Any],
@@ -186,11 +186,11 @@ async def _clear_repeat(pod: Mapping[str, Any], st: WorkloadState, data: dict[st
     held.release()
     await _finish(pod, decision)
     metrics.REDEPLOYS.labels(outcome="repeat").inc()
-    await kube.event(pod, "Normal", reason=EVENT_REDEPLOY_REPEAT,
-                     message=f"deleted without spending a redeploy attempt ({st.attempts}/"
-                             f"{st.budget} spent): {node} had rejected this workload "
-                             f"already, and {name} was created while the operator could not "
-                             f"keep it off that node")
+    await connection.event(pod, "Normal", reason=EVENT_REDEPLOY_REPEAT,
+                           message=f"deleted without spending a redeploy attempt ({st.attempts}/"
+                                   f"{st.budget} spent): {node} had rejected this workload "
+                                   f"already, and {name} was created while the operator could not "
+                                   f"keep it off that node")
 
 
 async def step(pod: Mapping[str, Any], first_seen: float, now: float | None = None
@@ -234,10 +234,10 @@ async def _step(pod: Mapping[str, Any], first_seen: float, now: float, held: Rec
         await save_state(ns, data, rv)
         held.release()
         metrics.REDEPLOYS.labels(outcome="gave_up").inc()
-        await kube.event(pod, "Warning", reason=EVENT_REDEPLOY_GAVE_UP,
-                         message=f"not redeploying {name}: it has no controller, and "
-                                 "recreating bare pods is off (operator flag "
-                                 "--recreate-bare-pods)")
+        await connection.event(pod, "Warning", reason=EVENT_REDEPLOY_GAVE_UP,
+                               message=f"not redeploying {name}: it has no controller, and "
+                                       "recreating bare pods is off (operator flag "
+                                       "--recreate-bare-pods)")
         return None
     replicas, owner = await owner_replicas(pod)
     budget = settings.max_attempts * replicas
@@ -255,7 +255,7 @@ async def _step(pod: Mapping[str, Any], first_seen: float, now: float, held: Rec
             st.exhausted = iso(now)
             st.owner = {"kind": str(ref.get("kind")), "name": str(ref.get("name"))}
             st.reset = str(((owner.get("metadata") or {}).get("annotations") or {}).get(
-                ANN_RESET, ""))
+                ANN_REDEPLOY_RESET, ""))
         data[key] = st.dump()
         await save_state(ns, data, rv)
         held.release()
@@ -268,10 +268,10 @@ async def _step(pod: Mapping[str, Any], first_seen: float, now: float, held: Rec
         if gate:
             assert ref is not None
             msg += (f"; new pods of {ref.get('kind')}/{ref.get('name')} are held by the "
-                    f"scheduling gate {GATE} until it is released: fix the policy or free "
-                    f"capacity, then annotate the {ref.get('kind')} with {ANN_RESET}=<a new "
-                    f"value>")
-        await kube.event(pod, "Warning", reason=EVENT_REDEPLOY_GAVE_UP, message=msg)
+                    f"scheduling gate {REDEPLOY_GATE} until it is released: fix the policy or "
+                    f"free capacity, then annotate the {ref.get('kind')} with "
+                    f"{ANN_REDEPLOY_RESET}=<a new value>")
+        await connection.event(pod, "Warning", reason=EVENT_REDEPLOY_GAVE_UP, message=msg)
         return None
     wait = first_seen + backoff_delay(settings.backoff_seconds, st.attempts, replicas) - now
     if wait > 0:
@@ -297,9 +297,9 @@ async def _step(pod: Mapping[str, Any], first_seen: float, now: float, held: Rec
         await _give_up_name_taken(pod, decision, now)
         return None
     metrics.REDEPLOYS.labels(outcome="recreated" if action == "recreate" else "deleted").inc()
-    await kube.event(pod, "Normal", reason=EVENT_REDEPLOY,
-                     message=f"attempt {attempt}/{budget}: "
-                             + (f"recreated as {decision['replacement']}" if bare
-                                else "deleted so that its controller recreates it")
-                             + (f", avoiding {', '.join(avoid)}" if avoid else ""))
+    await connection.event(pod, "Normal", reason=EVENT_REDEPLOY,
+                           message=f"attempt {attempt}/{budget}: "
+                                   + (f"recreated as {decision['replacement']}" if bare
+                                      else "deleted so that its controller recreates it")
+                                   + (f", avoiding {', '.join(avoid)}" if avoid else ""))
     return None

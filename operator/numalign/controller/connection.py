@@ -11,10 +11,9 @@ from typing import Any
 
 import kopf
 
+from numalign.api.common import GROUP, VERSION
 from numalign.api.kube import ApiError, Kube, KubeConfig, load_config, q
 
-GROUP = "numalign.io"
-VERSION = "v1alpha1"
 NT_PLURAL = "nodetopologies"
 TP_PLURAL = "topologypolicies"
 TP_BASE = f"/apis/{GROUP}/{VERSION}/{TP_PLURAL}"

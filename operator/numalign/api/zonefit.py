@@ -8,7 +8,7 @@ without zones) are not judged: the node is not avoided. The policy is the one th
 applies (:func:`numalign.api.effective.effective_policy`): on a kubelet-managed node its
 kubelet's, whatever numalign resolved for the pod.
 
-The operator judges the NodeTopologies it caches (``numalign.controller.fit``);
+The operator judges the NodeTopologies it caches (``numalign.controller.avoidance``);
 ``kubectl numalign why`` those it lists.
 """
 

@@ -8,13 +8,7 @@ from typing import Any
 
 import testdata
 from numalign.topology.cpu_assign import allocate_cpus, take_by_topology
-from numalign.topology.hintgen import FULL_LIMIT, plan_hints
-from numalign.topology.hints import TopologyHint, mask_of
-from numalign.topology.ledger import ContainerAllocation, Ledger
-from numalign.topology.machine import Machine, load_machine, machine_from_dict
-from numalign.topology.merge import merge
-from numalign.topology.policy import PolicyOptions
-from numalign.topology.providers import (
+from numalign.topology.demands import (
     Demand,
     cpu_demand,
     device_hints_or_demand,
@@ -22,6 +16,12 @@ from numalign.topology.providers import (
     iterate_masks,
     memory_demand,
 )
+from numalign.topology.hintgen import FULL_LIMIT, plan_hints
+from numalign.topology.hints import TopologyHint, mask_of
+from numalign.topology.ledger import ContainerAllocation, Ledger
+from numalign.topology.machine import Machine, load_machine, machine_from_dict
+from numalign.topology.merge import merge
+from numalign.topology.policyconfig import PolicyOptions
 
 MACHINES = testdata.MACHINES
 GI = 2**30
