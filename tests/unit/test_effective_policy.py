@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from nodetopology_docs import nodetopology
 from numalign.api.effective import NodeKind, NodePolicy, Origin, effective_policy
 from numalign.api.names import ANN_RESOLVED
-from numalign.api.nodetopology import NRI_PLACEMENT
 from numalign.api.resolved import DEFERRED, Resolved
 
 SNN = Resolved("single-numa-node", "pod", {}, "TopologyPolicy/ml")
@@ -27,13 +27,7 @@ def _pod(resolved: str | None) -> dict[str, Any]:
 
 def _nt(spec: dict[str, Any] | None = None, kubelet: dict[str, Any] | None = None,
         placement: tuple[str, str] | None = None) -> dict[str, Any]:
-    status: dict[str, Any] = {"conditions": [{"type": "Ready", "status": "True"}]}
-    if kubelet is not None:
-        status["kubelet"] = kubelet
-    if placement is not None:
-        status["conditions"].append({"type": NRI_PLACEMENT, "status": placement[0],
-                                     "reason": placement[1]})
-    return {"metadata": {"name": "n"}, "spec": spec or {}, "status": status}
+    return nodetopology(spec, kubelet, placement)
 
 
 def test_nri_managed_node_applies_the_pods_policy_not_the_kubelets_none() -> None:

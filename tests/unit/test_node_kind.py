@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 import testdata
+from nodetopology_docs import nodetopology
 from numalign.agent.publish import build_status
 from numalign.agent.state import NodeState
 from numalign.api.effective import (
@@ -37,14 +38,7 @@ SNN = Resolved("single-numa-node", "pod", {}, "TopologyPolicy/ml")
 
 def _nt(kubelet: Any = None, placement: tuple[str, str] | None = None,
         spec: Any = None) -> dict[str, Any]:
-    status: dict[str, Any] = {"conditions": [{"type": "Ready", "status": "True"}]}
-    if kubelet is not None:
-        status["kubelet"] = kubelet
-    if placement is not None:
-        status["conditions"].append({"type": NRI_PLACEMENT, "status": placement[0],
-                                     "reason": placement[1]})
-    return {"metadata": {"name": "n", "resourceVersion": "7"}, "spec": spec or SPEC,
-            "status": status}
+    return nodetopology(spec or SPEC, kubelet, placement)
 
 
 def _pod(resolved: str | None) -> dict[str, Any]:

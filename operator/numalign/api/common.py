@@ -40,7 +40,20 @@ API_VERSION = f"{GROUP}/{VERSION}"
 CATEGORY = "numalign"
 
 
-class _PolicyName:
+class _Checked:
+    """A pydantic annotation that checks a value against the registry after its type's
+    own validation (``check``), whatever is registered when a model is validated."""
+
+    def check(self, value: Any) -> Any:
+        raise NotImplementedError
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(self.check, handler(source))
+
+
+class _PolicyName(_Checked):
     """A policy name from the registry (``numalign.topology.policies``), checked when a
     model is validated and listed as the schema's enum when a CRD is generated: every
     registered policy, or with ``kubelet`` the kubelet's own four."""
@@ -58,18 +71,13 @@ class _PolicyName:
                                       {"expected": _one_of(self.allowed())})
         return value
 
-    def __get_pydantic_core_schema__(
-        self, source: Any, handler: GetCoreSchemaHandler
-    ) -> core_schema.CoreSchema:
-        return core_schema.no_info_after_validator_function(self.check, handler(source))
-
     def __get_pydantic_json_schema__(
         self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
     ) -> dict[str, Any]:
         return {"enum": list(self.allowed()), "type": "string"}
 
 
-class AtMostEveryPolicy:
+class AtMostEveryPolicy(_Checked):
     """A list of policy names no longer than the registry's (``maxItems`` when a CRD is
     generated)."""
 
@@ -80,11 +88,6 @@ class AtMostEveryPolicy:
                 "too_long", "List should have at most {max_length} items after validation, "
                 "not {actual_length}", {"max_length": most, "actual_length": len(value)})
         return value
-
-    def __get_pydantic_core_schema__(
-        self, source: Any, handler: GetCoreSchemaHandler
-    ) -> core_schema.CoreSchema:
-        return core_schema.no_info_after_validator_function(self.check, handler(source))
 
     def __get_pydantic_json_schema__(
         self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
