@@ -117,6 +117,8 @@ class ConditionRead(ReadModel):
     status: Lenient[str] = None
     reason: Lenient[str] = None
     message: Lenient[str] = None
+    last_transition_time: Lenient[str] = Field(default=None,
+                                               validation_alias="lastTransitionTime")
 
 
 class NodeTopologyStatusRead(ReadModel):
