@@ -13,6 +13,7 @@ import pytest
 
 import legacy_status
 import testdata
+from agent_helpers import given
 from numalign.agent import kubelet_status
 from numalign.agent.kubelet_config import KubeletConfig
 from numalign.agent.kubelet_view import kubelet_settings
@@ -70,7 +71,7 @@ def _filled(path: Path, pods: int) -> NodeState:
     machine = load_machine(path)
     st = NodeState(path.stem, machine)
     for i in range(pods):
-        st.decide(_pod(i, machine, POLICIES[i % len(POLICIES)]), POLICIES[i % len(POLICIES)])
+        st.decide(_pod(i, machine, POLICIES[i % len(POLICIES)]), given(POLICIES[i % len(POLICIES)]))
     return st
 
 
@@ -97,7 +98,7 @@ def test_gpu_groups() -> None:
                             "annotations": {"numalign.io/gpus": gpus}},
                "spec": {"containers": [{"name": "main",
                                         "resources": {"requests": res, "limits": res}}]}}
-        assert st.decide(pod, POLICIES[0]).admit
+        assert st.decide(pod, given(POLICIES[0])).admit
     status = _same(st)
     assert all(e["gpus"] for e in status["admitted"])
 
