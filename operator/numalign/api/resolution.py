@@ -23,7 +23,6 @@ from numalign.topology import policies as registry
 from numalign.topology.policy import SCOPES
 from numalign.topology.text import clip, printable, quote
 
-from .effective import pod_or_node_default
 from .selectors import selector_size, selectors_disjoint
 from .topologypolicy import RedeployPolicy, TopologyPolicySpec
 from .wire import (
@@ -318,13 +317,6 @@ def node_spec_from(ref: PolicyRef | None) -> dict[str, Any]:
         return {}
     return {"policy": ref.model.policy, "scope": ref.model.scope,
             "options": policy_options(ref.model)}
-
-
-def complete_for_node(resolved: Resolved | None,
-                      node_default: Mapping[str, Any] | None) -> Resolved:
-    """Make a (possibly deferred or missing) resolution concrete on a known node (the
-    rule every decider applies: :func:`.effective.pod_or_node_default`)."""
-    return pod_or_node_default(resolved, wire_node_default(node_default))[0]
 
 
 # ---------------------------------------------------------------------------
