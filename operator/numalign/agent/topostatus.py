@@ -4,10 +4,10 @@ is generated from) and serialized from it (:func:`status_json`).
 
 The write cost matters (an agent rebuilds a node's status for every write): the parts that
 only depend on the machine (devices, CPU topology, distances) are built once per machine;
-the admitted pods, which come from the node's own ledger, are put together without
-validation (``model_construct``) and once per pod (while its allocation stands); the small
-parts (zones, conditions, summary, the
-kubelet's settings) are validated."""
+the zones and the admitted pods, which come from the machine and the node's own ledger,
+are put together without validation (``model_construct``), each admitted pod's entry once
+(while its allocation stands); the rest (conditions, summary, the kubelet's settings) is
+validated."""
 
 from __future__ import annotations
 
@@ -241,7 +241,7 @@ def status_model(state: NodeState, previous: Mapping[str, Any] | None = None,
         avail = {k: max(0, v - used[n.id].get(k, 0)) for k, v in a.items()}
         total_cpus += a.get("cpu", 0)
         free_cpus += avail.get("cpu", 0)
-        zones.append(Zone(
+        zones.append(Zone.model_construct(
             id=n.id, cpus=format_cpulist(list(n.cpus)), memory=format_bytes(n.memory),
             hugepages={k: format_bytes(v) for k, v in sorted(n.hugepages.items())}
             if n.hugepages else None,
