@@ -34,7 +34,7 @@ def admit(st: Any, pod: dict[str, Any]) -> bool:
     from numalign.api.effective import NodeKind, NodePolicy, effective_policy
 
     eff = effective_policy(pod, NodePolicy(NodeKind.EMULATED, st.default))
-    return bool(st.decide(pod, eff.resolved).admit)
+    return bool(st.decide(pod, eff).admit)
 
 
 def published(st: Any) -> dict[str, Any]:

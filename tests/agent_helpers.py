@@ -10,6 +10,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from numalign.api.effective import EffectivePolicy, NodeKind, Origin
+from numalign.api.resolved import Resolved
+
 
 class Agent:
     """``numalign agent --emulate`` as a subprocess, for one emulated node."""
@@ -50,3 +53,9 @@ class Agent:
 
 
 StartAgent = Callable[..., Agent]
+
+
+def given(resolved: Resolved) -> EffectivePolicy:
+    """``resolved`` as the policy a pod gets on an emulated node (its own, as
+    ``effective_policy`` gives it): what ``NodeState.decide`` takes."""
+    return EffectivePolicy.of(resolved, Origin.POD, NodeKind.EMULATED)

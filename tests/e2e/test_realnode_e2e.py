@@ -13,6 +13,7 @@ import pytest
 import yaml
 from kubernetes import client
 
+from agent_helpers import given
 from e2e_helpers import wait_for
 from numalign.agent.podresources import PodResourcesError
 from numalign.api.names import (
@@ -477,7 +478,7 @@ def test_numalign_counts_what_the_kubelets_managers_count(
 
     def replay(name: str) -> None:
         pod = k8s_client.sanitize_for_serialization(core.read_namespaced_pod(name, namespace))
-        st.decide(pod, resolved)
+        st.decide(pod, given(resolved))
 
     start, replay_start = kubelet(), numalign()
     core.create_namespaced_pod(namespace, workload_pod("m-pinned"))

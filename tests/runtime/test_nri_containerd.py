@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 import pytest
 
+from agent_helpers import given
 from containerd_helpers import Containerd
 from cri_helpers import Cri, cgroup_cpuset, parse_list, status_cpus, wait_until
 from criapi.runtime_v1 import api_pb2 as cri
@@ -169,7 +170,7 @@ async def test_the_engine_places_containers_under_each_pods_policy(containerd: C
         pod = dict(views[uid].pod)
         pod["metadata"] = {**pod["metadata"], "annotations": {
             ANN_ALLOCATION: alloc.to_annotation()}}
-        views[uid] = PodView(pod, views[uid].resolved)
+        views[uid] = PodView(pod, views[uid].policy)
 
     def new_agent() -> tuple[EnginePlacer, NriPlugin, asyncio.Task[None]]:
         placer = EnginePlacer(machine, views.get, reserved_cpus=[cpus[0]],
@@ -182,8 +183,9 @@ async def test_the_engine_places_containers_under_each_pods_policy(containerd: C
     c = Cri(channel, tmp_path / "logs", containerd.cgroup_parent)
     try:
         await asyncio.wait_for(plugin.synchronized.wait(), 30)
-        views["u-g"] = PodView(_pod("u-g", "1", "g"), Resolved(policy="single-numa-node"))
-        views["u-big"] = PodView(_pod("u-big", "2", "big"), Resolved(policy="single-numa-node"))
+        views["u-g"] = PodView(_pod("u-g", "1", "g"), given(Resolved(policy="single-numa-node")))
+        views["u-big"] = PodView(_pod("u-big", "2", "big"),
+                                 given(Resolved(policy="single-numa-node")))
         be = await c.container(await c.sandbox("be"), "main")
         g = await c.container(await c.sandbox("g", "u-g"), "main")
         (mine,) = placer.allocations["u-g"].containers["main"].cpus
@@ -209,7 +211,7 @@ async def test_the_engine_places_containers_under_each_pods_policy(containerd: C
         placer, plugin, run = new_agent()
         await asyncio.wait_for(plugin.synchronized.wait(), 30)
         assert placer.allocations["u-g"].containers["main"].cpus == [mine]
-        views["u-g2"] = PodView(_pod("u-g2", "1", "g2"), Resolved(policy="single-numa-node"))
+        views["u-g2"] = PodView(_pod("u-g2", "1", "g2"), given(Resolved(policy="single-numa-node")))
         g2 = await c.sandbox("g2", "u-g2")
         if len(cpus) == 2:  # the only CPU left is reserved: g2 cannot be admitted
             with pytest.raises(grpc.aio.AioRpcError) as taken:

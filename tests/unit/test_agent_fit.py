@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import testdata
+from agent_helpers import given
 from numalign.agent.kubelet_status import pod_event, rejected_status
 from numalign.agent.state import NodeState
 from numalign.api.allocation import parse_allocation
@@ -39,10 +40,10 @@ def _pod(name: str, cpu: str, memory: str = "1Gi", *, init: bool = False,
 
 def test_out_of_cpu_is_failed_with_the_kubelets_reason_message_and_event() -> None:
     st = _state()
-    assert st.decide(_pod("a", "3500m"), SNN).admit
-    assert st.decide(_pod("b", "3500m"), SNN).admit
+    assert st.decide(_pod("a", "3500m"), given(SNN)).admit
+    assert st.decide(_pod("b", "3500m"), given(SNN)).admit
     third = _pod("c", "2")
-    d = st.decide(third, SNN)
+    d = st.decide(third, given(SNN))
     assert not d.admit and d.reason == "OutOfcpu"
     assert d.message == ("Node didn't have enough resource: cpu, requested: 2000, used: 7000, "
                          "capacity: 8000")
@@ -57,7 +58,7 @@ def test_out_of_cpu_is_failed_with_the_kubelets_reason_message_and_event() -> No
 
 def test_a_pod_bigger_than_the_machine_is_refused_not_an_error() -> None:
     st = _state()
-    d = st.decide(_pod("huge", "64"), Resolved("best-effort", "container", {}, "node"))
+    d = st.decide(_pod("huge", "64"), given(Resolved("best-effort", "container", {}, "node")))
     assert not d.admit and d.reason == "UnexpectedAdmissionError"
     assert not st.ledger.pods
 
@@ -67,20 +68,20 @@ def test_restored_pods_count_in_the_fit_check() -> None:
     running = []
     for name in ("a", "b"):
         pod = _pod(name, "3500m")
-        d = first.decide(pod, SNN)
+        d = first.decide(pod, given(SNN))
         assert d.admit and d.allocation is not None
         running.append(_pod(name, "3500m", phase="Running",
                             alloc=d.allocation.to_annotation()))
     st = _state()
     report = st.restore(None, running)
     assert sorted(report.restored) == ["uid-a", "uid-b"]
-    d = st.decide(_pod("c", "2"), SNN)
+    d = st.decide(_pod("c", "2"), given(SNN))
     assert not d.admit and d.reason == "OutOfcpu"
 
 
 def test_memory_numa_nodes_of_a_container_reusing_its_init_containers_memory() -> None:
     st = _state()
-    d = st.decide(_pod("p", "1", init=True), SNN)
+    d = st.decide(_pod("p", "1", init=True), given(SNN))
     assert d.admit and d.allocation is not None
     app = d.allocation.containers["app"]
     # the app container took no new bytes (it reuses the init container's block) but its

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import testdata
+from agent_helpers import given
 from numalign.agent.publish import build_status
 from numalign.agent.state import NodeState
 from numalign.api.admission import INVALID_GPU_REASON
@@ -29,7 +30,7 @@ def test_gpu_pair_with_its_nic() -> None:
     machine = load_machine(MACHINES / "dgx-a100-like.yaml")
     st = NodeState("n", machine)
     gpus = json.dumps([{"count": 2, "sameGroup": "pcie", "withResource": "nvidia.com/hca"}])
-    d = st.decide(_pod("a", gpus), SNN)
+    d = st.decide(_pod("a", gpus), given(SNN))
     assert d.admit and d.allocation is not None
     (ids,) = d.allocation.gpus.values()
     devs = {x.id: x for x in machine.devices}
@@ -51,7 +52,7 @@ def test_malformed_gpu_annotation_is_refused_and_holds_nothing() -> None:
              ("[{count: 2}]", "numalign.io/gpus: is not valid JSON"),
              ('[{"count": 2, "sameGroup": "nvlink"}]', "numalign.io/gpus[0].sameGroup")]
     for i, (bad, field) in enumerate(cases):
-        d = st.decide(_pod(f"bad{i}", bad), SNN)
+        d = st.decide(_pod(f"bad{i}", bad), given(SNN))
         assert not d.admit
         assert d.reason == INVALID_GPU_REASON
         assert d.message is not None and field in d.message, d.message

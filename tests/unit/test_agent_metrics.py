@@ -10,6 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from agent_helpers import given
 from numalign.agent import metrics
 from numalign.agent.managerstats import DURATION_BUCKETS
 from numalign.agent.state import NodeState
@@ -95,8 +96,8 @@ def test_known_pod_sequence_counts(node: NodeState) -> None:
         (_pod("memfail", [_container("a", "1", "9Gi")]), Resolved(NONE, "container"), False),
     ]
     for pod, resolved, admit in sequence:
-        assert node.decide(pod, resolved).admit is admit, pod["metadata"]["name"]
-    node.decide(sequence[1][0], snn_c)  # decided already: not admitted again
+        assert node.decide(pod, given(resolved)).admit is admit, pod["metadata"]["name"]
+    node.decide(sequence[1][0], given(snn_c))  # decided already: not admitted again
     got = _scrape([node])
 
     def per_policy(name: str) -> dict[str, float]:
@@ -152,7 +153,7 @@ def test_reserved_cpus_are_neither_exclusive_nor_shared(node: NodeState) -> None
     node holds them) count as the kubelet counts them: in neither gauge."""
     node.ledger.allocate("reserved", "reserved", ContainerAllocation(cpus=(0,)),
                          pod_name="reserved", namespace="")
-    node.decide(_pod("one", [_container("a", "1")]), Resolved(NONE, "container"))
+    node.decide(_pod("one", [_container("a", "1")]), given(Resolved(NONE, "container")))
     got = _scrape([node])
     assert _get(got, "numalign_cpu_manager_exclusive_cpu_allocation_count", policy=NONE) == 1
     assert _get(got, "numalign_cpu_manager_shared_pool_size_millicores") == 6000
@@ -161,7 +162,7 @@ def test_reserved_cpus_are_neither_exclusive_nor_shared(node: NodeState) -> None
 def test_unreadable_pod_is_an_admission_error(node: NodeState) -> None:
     pod = _pod("bad", [_container("a", "1")])
     pod["metadata"]["annotations"] = {"numalign.io/gpus": "{not json"}
-    assert not node.decide(pod, Resolved(SNN, "container")).admit
+    assert not node.decide(pod, given(Resolved(SNN, "container"))).admit
     got = _scrape([node])
     assert _get(got, "numalign_topology_manager_admission_requests_total", policy=SNN) == 1
     assert _get(got, "numalign_topology_manager_admission_errors_total", policy=SNN) == 1
@@ -174,7 +175,7 @@ def test_nodes_are_separated_and_kubelet_managed_nodes_left_out(tmp_path: Path) 
     machine = load_machine(path)
     a, b = NodeState("m-0", machine), NodeState("m-1", machine)
     kubelet_managed = NodeState("real", machine, admits=False)
-    a.decide(_pod("x", [_container("a", "1")]), Resolved(NONE, "container"))
+    a.decide(_pod("x", [_container("a", "1")]), given(Resolved(NONE, "container")))
     got = _scrape([a, b, kubelet_managed])
     req = "numalign_topology_manager_admission_requests_total"
     assert got[(req, frozenset({"node": "m-0", "policy": NONE}.items()))] == 1

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import testdata
+from agent_helpers import given
 from numalign.agent.publish import Publisher, build_status, merge_diff
 from numalign.agent.state import NodeState
 from numalign.api.kube import JSON_PATCH, MERGE_PATCH, ApiError
@@ -81,7 +82,7 @@ async def test_writes_what_changed_and_nothing_when_nothing_did() -> None:
     await pub.write("n1")
     assert kube.calls[-1][0] == JSON_PATCH  # the first write: the whole status
     pod = _pod("a", "1")
-    st.decide(pod, st.default)
+    st.decide(pod, given(st.default))
     await pub.write("n1")
     kind, body = kube.calls[-1]
     assert kind == MERGE_PATCH
@@ -170,7 +171,7 @@ async def test_status_writes_carry_the_resource_version_they_were_computed_again
     foreign["rejected"] = 99
     kube.foreign_write(foreign)
     pod = _pod("a", "1")
-    st.decide(pod, st.default)
+    st.decide(pod, given(st.default))
     await pub.write("n1")
     # Our diff was stale: refused, the object read again, and the status is exactly ours.
     assert kube.conflicts == 1
@@ -217,7 +218,7 @@ async def test_nrt_stays_fresh_while_status_writes_wait() -> None:
     try:
         for i in range(3):
             pod = _pod(f"p{i}", "1")
-            st.decide(pod, st.default)
+            st.decide(pod, given(st.default))
             pub.mark("n1")
             marked = time.monotonic()
 

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import testdata
+from agent_helpers import given
 from numalign.agent.publish import build_status
 from numalign.agent.state import NodeState
 from numalign.api.names import ANN_ALLOCATION
@@ -83,7 +84,7 @@ def test_restore_from_annotations_and_status() -> None:
     assert st.admitted["uid-p2"].resolved.source == "TopologyPolicy/x"
     # decided pods are not decided again
     assert set(st.decided) == {"uid-p1", "uid-p2", "uid-p3"}
-    d = st.decide(p1, Resolved())
+    d = st.decide(p1, given(Resolved()))
     assert d.admit and d.allocation is not None and d.allocation.cpus == [0, 1]
 
 
@@ -265,7 +266,7 @@ def test_status_and_restore_keep_the_admission_order() -> None:
         pod = {"metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"},
                "spec": {"nodeName": "n", "containers": [{"name": "main", "resources": {
                    "requests": res, "limits": res}}]}}
-        d = st.decide(pod, resolved)
+        d = st.decide(pod, given(resolved))
         assert d.admit and d.allocation is not None
         pod["metadata"]["annotations"] = {ANN_ALLOCATION: d.allocation.to_annotation()}
         pod["status"] = {"phase": "Running"}

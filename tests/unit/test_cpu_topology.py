@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 import testdata
+from agent_helpers import given
 from numalign.agent.publish import build_status
 from numalign.agent.state import NodeState
 from numalign.api import NodeTopologyStatus
@@ -78,7 +79,7 @@ def test_admitted_entry_has_options_and_container_hugepages() -> None:
     resolved = Resolved("restricted", "pod", {"prefer-closest-numa-nodes": "true"},
                         "TopologyPolicy/p")
     pod = _hugepage_pod("a", "u1")
-    assert st.decide(pod, resolved).admit
+    assert st.decide(pod, given(resolved)).admit
     status = build_status(st)
     NodeTopologyStatus.model_validate(status)
     (entry,) = status["admitted"]

@@ -18,6 +18,7 @@ import yaml
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.metrics_core import Metric
 
+from agent_helpers import given
 from numalign.agent.metrics import ManagerCollector
 from numalign.agent.state import NodeState
 from numalign.api.resolved import Resolved
@@ -190,7 +191,7 @@ def _families() -> Iterator[Metric]:
                "spec": {"containers": [{"name": "c", "resources": {
                    "requests": {"cpu": "1", "memory": "1Gi"},
                    "limits": {"cpu": "1", "memory": "1Gi"}}}]}},
-              Resolved("single-numa-node", "container"))
+              given(Resolved("single-numa-node", "container")))
     yield from ManagerCollector(lambda: [st]).collect()
     # the scheduler extender's registry (its counter with a label value, as when it refused)
     ext = ExtenderMetrics()

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import testdata
+from agent_helpers import given
 from numalign.agent.publish import build_status
 from numalign.agent.state import NodeState
 from numalign.api.effective import Origin
@@ -73,7 +74,7 @@ def test_every_verdict_is_the_nodes_own_decision(machine: str) -> None:
         decider.update(published(st, rv))
         p = pod(name, {"cpu": cpus, "memory": "1Gi"}, policy)
         verdict = decider.decide(p, st.name)
-        got = st.decide(p, resolved_of(p))
+        got = st.decide(p, given(resolved_of(p)))
         assert verdict.covered
         assert verdict.fits == got.admit, (name, verdict, got)
         if not got.admit:
@@ -97,7 +98,7 @@ def test_reservations_stand_for_pods_the_node_has_not_published() -> None:
     for i in range(10):
         p = pod(f"p{i}", {"cpu": "4", "memory": "1Gi"})
         verdict = decider.decide(p, st.name, held)
-        got = st.decide(p, resolved_of(p))
+        got = st.decide(p, given(resolved_of(p)))
         assert verdict.fits == got.admit, i
         if verdict.fits:
             r = decider.hold(p, st.name, held)
@@ -133,7 +134,7 @@ def test_a_reservation_the_node_moved_past_still_holds_what_is_free(
     caplog.set_level(logging.DEBUG, logger="numalign.extender")
     st, decider, _, r = holding("fragmented-8numa", "4")
     other = pod("other", {"cpu": "2", "memory": "1Gi"})
-    assert st.decide(other, resolved_of(other)).admit  # takes two CPUs of the same NUMA node
+    assert st.decide(other, given(resolved_of(other))).admit  # takes two CPUs of the same NUMA node
     view = decider.update(published(st, 2))
     ledger = view.ledger_with([r])
     assert r.uid in ledger.pods, "the reservation was dropped"
@@ -198,7 +199,7 @@ def test_best_effort_pod_is_not_kept_off_a_fragmented_node() -> None:
     st = node("fragmented-8numa")
     for i in range(8):  # every NUMA node partly taken
         p = pod(f"f{i}", {"cpu": "3", "memory": "1Gi"})
-        assert st.decide(p, resolved_of(p)).admit
+        assert st.decide(p, given(resolved_of(p))).admit
     view = NodeView.from_nodetopology(published(st, 1))
     assert not decide(pod("big", {"cpu": "2", "memory": "1Gi"}), view).fits
     for p in (pod("be", None, policy="none"), pod("bu", None, policy="single-numa-node"),
@@ -211,7 +212,7 @@ def test_invalid_gpu_request_is_refused_unresolvably() -> None:
     view = NodeView.from_nodetopology(published(st, 1))
     p = pod("g", {"cpu": "1", "memory": "1Gi"}, annotations={ANN_GPUS: "not-a-request"})
     v = decide(p, view)
-    got = st.decide(p, resolved_of(p))
+    got = st.decide(p, given(resolved_of(p)))
     assert not v.fits and not got.admit and v.reason == got.reason
     assert v.resolvable is False
 
@@ -229,7 +230,7 @@ def test_verdicts_are_cached_per_state_and_follow_resource_version() -> None:
     # n0 fills up and publishes: its new state is decided afresh, the others are not
     for i in range(8):
         q = pod(f"q{i}", {"cpu": "4", "memory": "1Gi"})
-        assert states[0].decide(q, resolved_of(q)).admit
+        assert states[0].decide(q, given(resolved_of(q))).admit
     decider.update(published(states[0], 2))
     verdicts = decider.filter(p, names)
     assert not verdicts[0].fits and verdicts[0].reason == REJECT_REASON
@@ -261,7 +262,7 @@ def test_pods_in_flight_give_the_verdict_of_holding_them(machine: str) -> None:
         for i in range(rng.randrange(0, 6)):  # some pods already there
             p = pod(f"pre{trial}-{i}", {"cpu": str(rng.choice([1, 2, 3])), "memory": "1Gi"},
                     rng.choice(["single-numa-node", "best-effort"]), scope="pod")
-            st.decide(p, resolved_of(p))
+            st.decide(p, given(resolved_of(p)))
         decider = Decider()
         decider.update(published(st, 1))
         flying: list[tuple[dict[str, Any], HeldPod]] = []

@@ -130,7 +130,7 @@ class Node:
         """The pod is bound here: the node decides it (and keeps it when admitted)."""
         eff = effective_policy(pod, NodePolicy(NodeKind.EMULATED, self.state.default))
         try:
-            d = self.state.decide(pod, eff.resolved)
+            d = self.state.decide(pod, eff)
         except Exception as e:  # as agent/emulate.py: a pod the engine cannot decide
             self.state.decided[str(pod["metadata"]["uid"])] = False
             return Outcome(False, UNEXPECTED_REASON, str(e))
@@ -165,7 +165,7 @@ class ManagedNode(Node):
     def _status_state(self) -> NodeState:
         self.state.admitted = {
             uid: PlacedPod(str(v.pod["metadata"]["namespace"]),
-                             str(v.pod["metadata"]["name"]), uid, v.resolved,
+                             str(v.pod["metadata"]["name"]), uid, v.policy.resolved,
                              self.placer.allocations[uid])
             for uid, v in self.views.items() if uid in self.placer.allocations}
         return self.state
@@ -177,7 +177,7 @@ class ManagedNode(Node):
     def bind(self, pod: JSON) -> Outcome:
         uid = str(pod["metadata"]["uid"])
         eff = effective_policy(pod, NodePolicy(NodeKind.NUMALIGN_MANAGED, self.state.default))
-        self.views[uid] = PodView(pod, eff.resolved)
+        self.views[uid] = PodView(pod, eff)
         self.placer.lookup = self.views.get  # this node's (a trial's copy has its own)
         first = pod["spec"]["containers"][0]
         try:

@@ -8,6 +8,7 @@ from typing import Any
 
 from test_extender_decide import node, pod, published, resolved_of
 
+from agent_helpers import given
 from numalign.agent.state import NodeState
 from numalign.extender.fleet import Fleet
 from numalign.extender.reservations import Reservations
@@ -48,7 +49,7 @@ def test_a_burst_is_held_until_the_node_publishes() -> None:
     assert not v.fits and v.reason == "TopologyAffinityError"
     # the node admits the eight and publishes: the reservations give way to its list
     for p in pods[:8]:
-        assert st.decide(p, resolved_of(p)).admit
+        assert st.decide(p, given(resolved_of(p))).admit
     fleet.node_topology("MODIFIED", published(st, 2))
     assert len(fleet.reservations) == 0
     assert not fleet.filter(pods[8], [st.name])[0].fits
@@ -61,7 +62,7 @@ def test_a_pod_gone_frees_its_room_before_the_node_publishes() -> None:
     st = node("fragmented-8numa")
     pods = [four(f"p{i}") for i in range(8)]
     for p in pods:
-        assert st.decide(p, resolved_of(p)).admit
+        assert st.decide(p, given(resolved_of(p))).admit
     fleet = fleet_of(st)
     late = four("late")
     assert not fleet.filter(late, [st.name])[0].fits
@@ -99,7 +100,7 @@ def test_restart_rebuilds_reservations_from_bound_unpublished_pods() -> None:
     st = node("fragmented-8numa")
     admitted = [four(f"old{i}") for i in range(3)]
     for p in admitted:
-        assert st.decide(p, resolved_of(p)).admit
+        assert st.decide(p, given(resolved_of(p))).admit
     fleet = Fleet()
     fleet.load_nodetopologies([published(st, 7)])
     waiting = [four(f"new{i}") for i in range(3)]
@@ -173,7 +174,7 @@ def test_a_node_listing_a_pod_by_name_ends_its_reservation() -> None:
     a = four("a")
     fleet.pod("ADDED", bound(a, st.name))
     assert len(fleet.reservations) == 1
-    assert st.decide(a, resolved_of(a)).admit
+    assert st.decide(a, given(resolved_of(a))).admit
     nt = published(st, 2)
     for entry in nt["status"]["admitted"]:
         entry.pop("uid")
@@ -195,7 +196,7 @@ def test_prioritize_reuses_the_filters_verdicts_until_something_changes() -> Non
     runs = fleet.decider.hits + fleet.decider.misses
     assert fleet.filter(first, [st.name], approve=False) == filtered
     assert fleet.decider.hits + fleet.decider.misses == runs
-    assert st.decide(second, resolved_of(second)).admit  # the node takes NUMA node 0
+    assert st.decide(second, given(resolved_of(second))).admit  # the node takes NUMA node 0
     fleet.node_topology("MODIFIED", published(st, 2))  # a change: decided again
     again = fleet.filter(first, [st.name], approve=False)
     assert fleet.decider.hits + fleet.decider.misses > runs

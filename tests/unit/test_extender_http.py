@@ -14,6 +14,7 @@ import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
 from test_extender_decide import node, pod, published, resolved_of
 
+from agent_helpers import given
 from numalign.extender.fleet import Fleet
 from numalign.extender.pending import PendingPods
 from numalign.extender.server import ExtenderServer
@@ -59,7 +60,7 @@ async def test_filter_refuses_with_the_kubelets_reason(client: TestClient[Any, A
     assert "policy single-numa-node" in doc["FailedNodes"]["small"]
     assert doc["FailedAndUnresolvableNodes"] == {}
     # the same verdict as the node itself
-    assert not SMALL.decide(SIX, resolved_of(SIX)).admit
+    assert not SMALL.decide(SIX, given(resolved_of(SIX))).admit
     SMALL.release("uid-six")
 
 

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 import testdata
+from agent_helpers import given
 from numalign.agent.publish import build_status
 from numalign.agent.state import NodeState
 from numalign.api.resolved import Resolved
@@ -90,7 +91,7 @@ def seed_state() -> NodeState:
     res = {"cpu": "2", "memory": "1Gi", "gpu-vendor.com/gpu": "1"}
     pod = {"metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
            "spec": {"containers": [{"name": "c", "resources": {"limits": res}}]}}
-    assert st.decide(pod, SNN).admit
+    assert st.decide(pod, given(SNN)).admit
     return st
 
 

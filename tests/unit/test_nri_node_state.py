@@ -11,6 +11,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from agent_helpers import given
 from numalign.agent import metrics
 from numalign.agent.node import NodeAgent
 from numalign.agent.publish import build_status
@@ -194,7 +195,7 @@ def test_a_placer_given_the_nodes_state_decides_in_it() -> None:
     from numalign.api.resolved import Resolved
 
     state = NodeState(NODE, MACHINE, admits=False)
-    pods = {"p": PodView(k8s_pod("p", "2"), Resolved(SNN, "container"))}
+    pods = {"p": PodView(k8s_pod("p", "2"), given(Resolved(SNN, "container")))}
     placer = EnginePlacer(MACHINE, pods.get, reserved_cpus=[0], memory_nodes=[0],
                           state=state)
     assert placer.decide("p") is True
@@ -221,8 +222,8 @@ def test_the_kubelets_answer_keeps_the_placers_decisions() -> None:
     from numalign.api.resolved import Resolved
 
     state = NodeState(NODE, MACHINE, admits=False)
-    pods = {"p": PodView(k8s_pod("p", "2"), Resolved(SNN, "container")),
-            "q": PodView(k8s_pod("q", "3"), Resolved(SNN, "container"))}
+    pods = {"p": PodView(k8s_pod("p", "2"), given(Resolved(SNN, "container"))),
+            "q": PodView(k8s_pod("q", "3"), given(Resolved(SNN, "container")))}
     placer = EnginePlacer(MACHINE, pods.get, memory_nodes=[0], state=state)
     assert placer.decide("p") is True and placer.decide("q") is False
     held = set(state.admitted["p"].allocation.cpus)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from agent_helpers import given
 from numalign.agent.nri.placer import (
     EnginePlacer,
     PodView,
@@ -60,7 +61,7 @@ class Pods:
     def add(self, uid: str, cpu: str, policy: str = "single-numa-node",
             containers: tuple[str, ...] = ("main",)) -> None:
         self.views[uid] = PodView(k8s_pod(uid, cpu, containers=containers),
-                                  Resolved(policy=policy, scope="container"))
+                                  given(Resolved(policy=policy, scope="container")))
 
     def __call__(self, uid: str) -> PodView | None:
         return self.views.get(uid)
@@ -132,7 +133,7 @@ def recorded(view: PodView, allocation: Allocation) -> PodView:
     pod = copy.deepcopy(dict(view.pod))
     pod["metadata"]["annotations"] = {ANN_ALLOCATION: allocation.to_annotation()}
     pod["status"] = {"phase": "Running"}
-    return PodView(pod, view.resolved)
+    return PodView(pod, view.policy)
 
 
 def test_synchronize_rebuilds_from_recorded_allocations_without_double_allocation(
@@ -174,7 +175,7 @@ def test_the_published_status_wins_over_a_forged_record(pods: Pods) -> None:
     published = {"status": {"admitted": admitted_entries(first.state)}}
     # a BestEffort pod and a Guaranteed one, each claiming g2's CPUs; g2's own annotation
     # was rewritten to claim nothing
-    pods.views["be"] = recorded(PodView(best_effort("be"), Resolved()), owned)
+    pods.views["be"] = recorded(PodView(best_effort("be"), given(Resolved())), owned)
     pods.add("dup", "2")
     pods.views["dup"] = recorded(pods.views["dup"], owned)
     pods.views["g2"] = recorded(pods.views["g2"], Allocation())
@@ -208,7 +209,7 @@ def test_synchronize_refuses_records_the_machine_cannot_hold(pods: Pods) -> None
         pod["metadata"]["annotations"] = {ANN_ALLOCATION: (
             '{"numaNodes": [0], "containers": {"main": {"cpus": [2], ' + extra[1:] + "}}")}
         pod["status"] = {"phase": "Running"}
-        pods.views[uid] = PodView(pod, pods.views[uid].resolved)
+        pods.views[uid] = PodView(pod, pods.views[uid].policy)
     placer = EnginePlacer(MACHINE, pods, reserved_cpus=[0], memory_nodes=[0])
     updates = placer.synchronize([nri_pod(u) for u in [*bad, "good"]],
                                  [nri_ctr(u, "main", f"c-{u}") for u in [*bad, "good"]])

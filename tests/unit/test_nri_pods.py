@@ -37,12 +37,12 @@ def test_policy_from_the_pod_else_the_node_default() -> None:
     idx.on_pod("ADDED", pod("bare"))
     idx.on_pod("ADDED", pod("broken", annotations={ANN_RESOLVED: "{not json"}))
     a = idx("a")
-    assert a is not None and (a.resolved.policy, a.resolved.scope) == ("single-numa-node",
-                                                                        "container")
+    assert a is not None and (a.policy.name, a.policy.scope) == ("single-numa-node",
+                                                                  "container")
     for uid in ("deferred", "bare", "broken"):
         v = idx(uid)
         assert v is not None
-        assert (v.resolved.policy, v.resolved.scope, v.resolved.source) == (
+        assert (v.policy.name, v.policy.scope, v.policy.source) == (
             "best-effort", "pod", "node-default")
     idx.on_pod("DELETED", pod("a"))
     assert idx("a") is None and idx("never") is None

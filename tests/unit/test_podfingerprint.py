@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 import testdata
+from agent_helpers import given
 from numalign.agent import nrt
 from numalign.agent import podfingerprint as pfp
 from numalign.agent.publish import build_status
@@ -141,7 +142,7 @@ def test_node_state_tracks_the_pods_and_the_nrt_carries_their_fingerprint() -> N
     too_big = pod("too-big", containers=[c(cpu="64", memory="1Gi")])
     shared = pod("shared")
     for p, resolved in ((fits, snn), (too_big, snn), (shared, NONE)):
-        st.decide(p, resolved)
+        st.decide(p, given(resolved))
     assert {u: (e.name, e.phase) for u, e in st.pods.items()} == {
         "uid-fits": ("fits", "Running"), "uid-too-big": ("too-big", "Failed"),
         "uid-shared": ("shared", "Running")}

@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
 import testdata
+from agent_helpers import given
 from numalign.agent import metrics, nrt
 from numalign.agent.publish import build_status
 from numalign.agent.state import NodeState
@@ -174,9 +175,9 @@ def test_an_emulated_node_admits_by_it_and_nrt_and_metrics_name_it(
     node.default = node_default({"policy": toy, "scope": "container"})
     under = Resolved(toy, "container")
     # 9 CPUs and 9Gi need three NUMA nodes (preferred: restricted would admit it)
-    wide = node.decide(_pod("three", 9, "9Gi"), under)
+    wide = node.decide(_pod("three", 9, "9Gi"), given(under))
     assert not wide.admit and wide.reason == "TopologyAffinityError"
-    assert node.decide(_pod("two", 6, "5Gi"), under).admit  # two NUMA nodes
+    assert node.decide(_pod("two", 6, "5Gi"), given(under)).admit  # two NUMA nodes
     got = _scrape([node])
     key = frozenset({"node": "m-0", "policy": toy}.items())
     assert got[("numalign_topology_manager_admission_requests_total", key)] == 2

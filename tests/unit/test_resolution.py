@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from numalign.api.effective import NodePolicy, pod_or_node_default
 from numalign.api.resolution import (
     ANN_POLICY,
     ANN_SCOPE,
@@ -15,7 +16,6 @@ from numalign.api.resolution import (
     PodMeta,
     PolicyRef,
     Resolved,
-    complete_for_node,
     conflicts,
     matched_namespaces,
     node_default_for,
@@ -73,6 +73,11 @@ def test_no_match_falls_to_node_default_then_none() -> None:
     assert r.source == "none"
     r = resolve(over("other"), {}, [], {"policy": "bogus"})
     assert r.source == "none"
+
+
+def complete_for_node(resolved: Resolved | None, spec: dict[str, Any] | None) -> Resolved:
+    """What the operator's backstop writes once the pod is bound (controller/pods.py)."""
+    return pod_or_node_default(resolved, NodePolicy.from_nodetopology({"spec": spec}).default)[0]
 
 
 def test_unbound_pod_defers_to_node() -> None:

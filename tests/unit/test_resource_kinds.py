@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from agent_helpers import given
 from numalign.topology import managers
 from numalign.topology.admit import UNEXPECTED_REASON, admit_pod
 from numalign.topology.demands import iterate_masks
@@ -238,7 +239,7 @@ def test_the_kinds_allocation_reaches_the_nodes_status(fpga: None) -> None:
     d = st.decide({"metadata": {"name": "p", "namespace": "ns", "uid": "uid-p"},
                    "spec": {"containers": [{"name": "main", "resources": {
                        "requests": res, "limits": res}}]}},
-                  Resolved("single-numa-node", "container", {}, "pod"))
+                  given(Resolved("single-numa-node", "container", {}, "pod")))
     assert d.admit and d.allocation is not None
     assert d.allocation.numa_nodes == [1]
     assert d.allocation.containers["main"].devices == {

@@ -452,9 +452,9 @@ class Emulator:
             return
         self._seen.setdefault(uid, time.monotonic())
         eff = effective_policy(pod, NodePolicy(NodeKind.EMULATED, st.default))
-        resolved, problem = eff.resolved, eff.problem
+        problem = eff.problem
         try:
-            decision = st.decide(pod, resolved)
+            decision = st.decide(pod, eff)
         except Exception as e:  # a pod the engine cannot read is rejected
             log.exception("%s: cannot admit %s/%s", node, meta.get("namespace"), meta.get("name"))
             st.decided[uid] = False

@@ -27,8 +27,8 @@ from numalign.topology.machine import Device, Machine
 
 from .kubelet_config import KubeletConfig
 from .podresources import MEMORY, Allocatable, DeviceSet, KubeletContainer, KubeletPod, Snapshot
-from .publish import zone_capacity
 from .state import NodeState, PlacedPod
+from .topostatus import zone_capacity
 
 SOURCE = "kubelet"
 HUGEPAGES = "hugepages-"

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from numalign.api.allocation import Allocation, parse_admitted, parse_allocation
+from numalign.api.effective import EffectivePolicy
 from numalign.api.errors import WireError
 from numalign.api.names import ANN_ALLOCATION, REJECT_REASON
 from numalign.api.nodestatus import reserved_holder
@@ -28,7 +29,6 @@ from numalign.api.resolved import NONE, Resolved, node_default
 from numalign.topology.admit import ProviderKind
 from numalign.topology.ledger import Ledger
 from numalign.topology.machine import Machine
-from numalign.topology.policyconfig import POLICY_NONE
 
 from . import engine
 from .managerstats import ManagerCounts, Managers, record_admission
@@ -218,10 +218,13 @@ class NodeState:
         if self.admits:
             self.track(pod, phase)
 
-    def decide(self, pod: Mapping[str, Any], resolved: Resolved,
+    def decide(self, pod: Mapping[str, Any], policy: EffectivePolicy,
                devices: Sequence[ProviderKind] = ()) -> Decision:
-        """Admit or reject ``pod`` (once: a decided pod gets its first answer again).
-        ``devices``: what someone else already assigned (a real node's device manager)."""
+        """Admit or reject ``pod`` under ``policy`` (the one
+        :func:`~numalign.api.effective.effective_policy` gives it here; once: a decided pod
+        gets its first answer again). ``devices``: what someone else already assigned (a
+        real node's device manager)."""
+        resolved = policy.resolved
         uid = pod_uid(pod)
         if uid in self.decided:
             held = self.admitted.get(uid)
@@ -229,7 +232,7 @@ class NodeState:
             return Decision(admit=self.decided[uid], reason=reason, message=message,
                             allocation=held.allocation if held else None,
                             resolved=held.resolved if held else resolved)
-        counts = self.counts.setdefault(resolved.policy or POLICY_NONE, ManagerCounts())
+        counts = self.counts.setdefault(policy.name, ManagerCounts())
         start = time.perf_counter()
         try:
             result = engine.admit(self.machine, self.ledger, pod, resolved, uid, devices)

@@ -1,7 +1,9 @@
 """Reading a NodeTopology status as the engine's objects: the machine it describes
-(:func:`machine_from_status`), the pods it holds (:func:`held_from_admitted`,
-:func:`held_from_document`) and a ledger of them (:func:`ledger_from_held`). Plain
-mappings in, no API objects."""
+(:func:`machine_from_status`), the pods it holds (:func:`held_from_status`: a
+NodeTopology's status as read by :class:`~numalign.api.reads.NodeTopologyStatusRead`;
+:func:`held_from_admitted`, :func:`held_from_document`) and a ledger of them
+(:func:`ledger_from_held`). :func:`machine_from_status` parses the status's machine
+(zones, distances, devices, CPU topology) strictly, naming the field that is wrong."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from numalign.topology.pod import HUGEPAGES_PREFIX
 from numalign.topology.quantity import parse_cpulist
 
 from . import allocation as wire
+from .reads import NodeTopologyStatusRead
 
 JSON = dict[str, Any]
 
@@ -169,8 +172,9 @@ class HeldPod:
 
 
 def held_from_admitted(entry: Mapping[str, Any], where: str) -> HeldPod:
-    """One ``status.admitted`` entry of a NodeTopology (:func:`numalign.api.wire.parse_admitted`),
-    or a ``numalign admit`` output line (containers by name)."""
+    """One ``status.admitted`` entry of a NodeTopology
+    (:func:`numalign.api.allocation.parse_admitted`), or a ``numalign admit`` output line
+    (containers by name)."""
     entry = _mapping(entry, where)
     raw = entry.get("containers")
     try:
@@ -210,12 +214,6 @@ def ledger_from_held(machine: Machine, pods: Iterable[HeldPod],
     return ledger, notes
 
 
-def kubelet_settings(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """``status.kubelet`` when the node is a real node whose agent reads its kubelet."""
-    k = status.get("kubelet")
-    return k if isinstance(k, Mapping) and k.get("topologyManagerPolicy") else None
-
-
 # The ledger's pseudo pod holding the kubelet's reserved CPUs: the NRI placer's ledger
 # and a NodeTopology reader (explain, the extender) hold them under one name, so a
 # refusal that names their holder reads the same on the node and off it.
@@ -239,7 +237,7 @@ def reserved_cpus(settings: Mapping[str, Any]) -> HeldPod | None:
     return reserved_holder(cpus)
 
 
-def held_from_status(status: Mapping[str, Any], node: str,
+def held_from_status(status: NodeTopologyStatusRead, node: str,
                      parse: Callable[[Mapping[str, Any], str], HeldPod] | None = None
                      ) -> tuple[list[HeldPod], list[str]]:
     """What a NodeTopology status says the node holds: the kubelet's reserved CPUs (a
@@ -249,13 +247,12 @@ def held_from_status(status: Mapping[str, Any], node: str,
     parse = parse or held_from_admitted
     held: list[HeldPod] = []
     notes: list[str] = []
-    settings = kubelet_settings(status)
+    settings = status.kubelet_settings
     if settings is not None:
         reserved = reserved_cpus(settings)
         if reserved is not None:
             held.append(reserved)
-    admitted = status.get("admitted")
-    for i, entry in enumerate(admitted if isinstance(admitted, list) else ()):
+    for i, entry in enumerate(status.admitted):
         if not isinstance(entry, Mapping):
             continue
         try:

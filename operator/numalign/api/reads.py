@@ -21,6 +21,7 @@ from pydantic import (
     ValidationError,
     ValidatorFunctionWrapHandler,
     WrapValidator,
+    model_validator,
 )
 
 from .names import ANN_RESOLVED, LABEL_MANAGED, MANAGED_NRI
@@ -46,6 +47,11 @@ def _str_map(value: Any) -> dict[str, str] | None:
 
 def _mapping(value: Any) -> dict[str, Any] | None:
     return dict(value) if isinstance(value, Mapping) else None
+
+
+def _list(value: Any) -> list[Any]:
+    """A list as it is (its items unread); not a list: empty."""
+    return value if isinstance(value, list) else []
 
 
 def _objects(value: Any) -> list[Any]:
@@ -117,14 +123,69 @@ class ConditionRead(ReadModel):
     status: Lenient[str] = None
     reason: Lenient[str] = None
     message: Lenient[str] = None
+    last_transition_time: Lenient[str] = Field(default=None,
+                                               validation_alias="lastTransitionTime")
+
+
+class ZoneRead(ReadModel):
+    """One ``status.zones`` entry's amounts: its id (as published); ``total``, its
+    allocatable (else its capacity) and ``free``, its available (else its allocatable),
+    each resource -> quantity as published; both None when the one given is not an
+    object."""
+
+    id: Any = None
+    total: RawMap = None
+    free: RawMap = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _amounts(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            return data
+        total = data.get("allocatable") or data.get("capacity") or {}
+        free = data.get("available") or total
+        if not isinstance(total, Mapping) or not isinstance(free, Mapping):
+            total = free = None
+        return {"id": data.get("id"), "total": total, "free": free}
+
+
+class SummaryRead(ReadModel):
+    """``status.summary``: the printer-column totals (what numalign reads of them: the
+    admitted pods, as published)."""
+
+    pods: Any = None
 
 
 class NodeTopologyStatusRead(ReadModel):
-    """A NodeTopology's ``status``: its conditions and what its agent says of the
-    kubelet (``kubelet``, as the kubelet's configuration spells it)."""
+    """A NodeTopology's ``status``: its conditions, what its agent says of the kubelet
+    (``kubelet``, as the kubelet's configuration spells it), its zones (an entry that is
+    not an object reads as None, so that the others keep their index), its admitted
+    pods' entries (as published: :func:`numalign.api.allocation.parse_admitted` reads one) and
+    its summary. ``present``: the object has a status (an object) at all."""
 
+    present: bool = Field(default=False, exclude=True)
     conditions: Annotated[list[ConditionRead], BeforeValidator(_objects)] = []
     kubelet: RawMap = None
+    zones: Annotated[list[Lenient[ZoneRead]], BeforeValidator(_list)] = []
+    admitted: Annotated[list[Any], BeforeValidator(_list)] = []
+    summary: Lenient[SummaryRead] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _present(cls, data: Any) -> Any:
+        return {**data, "present": True} if isinstance(data, Mapping) else data
+
+    @property
+    def admitted_entries(self) -> list[Mapping[str, Any]]:
+        """The ``status.admitted`` entries that are objects."""
+        return [e for e in self.admitted if isinstance(e, Mapping)]
+
+    @property
+    def kubelet_settings(self) -> dict[str, Any] | None:
+        """``status.kubelet`` when the node is a real node whose agent reads its kubelet
+        (it names the kubelet's ``topologyManagerPolicy``)."""
+        return self.kubelet if self.kubelet and self.kubelet.get("topologyManagerPolicy") \
+            else None
 
     def condition(self, kind: str) -> ConditionRead | None:
         return next((c for c in self.conditions if c.type == kind), None)
@@ -147,14 +208,16 @@ class NodeTopologyStatusRead(ReadModel):
         return str(value) if value else None
 
 
+NO_STATUS = NodeTopologyStatusRead.model_construct()  # a NodeTopology without status
+
+
 class NodeTopologyRead(ObjectRead):
     """A NodeTopology: its ``spec`` (the node default, a mapping as the operator writes
     it) and ``status``; ``labels``: the Node's labels where the reader knows them."""
 
     spec: RawMap = None
     status: Annotated[NodeTopologyStatusRead, WrapValidator(
-        lambda v, h: _absent_on_error(v, h) or NodeTopologyStatusRead())
-    ] = NodeTopologyStatusRead()
+        lambda v, h: _absent_on_error(v, h) or NO_STATUS)] = NO_STATUS
     node_labels: StrMap = Field(default=None, exclude=True)
 
     def with_node_labels(self, labels: Mapping[str, str] | None) -> NodeTopologyRead:

@@ -23,7 +23,6 @@ from numalign.topology import policies as registry
 from numalign.topology.policyconfig import SCOPES
 from numalign.topology.text import clip, printable, quote
 
-from .effective import pod_or_node_default
 from .names import ANN_POLICY, ANN_SCOPE, SOURCE_POD, SOURCE_POLICY_PREFIX
 from .resolved import DEFERRED, Resolved, parse_options
 from .resolved import node_default as wire_node_default
@@ -311,13 +310,6 @@ def node_spec_from(ref: PolicyRef | None) -> dict[str, Any]:
         return {}
     return {"policy": ref.model.policy, "scope": ref.model.scope,
             "options": policy_options(ref.model)}
-
-
-def complete_for_node(resolved: Resolved | None,
-                      node_default: Mapping[str, Any] | None) -> Resolved:
-    """Make a (possibly deferred or missing) resolution concrete on a known node (the
-    rule every decider applies: :func:`.effective.pod_or_node_default`)."""
-    return pod_or_node_default(resolved, wire_node_default(node_default))[0]
 
 
 # ---------------------------------------------------------------------------

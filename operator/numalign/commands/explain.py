@@ -43,10 +43,10 @@ from numalign.api.names import ANN_ALLOCATION, ANN_POLICY, ANN_RESOLVED, ANN_SCO
 from numalign.api.nodestatus import (
     held_from_document,
     held_from_status,
-    kubelet_settings,
     ledger_from_held,
     machine_from_status,
 )
+from numalign.api.reads import NodeTopologyRead
 from numalign.commands import explain_pending as pending
 from numalign.commands import explain_realnode as realnode
 from numalign.commands.explain_text import render_text
@@ -260,22 +260,22 @@ def _live(args: argparse.Namespace) -> Explanation | dict[str, Any]:
     name = str(args.name)
     meta = pod.get("metadata") or {}
     annotations: Mapping[str, str] = meta.get("annotations") or {}
-    status = nt.get("status") or {}
+    read = NodeTopologyRead.of(nt)
     try:
-        machine = machine_from_status(status, name=str(node))
+        machine = machine_from_status(nt.get("status") or {}, name=str(node))
     except TopologyError as e:
         raise ExplainError(f"NodeTopology {node}: {e}; wait for the agent to publish, or "
                            "check its logs") from None
     uid = str(meta.get("uid") or "")
     notes = ["replayed against the node's allocations now (other pods as published in "
              "NodeTopology status.admitted), which may differ from those at admission"]
-    entries = [x for x in status.get("admitted") or [] if isinstance(x, Mapping)]
+    entries = read.status.admitted_entries
     mine = next((x for x in entries if uid and x.get("uid") == uid), None)
-    settings = kubelet_settings(status)
+    settings = read.status.kubelet_settings
     if settings is not None and mine is None:  # the kubelet's pods, named as it lists them
         mine = next((x for x in entries if not x.get("uid") and x.get("pod") == name
                      and x.get("namespace") == ns), None)
-    held, more = held_from_status(status, str(node))
+    held, more = held_from_status(read.status, str(node))
     notes += more
     ledger, more = ledger_from_held(machine, held, (uid, ns, name))
     notes += more
@@ -289,7 +289,7 @@ def _live(args: argparse.Namespace) -> Explanation | dict[str, Any]:
             got = parse_admitted(mine, f"NodeTopology {node} status.admitted entry").resolved
         except WireError as e:
             unreadable = f"{e}; using the node default"
-    eff = effective_policy(pod, NodePolicy.from_nodetopology(nt), recorded=got)
+    eff = effective_policy(pod, NodePolicy.from_nodetopology(read), recorded=got)
     policy, scope, options, source = eff.name, eff.scope, dict(eff.options.given), eff.source
     ann = annotations.get(ANN_RESOLVED)
     if eff.by_kubelet:

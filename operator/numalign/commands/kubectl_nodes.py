@@ -9,6 +9,7 @@ from typing import Any
 
 from numalign.api.effective import NodePolicy
 from numalign.api.nodetopology import READY
+from numalign.api.reads import NodeTopologyRead, NodeTopologyStatusRead
 from numalign.topology.quantity import format_bytes, parse_quantity
 from numalign.topology.text import printable
 
@@ -31,32 +32,26 @@ def _pair(free: Any, total: Any) -> JSON:
     return {"free": int(f) if f is not None else None, "total": int(t) if t is not None else None}
 
 
-def _ready(status: Mapping[str, Any]) -> str:
-    for c in status.get("conditions") or []:
-        if isinstance(c, Mapping) and c.get("type") == READY:
-            return str(c.get("status") or "Unknown")
-    return "Unknown"
+def _ready(status: NodeTopologyStatusRead) -> str:
+    cond = status.condition(READY)
+    return (cond.status or "Unknown") if cond is not None else "Unknown"
 
 
-def node_row(nt: Mapping[str, Any]) -> JSON:
+def node_row(nt: NodeTopologyRead | Mapping[str, Any]) -> JSON:
     """One node: its policy and scope, readiness, pods, and per NUMA zone the free and
     total CPUs, memory, hugepages and devices."""
-    meta = nt.get("metadata") or {}
-    status = nt.get("status") or {}
-    spec = nt.get("spec") or {}
-    node = NodePolicy.from_nodetopology(nt)
+    read = NodeTopologyRead.of(nt)
+    status = read.status
+    node = NodePolicy.from_nodetopology(read)
     applied = node.applied
     policy = applied.policy or "none"
-    scope = applied.scope if node.kubelet is not None or spec.get("scope") else None
+    scope = applied.scope if node.kubelet is not None or (read.spec or {}).get("scope") else None
     zones: list[JSON] = []
-    for z in status.get("zones") or []:
-        if not isinstance(z, Mapping):
+    for z in status.zones:
+        if z is None or z.total is None or z.free is None:
             continue
-        alloc = z.get("allocatable") or z.get("capacity") or {}
-        avail = z.get("available") or alloc
-        if not isinstance(alloc, Mapping) or not isinstance(avail, Mapping):
-            continue
-        zone: JSON = {"id": z.get("id"),
+        alloc, avail = z.total, z.free
+        zone: JSON = {"id": z.id,
                       "cpu": _pair(avail.get("cpu"), alloc.get("cpu")),
                       "memory": _pair(avail.get("memory"), alloc.get("memory")),
                       "hugepages": {}, "devices": {}}
@@ -68,10 +63,10 @@ def node_row(nt: Mapping[str, Any]) -> JSON:
             key = name.removeprefix("hugepages-") if kind == "hugepages" else name
             zone[kind][key] = _pair(avail.get(res), alloc.get(res))
         zones.append(zone)
-    summary = status.get("summary") or {}
-    return {"name": str(meta.get("name") or ""), "policy": policy,
+    pods = status.summary.pods if status.summary is not None else None
+    return {"name": read.metadata.name or "", "policy": policy,
             "scope": str(scope or "container"), "ready": _ready(status),
-            "pods": summary.get("pods", len(status.get("admitted") or [])),
+            "pods": len(status.admitted) if pods is None else pods,
             "zones": zones}
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import kopf
 
+from numalign.api.effective import NodePolicy, pod_or_node_default
 from numalign.api.kube import STRATEGIC_PATCH, ApiError
 from numalign.api.names import (
     ANN_OVERRIDE_WARNED,
@@ -26,7 +27,6 @@ from numalign.api.names import (
 from numalign.api.resolution import (
     NODE_UNKNOWN,
     PodMeta,
-    complete_for_node,
     policy_refs,
     resolve,
 )
@@ -146,7 +146,8 @@ async def backstop(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
         current = resolved_or_none(ann.get(ANN_RESOLVED))
         if current is not None and current.deferred:
             nt = cache.node_topology(str(body["spec"]["nodeName"]))
-            res = complete_for_node(current, (nt or {}).get("spec") or None)
+            # the node's default, as every decider reads it (numalign.api.effective)
+            res = pod_or_node_default(current, NodePolicy.from_nodetopology(nt).default)[0]
         new_ann: dict[str, str | None] = {ANN_RESOLVED: res.annotation()}
         if res.problems and ann.get(ANN_OVERRIDE_WARNED) is None:
             msg = "; ".join(res.problems)

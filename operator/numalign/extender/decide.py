@@ -37,6 +37,7 @@ from numalign.api.admission import INVALID_GPU_REASON, InvalidGpuRequest, admit_
 from numalign.api.effective import EffectivePolicy, NodeKind, effective_policy
 from numalign.api.names import ANN_GPUS, REJECT_REASON, REJECTED_PREFIX, TOPOLOGY_MESSAGE
 from numalign.api.nodestatus import HeldPod
+from numalign.api.reads import ObjectRead
 from numalign.api.resolved import Resolved
 from numalign.topology.admit import UNEXPECTED_REASON
 from numalign.topology.errors import TopologyError
@@ -357,10 +358,8 @@ class Decider:
             self._cache.pop(k, None)
 
     def update(self, nt: Mapping[str, Any]) -> NodeView:
-        meta = nt.get("metadata") if isinstance(nt, Mapping) else None
-        meta = meta if isinstance(meta, Mapping) else {}
-        name = str(meta.get("name") or "")
-        rv = str(meta.get("resourceVersion") or "")
+        meta = ObjectRead.of(nt).metadata  # the rest is read only when it changed
+        name, rv = meta.name or "", meta.resource_version or ""
         old = self.published.get(name)
         if old is not None and rv and old.resource_version == rv:
             return self.views[name]

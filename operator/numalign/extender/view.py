@@ -23,6 +23,7 @@ from numalign.api.nodestatus import (
     machine_from_status,
     machine_source,
 )
+from numalign.api.reads import NodeTopologyRead
 from numalign.topology.errors import TopologyError
 from numalign.topology.ledger import ContainerAllocation, Ledger
 from numalign.topology.machine import Machine
@@ -68,14 +69,13 @@ class NodeView:
         the node's last view, whose machine is kept when the fields it came from are
         unchanged (they are, but for a new agent: what changes is what it holds);
         ``parse``: reads one ``status.admitted`` entry (:class:`EntryReader`)."""
-        meta = nt.get("metadata") if isinstance(nt, Mapping) else None
-        meta = meta if isinstance(meta, Mapping) else {}
-        name = str(meta.get("name") or "")
-        rv = str(meta.get("resourceVersion") or "")
-        policy = NodePolicy.from_nodetopology(nt)
-        status = nt.get("status") if isinstance(nt, Mapping) else None
-        if not isinstance(status, Mapping):
+        read = NodeTopologyRead.of(nt)
+        name = read.metadata.name or ""
+        rv = read.metadata.resource_version or ""
+        policy = NodePolicy.from_nodetopology(read)
+        if not read.status.present:
             return cls(name, rv, policy, None, problem="NodeTopology has no status yet")
+        status = nt["status"]  # the machine's parts, parsed strictly (machine_from_status)
         raw = machine_source(status)
         machine: Machine | None
         key: str
@@ -94,9 +94,8 @@ class NodeView:
                 return cls(name, rv, policy, None, problem=f"NodeTopology {name}: {e}")
             if machines is not None:
                 machines[key] = machine
-        held, notes = held_from_status(status, name, parse)
-        admitted = frozenset(_admitted_key(e) for e in status.get("admitted") or ()
-                             if isinstance(e, Mapping))
+        held, notes = held_from_status(read.status, name, parse)
+        admitted = frozenset(_admitted_key(e) for e in read.status.admitted_entries)
         return cls(name, rv, policy, machine, tuple(held), admitted, None, tuple(notes),
                    machine_key=key, held_key=held_key(held), policy_id=policy.key,
                    raw_machine=raw)

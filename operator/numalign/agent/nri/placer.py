@@ -48,9 +48,9 @@ from numalign.agent.nri.devices import Assigned, assigned_kinds
 from numalign.agent.nri.plugin import CpuSet, Placement, Rejected
 from numalign.agent.state import NodeState, PlacedPod, published_pods
 from numalign.api.allocation import Allocation
+from numalign.api.effective import EffectivePolicy
 from numalign.api.names import REJECT_REASON
 from numalign.api.nodestatus import RESERVED_UID
-from numalign.api.resolved import Resolved
 from numalign.topology import quantity
 from numalign.topology.errors import TopologyError
 from numalign.topology.ledger import Ledger
@@ -62,7 +62,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class PodView:
     pod: Mapping[str, Any]  # the Pod as the API server has it
-    resolved: Resolved
+    policy: EffectivePolicy  # the policy it gets here (numalign.api.effective)
 
 
 def cpulist(ids: Iterable[int]) -> str:
@@ -224,9 +224,10 @@ class EnginePlacer:
             return None
         try:
             kinds = assigned_kinds(self.machine, devices) if devices else []
-            decision = self.state.decide(view.pod, view.resolved, kinds)
+            decision = self.state.decide(view.pod, view.policy, kinds)
         except TopologyError as exc:  # a pod no placement can ever satisfy
-            decision = self.state.refuse(view.pod, REJECT_REASON, str(exc), view.resolved)
+            decision = self.state.refuse(view.pod, REJECT_REASON, str(exc),
+                                           view.policy.resolved)
         if not decision.admit or decision.allocation is None:
             log.info("NRI: pod %s rejected: %s: %s", uid, decision.reason, decision.message)
             return False
@@ -284,7 +285,7 @@ class EnginePlacer:
         for uid in report.restored:  # from the pod's own record: its policy as resolved now
             view = self.lookup(uid)
             if uid not in own and uid not in recorded and view is not None:
-                self.state.admitted[uid].resolved = view.resolved
+                self.state.admitted[uid].resolved = view.policy.resolved
         self._synchronized, self.published = True, None
         if report.restored or report.refused or report.dropped:
             log.info("NRI: synchronized: %d pods restored, %d refused, %d gone",

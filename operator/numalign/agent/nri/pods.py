@@ -45,7 +45,7 @@ class PodIndex:
         if pod is None:
             return None
         node = NodePolicy(NodeKind.NUMALIGN_MANAGED, node_default(self.node_spec))
-        return PodView(pod, effective_policy(pod, node).resolved)
+        return PodView(pod, effective_policy(pod, node))
 
     async def wait_for(self, uid: str, timeout: float) -> bool:
         """Wait until the pod with ``uid`` is known; False after ``timeout`` seconds."""

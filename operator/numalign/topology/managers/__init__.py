@@ -26,7 +26,7 @@ decision), ``hints`` (its map for the merge), ``allocate`` (one container inside
 merged hint, raising ``AllocationFailed`` with the kubelet's message) and ``report``.
 What it allocates into a container's ``devices`` is recorded in the ledger and goes, with
 no change elsewhere, to the node's wire record (``api/allocation.py``), its NodeTopology status
-(``api/nodestatus.py``, ``agent/publish.py``) and the extender's room check; ``report``
+(``api/nodestatus.py``, ``agent/topostatus.py``) and the extender's room check; ``report``
 reaches ``AdmitResult.reports`` (GPU groups' also the wire record's ``gpus``).
 """
 
