@@ -11,7 +11,7 @@ import pytest
 
 from numalign.api.names import ANN_RESOLVED
 from numalign.api.resolved import DEFERRED
-from numalign.controller import cache, kube, pods
+from numalign.controller import cache, connection, pods
 
 
 class FakeClient:
@@ -48,7 +48,7 @@ async def test_deferred_pod_gets_the_node_default(monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr(pods, "resolve_pod", resolve_pod)
     monkeypatch.setattr(cache, "node_topology", lambda name: nt if name == "n1" else None)
-    monkeypatch.setattr(kube, "client", lambda: fake)
+    monkeypatch.setattr(connection, "client", lambda: fake)
     await pods.backstop(body, logging.getLogger("test"))  # type: ignore[arg-type]
     ((path, patch),) = fake.patches
     assert path.endswith("/namespaces/ns/pods/p")
