@@ -282,7 +282,8 @@ def slice_devices(obj: Any, node: str, pci: PciTopology | None,
             out.append(bad(dname, "listed twice in the slice; the first is kept"))
             continue
         seen.add(dname)
-        attrs = dev.get("attributes") or {}
+        attrs = dev.get("attributes")
+        attrs = {} if attrs is None else attrs
         if not isinstance(attrs, Mapping):
             out.append(bad(dname, f"attributes: want a map, got {_show(attrs)}"))
             continue
