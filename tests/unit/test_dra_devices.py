@@ -250,3 +250,24 @@ def test_status_lists_and_counts_the_devices() -> None:
     assert len(changes) == 1
     watch.on_event("DELETED", good)
     assert changes[-1].total == 0 and len(changes) == 2
+
+
+def test_emulated_nodes_get_their_own_slices_only_once_they_have_some() -> None:
+    from numalign.agent.dra import FleetDraDevices
+
+    changes: list[tuple[str, int]] = []
+    fleet = FleetDraDevices(None, {"e-0": [0, 1], "e-1": [0]},  # type: ignore[arg-type]
+                            lambda n, d: changes.append((n, d.total)))
+    a = rslice("a", [{"name": "g", "attributes": {STD + "numaNode": {"int": 1}}}], node="e-0")
+    fleet.on_list([a, rslice("x", [dev("z")], node="real-node")])
+    assert changes == [("e-0", 1)]  # e-1 has none: nothing said of it
+    assert fleet.current["e-0"].devices[0].numa_nodes == (1,)
+    b = rslice("b", [{"name": "g", "attributes": {STD + "numaNode": {"int": 1}}}], node="e-1")
+    fleet.on_event("ADDED", b)  # NUMA node 1 is not on e-1's machine
+    assert changes[-1] == ("e-1", 1)
+    assert "NUMA node 1 is not on this machine" in (fleet.current["e-1"].devices[0].problem or "")
+    moved = rslice("a", [dev("g")], node="e-1", pool="p2")  # a slice cannot move, but still
+    fleet.on_event("MODIFIED", moved)
+    assert fleet.current["e-0"].total == 0 and fleet.current["e-1"].total == 2
+    fleet.on_event("DELETED", moved)
+    assert fleet.current["e-1"].total == 1

@@ -106,3 +106,63 @@ def _key(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata")
     name = meta.get("name") if isinstance(meta, Mapping) else None
     return str(name or "")
+
+
+class FleetDraDevices:
+    """The ResourceSlices of many emulated nodes (one watch for them all): each node's
+    devices mapped to its machine file's NUMA nodes (no sysfs: pcieRoot and pciBusID stay
+    unresolved). A node is given its devices once it has slices (``on_change(node,
+    devices)``) and keeps them, emptied, when they go."""
+
+    def __init__(self, kube: Kube, machine_numa: Mapping[str, Collection[int]],
+                 on_change: Callable[[str, NodeDraDevices], None]) -> None:
+        self.kube = kube
+        self.numa = {n: frozenset(ids) for n, ids in machine_numa.items()}
+        self.on_change = on_change
+        self.slices: dict[str, dict[str, JSON]] = {}  # node -> slice name -> slice
+        self.where: dict[str, str] = {}  # slice name -> node
+        self.current: dict[str, NodeDraDevices] = {}
+
+    def _update(self, node: str) -> None:
+        found = node_devices(self.slices.get(node, {}).values(), node, None, self.numa[node])
+        if found == self.current.get(node) or (node not in self.current and not found.total):
+            return
+        self.current[node] = found
+        self.on_change(node, found)
+
+    def _put(self, obj: Mapping[str, Any]) -> set[str]:
+        """Store a slice under its node; the nodes whose slices changed."""
+        key = _key(obj)
+        spec = obj.get("spec")
+        node = spec.get("nodeName") if isinstance(spec, Mapping) else None
+        touched = self._drop(key)
+        if isinstance(node, str) and node in self.numa:
+            self.slices.setdefault(node, {})[key] = dict(obj)
+            self.where[key] = node
+            touched.add(node)
+        return touched
+
+    def _drop(self, key: str) -> set[str]:
+        node = self.where.pop(key, None)
+        if node is None:
+            return set()
+        self.slices.get(node, {}).pop(key, None)
+        return {node}
+
+    def on_list(self, items: list[JSON]) -> None:
+        self.slices.clear()
+        self.where.clear()
+        for s in items:
+            if isinstance(s, Mapping):
+                self._put(s)
+        for node in sorted(set(self.slices) | set(self.current)):
+            self._update(node)
+
+    def on_event(self, typ: str, obj: Mapping[str, Any]) -> None:
+        touched = self._drop(_key(obj)) if typ == "DELETED" else self._put(obj)
+        for node in sorted(touched):
+            self._update(node)
+
+    async def run(self) -> None:
+        await list_watch(self.kube, SLICES_PATH, self.on_list, self.on_event,
+                         retry=1.0, max_retry=60.0)
