@@ -103,3 +103,25 @@ def test_agent_shows_its_nodes_dra_devices(kubeconfig: Path, kubectl: Kubectl,
         kubectl("delete", "lease", "-n", "default", f"numalign-agent-{node}",
                 "--ignore-not-found", check=False)
         sys.stderr.write(log.read_text()[-3000:])
+
+
+def test_emulated_node_shows_its_dra_devices(start_agent: Any, kubectl: Kubectl,
+                                             wait: Callable[..., Any]) -> None:
+    agent = start_agent()  # seed-figure1: NUMA nodes 0 and 1; no sysfs
+    node, name = agent.node, f"dra-emu-{uuid.uuid4().hex[:6]}"
+    devices = [{"name": "gpu-0", "attributes": {STD + "numaNode": {"int": 1}}},
+               {"name": "nic-0", "attributes": {STD + "pciBusID": {"string": "0000:43:00.0"}}}]
+    kubectl("apply", "-f", "-", input=_slice(name, node, devices))
+    try:
+        def dra() -> Any:
+            p = kubectl("get", "nodetopology", node, "-o", "json", check=False)
+            doc = json.loads(p.stdout) if p.returncode == 0 else {}
+            got = (doc.get("status") or {}).get("draDevices")
+            return got if got and len(got) == 2 else None
+
+        by = {d["device"]: d for d in wait(dra, 60, "the emulated node's DRA devices")}
+        assert by["gpu-0"]["numaNodes"] == [1]
+        assert "numaNodes" not in by["nic-0"]  # no sysfs to resolve it: unknown, not guessed
+        assert "no sysfs PCI view on this node" in by["nic-0"]["problem"]
+    finally:
+        kubectl("delete", "resourceslice", name, "--ignore-not-found", check=False)
