@@ -202,4 +202,7 @@ def build_status(state: NodeState, previous: Mapping[str, Any] | None = None,
         status["observedPolicyGeneration"] = state.observed_generation
     if state.kubelet is not None:
         status["kubelet"] = dict(state.kubelet)
+    if state.dra is not None:  # the node's DRA devices (agent/dra.py)
+        status["draDevices"] = state.dra.entries()
+        status["summary"]["draDevices"] = state.dra.total
     return status

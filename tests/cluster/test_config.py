@@ -166,6 +166,8 @@ def test_rbac_grants_each_identity_its_half(installed: Install, kubectl: Kubectl
     assert can(AGENT, "update", "leases.coordination.k8s.io", "-n", NS)
     assert not can(AGENT, "update", "leases.coordination.k8s.io", "-n", "kube-node-lease")
     assert not can(AGENT, "get", "secrets", "-A")
+    assert can(AGENT, "watch", "resourceslices.resource.k8s.io")  # DRA devices: read only
+    assert not can(AGENT, "update", "resourceslices.resource.k8s.io")
     assert can(OPERATOR, "patch", "nodetopologies.numalign.io")
     assert not can(OPERATOR, "patch", "nodetopologies.numalign.io", "--subresource=status")
     assert can(OPERATOR, "delete", "pods", "-A")

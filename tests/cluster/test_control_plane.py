@@ -99,7 +99,7 @@ def test_nodetopology_printer_columns(kubectl: Kubectl, k8s_client: Any) -> None
                                                {"status": status.to_dict()})
         rows = _table(kubectl("get", "nt", name).stdout)
         assert rows[0] == ["NAME", "POLICY", "SCOPE", "NUMA", "CPUS", "DEVICES", "PODS",
-                           "REJECTED", "AGE"]
+                           "REJECTED", "DRA", "AGE"]
         assert rows[1][:8] == [name, "single-numa-node", "pod", "2", "14/16", "1/2", "1", "2"]
         stored = yaml.safe_load(kubectl("get", "nodetopology", name, "-o", "yaml").stdout)
         assert stored["status"]["devices"][0]["groups"][1] == {"level": "nvlink", "id": "nv0"}

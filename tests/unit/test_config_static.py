@@ -161,6 +161,11 @@ def test_agent_and_operator_write_only_their_halves(default: list[Obj]) -> None:
     for verb in ("create", "patch", "update", "delete"):
         assert not _allows(agent, "", "pods", verb)
     assert not any("secrets" in r.get("resources", []) for r in agent)
+    # DRA: it reads its node's ResourceSlices, never writes them.
+    assert _allows(agent, "resource.k8s.io", "resourceslices", "list")
+    assert _allows(agent, "resource.k8s.io", "resourceslices", "watch")
+    for verb in ("create", "patch", "update", "delete"):
+        assert not _allows(agent, "resource.k8s.io", "resourceslices", verb)
     # The operator pushes NodeTopology spec, never status; it cannot read secrets
     # cluster-wide (its certificate Secret is a namespaced Role, by name).
     assert _allows(operator, "numalign.io", "nodetopologies", "patch")

@@ -93,7 +93,7 @@ def test_printer_columns() -> None:
                   ["additionalPrinterColumns"] if not col.get("priority")]
              for k, c in by_kind.items()}
     assert names["NodeTopology"] == ["POLICY", "SCOPE", "NUMA", "CPUS", "DEVICES", "PODS",
-                                     "REJECTED", "AGE"]
+                                     "REJECTED", "DRA", "AGE"]
     assert names["TopologyPolicy"] == ["POLICY", "SCOPE", "PRIORITY", "VALID", "NAMESPACES",
                                        "AGE"]
     assert by_kind["NodeTopology"]["spec"]["names"]["shortNames"] == ["nt"]

@@ -19,6 +19,7 @@ from numalign.agent.kubelet_config import KubeletConfig
 from numalign.agent.kubelet_view import kubelet_settings
 from numalign.agent.publish import admitted_entries, build_status
 from numalign.agent.state import NodeState
+from numalign.api.dra import node_devices
 from numalign.api.nodetopology import NodeTopologyStatus
 from numalign.api.resolved import Resolved
 from numalign.topology.machine import Machine, load_machine
@@ -127,3 +128,20 @@ def test_real_nodes_nri_and_kubelet_managed() -> None:
         st.placement = placement
         first = _same(st)
         _same(st, first)
+
+
+def test_dra_devices() -> None:
+    # the node's ResourceSlices as the agent read them (agent/dra.py): listed and counted
+    st = NodeState("node-a", load_machine(testdata.MACHINES / "dgx-a100-like.yaml"))
+    std = "resource.kubernetes.io/"
+    devices = [{"name": "gpu-0", "attributes": {f"{std}numaNode": {"int": 1}}},
+               {"name": "gpu-1", "attributes": {f"{std}numaNode": {"string": "x"}}},
+               {"name": "gpu-2", "attributes": {"model": {"string": "m"}}}]
+    st.dra = node_devices([{"metadata": {"name": "s"}, "spec": {
+        "nodeName": "node-a", "driver": "gpu.example.com",
+        "pool": {"name": "p", "generation": 1, "resourceSliceCount": 1},
+        "devices": devices}}], "node-a", None, set(st.machine.numa_ids))
+    status = _same(st)
+    assert status["summary"]["draDevices"] == 3
+    assert [(d["device"], d.get("numaNodes")) for d in status["draDevices"]] == [
+        ("gpu-0", [1]), ("gpu-1", None), ("gpu-2", None)]

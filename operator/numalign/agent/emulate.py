@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from numalign.api.allocation import Allocation
+from numalign.api.dra import NodeDraDevices
 from numalign.api.effective import NodeKind, NodePolicy, effective_policy
 from numalign.api.kube import MERGE_PATCH, NT_BASE, ApiError, Kube, nt_path, pod_path, q
 from numalign.api.kube.listwatch import list_watch
@@ -31,6 +32,7 @@ from numalign.api.names import (
 )
 from numalign.topology.machine import Machine
 
+from .dra import FleetDraDevices
 from .kubelet_status import (
     lease_object,
     node_addresses,
@@ -120,6 +122,10 @@ class Emulator:
         self._seen: dict[str, float] = {}
         self.stats = Stats()
         self.ready = asyncio.Event()
+
+    def _on_dra(self, name: str, devices: NodeDraDevices) -> None:
+        self.states[name].dra = devices
+        self.publisher.mark(name)
 
     # -- start-up -----------------------------------------------------------------------
 
@@ -224,6 +230,9 @@ class Emulator:
             asyncio.create_task(self._status_loop(), name="node-status"),
             asyncio.create_task(self.publisher.run(), name="publisher"),
             asyncio.create_task(self._report_loop(), name="report"),
+            asyncio.create_task(FleetDraDevices(  # the nodes' DRA devices (agent/dra.py)
+                self.kube, {n: [z.id for z in st.machine.numa_nodes]
+                            for n, st in self.states.items()}, self._on_dra).run(), name="dra"),
         ]
         self.ready.set()
         log.info("emulating %d nodes", len(self.states))

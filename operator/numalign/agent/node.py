@@ -23,12 +23,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from numalign.api.dra import NodeDraDevices
 from numalign.api.kube import JSON, NT_BASE, ApiError, Kube, q
 from numalign.api.kube.listwatch import list_watch
 from numalign.api.names import LABEL_MACHINE, REJECT_REASON
 from numalign.topology.errors import TopologyError
 from numalign.topology.machine import Machine
 
+from .dra import DraDevices, pci_topology
 from .kubelet_config import KubeletConfig, load_kubelet_config
 from .kubelet_view import apply_snapshot, kubelet_settings, machine_with_devices
 from .lease import NodeLease
@@ -60,7 +62,8 @@ class NodeAgent:
                  pod_resources: str | None = None, kubelet_config: str | None = None,
                  refresh: float = 10.0, debounce: float = 0.3,
                  max_backoff: float = 60.0, lease: NodeLease | None = None,
-                 nri_socket: str | None = None) -> None:
+                 nri_socket: str | None = None, dra: bool = True,
+                 sysfs_root: str = "/") -> None:
         self.kube = kube
         self.lease = lease
         self.base_machine = machine
@@ -73,6 +76,8 @@ class NodeAgent:
                                    node_uid=lambda _: self.node_uid,
                                    preconditions=True)
         self.resync = resync
+        self.dra = DraDevices(kube, name, [n.id for n in machine.numa_nodes],
+                              pci_topology(sysfs_root), self._on_dra) if dra else None
         self.client = PodResourcesClient(pod_resources) if pod_resources else None
         self.kubelet_config_path = kubelet_config
         self.config: KubeletConfig | None = None
@@ -326,6 +331,8 @@ class NodeAgent:
             tasks.append(asyncio.create_task(self._refresh_loop()))
         if self.managed is not None:
             tasks.append(asyncio.create_task(self.managed.run(), name="nri"))
+        if self.dra is not None:
+            tasks.append(asyncio.create_task(self.dra.run(), name="dra"))
         try:
             await list_watch(self.kube, NT_BASE, self._listed_nodetopology,
                              self.on_nodetopology, params=selector, since=rv)
@@ -334,6 +341,10 @@ class NodeAgent:
                 t.cancel()
             if self.client is not None:
                 await self.client.close()
+
+    def _on_dra(self, devices: NodeDraDevices) -> None:
+        self.state.dra = devices
+        self.publisher.mark(self.state.name)
 
     async def _tick(self) -> None:
         while True:

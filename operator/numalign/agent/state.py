@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from numalign.api.allocation import Allocation, parse_admitted, parse_allocation
+from numalign.api.dra import NodeDraDevices
 from numalign.api.effective import EffectivePolicy
 from numalign.api.errors import WireError
 from numalign.api.names import ANN_ALLOCATION, REJECT_REASON
@@ -122,6 +123,8 @@ class NodeState:
         # Manager policy (exported by agent/metrics.py), and which managers it stands for.
         self.counts: dict[str, ManagerCounts] = {}
         self.managers = Managers()
+        # The node's DRA devices (agent/dra.py); None: not read (status.draDevices unset).
+        self.dra: NodeDraDevices | None = None
 
     def _fresh_ledger(self) -> Ledger:
         ledger = engine.new_ledger(self.machine)

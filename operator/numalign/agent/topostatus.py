@@ -31,6 +31,7 @@ from numalign.api.nodetopology import (
     CpuTopology,
     Device,
     DeviceGroup,
+    DraDevice,
     KubeletSettings,
     NodeTopologyStatus,
     NodeTopologySummary,
@@ -289,14 +290,18 @@ def status_model(state: NodeState, previous: Mapping[str, Any] | None = None,
     ]
     if placement is not None:
         conditions.append(placement)
+    dra = state.dra  # the node's DRA devices (agent/dra.py), once the agent has read them
     return NodeTopologyStatus.model_construct(
         zones=zones, cpu_topology=static.cpu_topology, distances=static.distances,
         devices=devices, admitted=admitted, rejected=state.rejected_total,
         observed_policy_generation=state.observed_generation, conditions=conditions,
         summary=NodeTopologySummary(
             numa_nodes=len(zones), cpus=f"{free_cpus}/{total_cpus}",
-            devices=f"{len(devices) - n_used}/{len(devices)}", pods=len(admitted)),
-        kubelet=None if kubelet is None else _kubelet(kubelet))
+            devices=f"{len(devices) - n_used}/{len(devices)}", pods=len(admitted),
+            dra_devices=None if dra is None else dra.total),
+        kubelet=None if kubelet is None else _kubelet(kubelet),
+        dra_devices=None if dra is None else [DraDevice.model_validate(e)
+                                              for e in dra.entries()])
 
 
 def status_json(status: NodeTopologyStatus) -> JSON:

@@ -27,6 +27,7 @@ from .common import (
 # A node's devices, and the pods admitted on it (the kubelet's maxPods rarely passes 250).
 MAX_DEVICES = 1024
 MAX_ADMITTED = 1024
+MAX_DRA_DEVICES = 1024
 
 KIND = "NodeTopology"
 PLURAL = "nodetopologies"
@@ -105,6 +106,30 @@ class Device(Model):
     """Device memory (GPUs)."""
     groups: list[DeviceGroup] | None = None
     """The device's groups, outermost level first (socket, nvlink, pcie ...)."""
+
+
+class DraDevice(Model):
+    """A DRA device of one of the node's ResourceSlices (resource.k8s.io/v1), with its
+    NUMA nodes when known (numalign.api.dra says by which rule)."""
+
+    slice: Annotated[str, Field(max_length=253)]
+    """The ResourceSlice."""
+    driver: Annotated[str, Field(max_length=253)]
+    """The DRA driver."""
+    pool: Annotated[str, Field(max_length=253)]
+    """The pool in the driver."""
+    device: Annotated[str, Field(min_length=1, max_length=253)] | None = None
+    """The device's name in the pool; unset on an entry about a slice that cannot be read."""
+    numa_nodes: Annotated[list[NumaId], Field(max_length=MAX_NUMA_NODES)] | None = None
+    """The device's NUMA nodes (equally close ones, the physical one first); unset:
+    unknown (never guessed)."""
+    source: Literal["numaNode", "pcieRoot", "pciBusID", "driverAttribute", "unknown"]
+    """Which rule gave the NUMA nodes: the standard numaNode attribute, pcieRoot or
+    pciBusID resolved through the node's sysfs, a known driver's own attribute; or unknown."""
+    attributes: Annotated[dict[str, str], Field(max_length=8)] | None = None
+    """The attributes numalign used, with their values (as JSON, shortened)."""
+    problem: Annotated[str, Field(max_length=512)] | None = None
+    """Why the NUMA nodes are unknown, when something was wrong or unresolvable."""
 
 
 class CpuSocket(Model):
@@ -197,6 +222,8 @@ class NodeTopologySummary(Model):
     """Devices free/total."""
     pods: Count | None = None
     """Admitted pods."""
+    dra_devices: Count | None = None
+    """DRA devices in the node's ResourceSlices (status.draDevices lists them)."""
 
 
 class KubeletSettings(Model):
@@ -242,6 +269,9 @@ class NodeTopologyStatus(Model):
     """Pods admitted on the node with their affinity and allocation."""
     rejected: Count | None = None
     """Pods rejected with TopologyAffinityError since the agent started."""
+    dra_devices: Annotated[list[DraDevice], Field(max_length=MAX_DRA_DEVICES)] | None = None
+    """DRA devices of the node's ResourceSlices with their NUMA nodes (at most 1024;
+    summary.draDevices counts them all)."""
     observed_policy_generation: Count | None = None
     """The spec.policyGeneration the agent applies."""
     conditions: Annotated[list[Condition], Field(json_schema_extra=CONDITIONS_LIST)] | None = None
@@ -286,6 +316,7 @@ def summarize(status: NodeTopologyStatus) -> NodeTopologySummary:
         cpus=f"{free}/{total}",
         devices=f"{len(devices) - n_used}/{len(devices)}",
         pods=len(status.admitted or []),
+        dra_devices=None if status.dra_devices is None else len(status.dra_devices),
     )
 
 
@@ -318,6 +349,8 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
      "description": "admitted pods"},
     {"name": "Rejected", "type": "integer", "jsonPath": ".status.rejected",
      "description": "pods rejected with TopologyAffinityError"},
+    {"name": "DRA", "type": "integer", "jsonPath": ".status.summary.draDevices",
+     "description": "DRA devices in the node's ResourceSlices"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 SELECTABLE_FIELDS = [".spec.policy"]

@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                                 pod_resources=args.pod_resources,
                                 kubelet_config=args.kubelet_config,
                                 refresh=args.refresh_interval, lease=lease,
-                                nri_socket=args.nri_socket)
+                                nri_socket=args.nri_socket, sysfs_root=args.root)
                 if args.metrics_port:
                     _metrics(args, node.states)
                 await node.run()

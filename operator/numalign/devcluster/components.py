@@ -88,6 +88,9 @@ def apiserver_args(bins: Path, pki: Pki, port: int, etcd: str, service_cidr: str
         f"--kubelet-client-key={p.apiserver_kubelet_client.key}",
         "--kubelet-preferred-address-types=Hostname,InternalIP",
         "--allow-privileged=true",
+        # DRA devices' list attributes (resource.kubernetes.io/numaNode as a list of equally
+        # close NUMA nodes, KEP-6072): alpha in 1.37, off by default.
+        "--feature-gates=DRAListTypeAttributes=true",
         # The kubernetes Service's endpoint: the pod-reachable address (the default
         # reconciler), none on loopback (no valid endpoint address).
         *(() if address else ("--endpoint-reconciler-type=none",)),
