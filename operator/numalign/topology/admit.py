@@ -53,6 +53,8 @@ __all__ = ["UNEXPECTED_REASON", "AdmitResult", "AllocationFailed", "ProviderKind
 _Merged = tuple[HintPlan, tuple[ProviderHints, ...], MergeResult, dict[str, str]]
 DECISION_CACHE_SIZE = 4096
 _DECISIONS: dict[Hashable, _Merged] = {}
+# decisions with demands share their merge too (False: each decides afresh, as a baseline)
+SHARE_DEMAND_MERGES = True
 
 
 # ---------------------------------------------------------------- results
@@ -242,7 +244,7 @@ class _Run:
         numa_ids = tuple(self.machine.numa_ids)
         demands: list[Hashable] = []
         if any(a.demands for a in asks):
-            if len(numa_ids) > FULL_LIMIT:
+            if len(numa_ids) > FULL_LIMIT or not SHARE_DEMAND_MERGES:
                 return None
             for a in asks:
                 for d in a.demands:
