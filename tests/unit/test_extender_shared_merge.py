@@ -115,22 +115,29 @@ def test_nodes_alike_share_the_merge() -> None:
 
 def test_a_capped_key_gives_the_hint_list_of_its_own_demand() -> None:
     """Demands whose free amounts differ only above the request share one kept hint list,
-    and it is the one a walk of each gives."""
-    def demand(free: dict[int, tuple[int, ...]], bonus: dict[int, tuple[int, ...]]) -> Demand:
-        return Demand("memory", ("memory",), (4, 2), (0, 1, 2),
-                      free=free, capacity={n: (8, 8) for n in (0, 1, 2)}, bonus=bonus)
+    and it is the one a walk of each gives (one kind, as CPUs, and several, as memory
+    with hugepages)."""
+    def demand(request: tuple[int, ...], free: dict[int, tuple[int, ...]],
+               bonus: dict[int, tuple[int, ...]]) -> Demand:
+        return Demand("memory", ("memory",), request, (0, 1, 2), free=free,
+                      capacity={n: (8,) * len(request) for n in (0, 1, 2)}, bonus=bonus)
 
     rng = random.Random(5)
-    for _ in range(300):
-        free = {n: (rng.randint(0, 7), rng.randint(0, 3)) for n in (0, 1, 2)}
-        more = {n: (a + rng.randint(0, 3) if a >= 4 else a, b + rng.randint(0, 3)
-                    if b >= 2 else b) for n, (a, b) in free.items()}
-        bonus = {0b011: (1, 0)} if rng.random() < 0.3 else {}
-        first, second = demand(free, bonus), demand(more, bonus)
-        assert first.key() == second.key()
-        demands._hint_cache.clear()
-        walked = full_hints(second)
-        demands._hint_cache.clear()
-        assert full_hints(first) == walked == full_hints(second)
-    negative = demand({0: (-1, 0), 1: (9, 9), 2: (0, 0)}, {})
-    assert negative.key() != demand({0: (-1, 0), 1: (4, 2), 2: (0, 0)}, {}).key()
+    for request in ((4,), (4, 2)):
+        for _ in range(200):
+            free = {n: tuple(rng.randint(0, 2 * r - 1) for r in request) for n in (0, 1, 2)}
+            more = {n: tuple(x + rng.randint(0, 3) if x >= r else x
+                             for x, r in zip(v, request, strict=True))
+                    for n, v in free.items()}
+            bonus = {0b011: (1,) * len(request)} if rng.random() < 0.3 else {}
+            first, second = demand(request, free, bonus), demand(request, more, bonus)
+            assert first.key() == second.key()
+            demands._hint_cache.clear()
+            walked = full_hints(second)
+            demands._hint_cache.clear()
+            assert full_hints(first) == walked == full_hints(second)
+        # a negative amount (more held than the node has) is kept as it is
+        negative = demand(request, {0: (-1,) * len(request), 1: (9,) * len(request),
+                                    2: (0,) * len(request)}, {})
+        assert negative.key() != demand(request, {0: (-1,) * len(request), 1: request,
+                                                  2: (0,) * len(request)}, {}).key()

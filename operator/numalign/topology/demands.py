@@ -215,7 +215,11 @@ class Demand:
                 zero = (0,) * len(self.request)
                 request = tuple(self.request)
                 free = [self.free.get(n, zero) for n in self.domain]
-                if all(x >= 0 for v in free for x in v):
+                if len(request) == 1:
+                    if free and min(v[0] for v in free) >= 0:
+                        top = request
+                        free = [v if v[0] < top[0] else top for v in free]
+                elif all(x >= 0 for v in free for x in v):
                     free = [tuple(min(x, r) for x, r in zip(v, request, strict=True))
                             for v in free]
                 self._key = (request, tuple(self.domain), tuple(free),
