@@ -25,8 +25,8 @@ of the fixture machines with random allocations already held, published as NodeT
 and the extender's filter and prioritize as the scheduler calls them (JSON in and out,
 reservations and pods in flight counted, nodes publishing late) over the --nodes nodes,
 and a pod shape's first filter over 1,000 and 5,000 synthetic nodes against a baseline in
-the same run (every node decided afresh; the two give the same verdicts). The workload is bench/placement_workload.py's, the in-process half
-bench/placement_inprocess.py's.
+the same run (every node decided afresh; the two give the same verdicts). The workload
+is bench/placement_workload.py's, the in-process half bench/placement_inprocess.py's.
 
     python bench/run.py placement --modes= --synthetic-nodes=0   # only the latter
     python bench/run.py placement --cold-only   # first filter of a shape, 1,000/5,000 nodes
