@@ -23,11 +23,13 @@ pod) are one *chain*. Reported per half:
 Apart from the cluster, the in-process filter is timed over 1,000 synthetic nodes (nodes
 of the fixture machines with random allocations already held, published as NodeTopology),
 and the extender's filter and prioritize as the scheduler calls them (JSON in and out,
-reservations and pods in flight counted, nodes publishing late) over the --nodes nodes.
-The workload is bench/placement_workload.py's, the in-process half
-bench/placement_inprocess.py's.
+reservations and pods in flight counted, nodes publishing late) over the --nodes nodes,
+and a pod shape's first filter over 1,000 and 5,000 synthetic nodes against a baseline in
+the same run (every node decided afresh; the two give the same verdicts). The workload
+is bench/placement_workload.py's, the in-process half bench/placement_inprocess.py's.
 
     python bench/run.py placement --modes= --synthetic-nodes=0   # only the latter
+    python bench/run.py placement --cold-only   # first filter of a shape, 1,000/5,000 nodes
 
     python bench/run.py placement [--quick]   # 100 nodes, 2,000 pods (quick: 12 / 200)
     python bench/run.py placement --nodes=20 --pods=300 --modes=without
@@ -63,7 +65,7 @@ from bench_operator import _free_port, _webhook_ready
 from numalign.api.kube import ApiError, Kube, load_config
 from numalign.api.names import ANN_RESOLVED, REJECT_REASON
 from numalign.topology.machine import load_machine
-from placement_inprocess import inprocess_filter, inprocess_scheduler
+from placement_inprocess import cold_filter, inprocess_filter, inprocess_scheduler
 from placement_workload import LABEL, NAMESPACES, node_mix, policies, workload
 
 MODES = ("without", "with")
@@ -428,6 +430,13 @@ def main(argv: list[str]) -> int:
                    help="nodes of the in-process filter timing (0: skip it)")
     p.add_argument("--filter-pods", type=int, default=2000,
                    help="pods of the in-process filter timing (the cluster's workload)")
+    p.add_argument("--cold-nodes", default="1000,5000",
+                   help="synthetic node counts of the cold-filter timing against its "
+                        "baseline, comma-separated (empty: skip it)")
+    p.add_argument("--cold-rounds", type=int, default=2,
+                   help="cold filters per pod shape in the cold-filter timing")
+    p.add_argument("--cold-only", action="store_true",
+                   help="only the cold-filter timing (no cluster, no other timing)")
     p.add_argument("--scheduler-pods", type=int, default=600,
                    help="pods of the in-process filter+prioritize timing over --nodes "
                         "nodes (0: skip it; --modes= runs only the in-process timings)")
@@ -440,6 +449,18 @@ def main(argv: list[str]) -> int:
         p.error(f"--modes: unknown {bad}; known: {', '.join(MODES)}")
     manifests = workload(pods, args.seed)
     inproc: dict[str, Any] = {}
+    for count in [int(c) for c in args.cold_nodes.split(",") if c.strip()]:
+        cold = inproc[f"cold_{count}"] = cold_filter(count, args.seed, args.cold_rounds)
+        print(f"cold filter over {cold['synthetic_nodes']} synthetic nodes ({cold['cold_calls']}"
+              f" first filters of a pod shape): p50 {cold['cold_p50_ms']} ms, p99 "
+              f"{cold['cold_p99_ms']} ms, max {cold['cold_max_ms']} ms; baseline (each "
+              f"node decided afresh) p50 {cold['baseline_p50_ms']} ms, p99 "
+              f"{cold['baseline_p99_ms']} ms, max {cold['baseline_max_ms']} ms; "
+              f"{cold['speedup_p50']}x at p50, {cold['speedup_p99']}x at p99; "
+              f"{cold['verdicts_differing']} verdicts differ", flush=True)
+    if args.cold_only:
+        print(json.dumps({"inprocess": inproc}))
+        return 0 if all(c["verdicts_differing"] == 0 for c in inproc.values()) else 1
     if args.synthetic_nodes:
         inproc = inprocess_filter(args.synthetic_nodes, args.filter_pods, args.seed)
         print(f"in-process filter over {inproc['synthetic_nodes']} synthetic nodes "

@@ -5,6 +5,7 @@ JSON)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import random
 import time
@@ -48,24 +49,17 @@ def published(st: Any) -> dict[str, Any]:
     return dict(json.loads(json.dumps(nt)))
 
 
-def inprocess_filter(nodes: int, pods: int, seed: int) -> dict[str, Any]:
-    """The decision module's filter over ``nodes`` synthetic nodes (the bench's machine
-    mix, each holding a random share of the workload's pods, published as NodeTopology
-    and read back as JSON), for ``pods`` pods of the workload, scheduled as the scheduler
-    would: each pod filtered over every node, bound to the best-scored node that fits,
-    which then publishes again. Reports ms per filter call (all nodes): over every call,
-    and split into the calls of a pod shape seen for the first time under its policy
-    (cold: no verdict cached) and the others. The nodes' ledgers are built as their
-    NodeTopologies arrive (setup), as the extender builds them on its watch."""
+def synthetic_fleet(nodes: int, seed: int) -> tuple[Any, dict[str, Any]]:
+    """A Decider over ``nodes`` synthetic nodes of the bench's machine mix, each holding a
+    random share of the workload's pods (its NodeTopology published and read back as
+    JSON), and the nodes' agent states by name."""
     from numalign.agent.state import NodeState
     from numalign.extender.decide import Decider
 
     rng = random.Random(seed)
     fill = workload(nodes * 20, seed + 1)
-
     decider = Decider()
     states: dict[str, NodeState] = {}
-    t0 = time.perf_counter()
     k = 0
     for f, count in node_mix(nodes):
         machine = load_machine(f)
@@ -76,6 +70,20 @@ def inprocess_filter(nodes: int, pods: int, seed: int) -> dict[str, Any]:
                 k += 1
                 admit(st, with_resolved(fill[k % len(fill)], f"fill-{k}"))
             decider.update(published(st))
+    return decider, dict(states)
+
+
+def inprocess_filter(nodes: int, pods: int, seed: int) -> dict[str, Any]:
+    """The decision module's filter over ``nodes`` synthetic nodes (the bench's machine
+    mix, each holding a random share of the workload's pods, published as NodeTopology
+    and read back as JSON), for ``pods`` pods of the workload, scheduled as the scheduler
+    would: each pod filtered over every node, bound to the best-scored node that fits,
+    which then publishes again. Reports ms per filter call (all nodes): over every call,
+    and split into the calls of a pod shape seen for the first time under its policy
+    (cold: no verdict cached) and the others. The nodes' ledgers are built as their
+    NodeTopologies arrive (setup), as the extender builds them on its watch."""
+    t0 = time.perf_counter()
+    decider, states = synthetic_fleet(nodes, seed)
     setup = time.perf_counter() - t0
     names = list(states)
     cold: list[float] = []
@@ -105,6 +113,65 @@ def inprocess_filter(nodes: int, pods: int, seed: int) -> dict[str, Any]:
             "cold_max_ms": round(1000 * max(cold, default=0.0), 2),
             **{f"warm_p{p}_ms": round(1000 * pct(warm, p), 2) for p in (50, 99)},
             "cold_calls": len(cold)}
+
+
+def cold_filter(nodes: int, seed: int, rounds: int = 2) -> dict[str, Any]:
+    """The first filter of a pod shape (no verdict, merge or hint list cached) over
+    ``nodes`` synthetic nodes (:func:`synthetic_fleet`), for a pod of each of the
+    workload's shapes, ``rounds`` times: as the extender decides it, and as a baseline in
+    the same run, each node's decision made afresh (no merge shared between nodes of
+    the same free counts: the per-node decision before it was shared). Reports ms per
+    filter call (all nodes) of both, their ratio, and the nodes whose verdicts differ
+    (none: the shared decision is exact)."""
+    from numalign.extender.decide import Decider
+    from numalign.topology import admit as engine
+    from numalign.topology import demands
+
+    t0 = time.perf_counter()
+    decider, states = synthetic_fleet(nodes, seed)
+    setup = time.perf_counter() - t0
+    names = list(states)
+    pods: dict[str, dict[str, Any]] = {}
+    for p in workload(400, seed + 2):
+        pods.setdefault(p["metadata"]["labels"]["shape"], p)
+
+    def cold(d: Decider, pod: dict[str, Any], shared: bool) -> tuple[float, list[Any]]:
+        d._cache.clear()
+        d._cached_for.clear()
+        engine._DECISIONS.clear()
+        demands._hint_cache.clear()
+        engine.SHARE_DEMAND_MERGES = shared
+        try:
+            t = time.perf_counter()
+            got = d.filter(pod, names)
+            return time.perf_counter() - t, got
+        finally:
+            engine.SHARE_DEMAND_MERGES = True
+
+    fast: list[float] = []
+    base: list[float] = []
+    differ = 0
+    # the fleet's objects out of the collector's reach (as a server would after its
+    # start): a full collection over them would land in one timing or the other
+    gc.collect()
+    gc.freeze()
+    for r in range(rounds):
+        for i, p in enumerate(pods.values()):
+            pod = with_resolved(p, f"cold-{r}-{i}")
+            t_base, want = cold(decider, pod, False)
+            t_fast, got = cold(decider, pod, True)
+            base.append(t_base)
+            fast.append(t_fast)
+            differ += sum(1 for a, b in zip(want, got, strict=True) if a != b)
+    gc.unfreeze()
+    out: dict[str, Any] = {"synthetic_nodes": len(names), "setup_s": round(setup, 1),
+                           "cold_calls": len(fast), "verdicts_differing": differ}
+    for name, times in (("cold", fast), ("baseline", base)):
+        out.update({f"{name}_p{q}_ms": round(1000 * pct(times, q), 2) for q in (50, 99)})
+        out[f"{name}_max_ms"] = round(1000 * max(times, default=0.0), 2)
+    out["speedup_p50"] = round(pct(base, 50) / max(pct(fast, 50), 1e-9), 2)
+    out["speedup_p99"] = round(pct(base, 99) / max(pct(fast, 99), 1e-9), 2)
+    return out
 
 
 def inprocess_scheduler(nodes: int, pods: int, seed: int, lag: int = 40,

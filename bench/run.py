@@ -24,7 +24,8 @@ BENCHMARKS: dict[str, str] = {
            "without the plugin (p50/p99)",
     "placement": "the same bursts of pods with and without the scheduler extender: "
                  "TopologyAffinityErrors per 1,000 pods, Running/Pending, create-to-Running "
-                 "p50/p99, extender filter latency, in-process filter at 1,000 nodes",
+                 "p50/p99, extender filter latency, in-process filter at 1,000 nodes, "
+                 "a pod shape's first filter at 1,000/5,000 nodes against a baseline",
     "realnode-nri": "pod start and container creation on the NRI-managed real node, with "
                     "and without numalign's plugin (p50/p99)",
     "hostile": "the scheduler extender under a hostile client on loopback (forged pods, "

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import TopologyError
-from .hintgen import HintPlan, plan_hints
+from .hintgen import FULL_LIMIT, HintPlan, plan_hints
 from .hints import NumaMask, ProviderHints, TopologyHint, mask_ids
 from .ledger import MEMORY, ContainerAllocation, Ledger
 from .machine import Machine
@@ -46,13 +46,16 @@ UNEXPECTED_REASON = "UnexpectedAdmissionError"
 __all__ = ["UNEXPECTED_REASON", "AdmitResult", "AllocationFailed", "ProviderKind",
            "admit_pod"]
 
-# Decisions without demands by what they depend on (_Run._key): a scheduler extender
-# decides one pod on many nodes. Bounded, oldest out first; what it keeps is read, never
-# changed.
+# Decisions by what they depend on (_Run._key): a scheduler extender decides one pod on
+# many nodes, most of them with as much free per NUMA node as others. Bounded, oldest out
+# first; what it keeps is read, never changed.
 # (the plan, the managers' maps, the merge, resource -> provider name)
 _Merged = tuple[HintPlan, tuple[ProviderHints, ...], MergeResult, dict[str, str]]
-DECISION_CACHE_SIZE = 256
+DECISION_CACHE_SIZE = 2048
 _DECISIONS: dict[Hashable, _Merged] = {}
+# decisions with demands share their merge too (False: each decides afresh, as the
+# cold-filter benchmark's baseline)
+SHARE_DEMAND_MERGES = True
 
 
 # ---------------------------------------------------------------- results
@@ -229,17 +232,31 @@ class _Run:
         return plan, tuple(providers), result, sources
 
     def _key(self, asks: Sequence[Ask]) -> Hashable | None:
-        """Everything the merge of a decision without demands depends on (a pod whose
-        resources no manager aligns, the commonest kind): the policy and its options, the
-        NUMA nodes and the lists the providers give as they are. None (decide afresh) for
-        a decision with demands (kept per demand by ``full_hints``; a key for all of them
-        costs about what the merge does) or one that needs NUMA distances."""
-        if self.options.prefer_closest_numa_nodes or any(a.demands for a in asks):
+        """Everything the merge of a decision depends on: the policy and its options, the
+        NUMA nodes, the lists the providers give as they are and, for their demands,
+        what each demand's hint list depends on (:meth:`Demand.key`, which the hint
+        walk computes anyway): nodes of one machine with as much free per NUMA node
+        share the merge (a scheduler extender's first filter of a pod shape over many
+        nodes). None (decide afresh) for a decision that needs NUMA distances, a machine
+        too wide for the full hint walk (the reduced one reads more of a demand), or a
+        demand without a key."""
+        if self.options.prefer_closest_numa_nodes:
             return None
+        numa_ids = tuple(self.machine.numa_ids)
+        demands: list[Hashable] = []
+        if any(a.demands for a in asks):
+            if len(numa_ids) > FULL_LIMIT or not SHARE_DEMAND_MERGES:
+                return None
+            for a in asks:
+                for d in a.demands:
+                    k = d.key()
+                    if k is None:
+                        return None
+                    demands.append((d.provider, d.keys, k))
         fixed = tuple((p.name, tuple((r, None if h is None else tuple(h))
-                                     for r, h in a.fixed.items()))
+                                     for r, h in a.fixed.items()), len(a.demands))
                       for p, a in zip(self.providers, asks, strict=True))
-        return (self.policy.name, self.options, tuple(self.machine.numa_ids), fixed)
+        return (self.policy.name, self.options, numa_ids, fixed, tuple(demands))
 
     def allocate(self, c: Container, hint: TopologyHint) -> ContainerResult:
         """Allocate one container inside the merged hint, the kubelet's providers in the

@@ -84,7 +84,7 @@ class _Acc:
     def _present(self, group: dict[int, set[int]], of: dict[int, int],
                  within: set[int] | None = None) -> set[int]:
         cpus = self.avail if within is None else self.avail & within
-        return {of[c] for c in cpus}
+        return set(map(of.__getitem__, cpus))
 
     def sorted_sockets(self) -> list[int]:
         t = self.t

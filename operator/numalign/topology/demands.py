@@ -204,14 +204,25 @@ class Demand:
 
     def key(self) -> Hashable | None:
         """Everything the kubelet's hint list of this demand depends on (None when an
-        extra rule other than the memory grouping rule takes part)."""
+        extra rule other than the memory grouping rule takes part). A node's free amount
+        counts up to the request only: with none negative, a mask's sum reaches the
+        request (bonus or not) exactly when the sum of the amounts so capped does, so
+        nodes with more room than the pod asks share one key."""
         if self._key is _UNSET:
             if self.valid is not None and self.rule is None:
                 self._key = None
             else:
                 zero = (0,) * len(self.request)
-                self._key = (tuple(self.request), tuple(self.domain),
-                             tuple(self.free.get(n, zero) for n in self.domain),
+                request = tuple(self.request)
+                free = [self.free.get(n, zero) for n in self.domain]
+                if len(request) == 1:
+                    if free and min(v[0] for v in free) >= 0:
+                        top = request
+                        free = [v if v[0] < top[0] else top for v in free]
+                elif all(x >= 0 for v in free for x in v):
+                    free = [tuple(min(x, r) for x, r in zip(v, request, strict=True))
+                            for v in free]
+                self._key = (request, tuple(self.domain), tuple(free),
                              tuple(self.capacity.get(n, zero) for n in self.domain),
                              self.required, self.rule, tuple(sorted(self.bonus.items())))
         return self._key
