@@ -300,6 +300,12 @@ def test_agent_daemonset_role_is_split_from_the_emulation_role(default: list[Obj
     assert _allows(erules, "", "pods/status", "patch") and _allows(erules, "", "events",
                                                                    "create")
     assert _allows(erules, "", "nodes", "create")
+    # --dra: the emulated driver's slices are written, never patched nor deleted (the
+    # Node owns them).
+    for verb in ("get", "create", "update"):
+        assert _allows(erules, "resource.k8s.io", "resourceslices", verb)
+    for verb in ("patch", "delete", "deletecollection"):
+        assert not _allows(erules, "resource.k8s.io", "resourceslices", verb)
     [sa] = of_kind(emulation, "ServiceAccount")
     assert sa["metadata"]["name"] == "numalign-agent-emulation"
 

@@ -33,6 +33,7 @@ from numalign.api.names import (
 from numalign.topology.machine import Machine
 
 from .dra import FleetDraDevices
+from .draslices import publish_slices, without_devices
 from .kubelet_status import (
     lease_object,
     node_addresses,
@@ -89,8 +90,9 @@ class Emulator:
                  concurrency: int = 96, index_offset: int = 0,
                  publish_nrt: bool = False, background_connections: int = 4,
                  busy_publish_interval: float = 8.0,
-                 nrt_options: NrtOptions | None = None) -> None:
+                 nrt_options: NrtOptions | None = None, dra: bool = False) -> None:
         self.kube = kube
+        self.dra = dra  # devices as ResourceSlices of the emulated DRA driver (draslices.py)
         # Everything but pod decisions and watches: its own small connection pool.
         self.bg = kube.lane(max(1, background_connections))
         self._node_uids: dict[str, str] = {}
@@ -139,7 +141,7 @@ class Emulator:
         await asyncio.gather(*(one(st) for st in self.states.values()))
 
     async def _register_node(self, st: NodeState) -> None:
-        obj = node_object(st.name, st.machine, st.index)
+        obj = node_object(st.name, self._advertised(st), st.index)
         try:
             created = await self.kube.create("/api/v1/nodes", obj)
             self._node_uids[st.name] = str(created["metadata"]["uid"])
@@ -150,10 +152,16 @@ class Emulator:
                                             {"metadata": {"labels": obj["metadata"]["labels"]}})
             self._node_uids[st.name] = str(patched["metadata"]["uid"])
             await self._post_node_status(st)
+        if self.dra:
+            await publish_slices(self.kube, st.name, st.machine, self._node_uids.get(st.name))
         await self._renew_lease(st)
 
+    def _advertised(self, st: NodeState) -> Machine:
+        """The machine the Node advertises: in DRA mode, its devices are in slices."""
+        return without_devices(st.machine) if self.dra else st.machine
+
     async def _post_node_status(self, st: NodeState) -> None:
-        body = {"status": node_status(st.name, st.machine, st.index)}
+        body = {"status": node_status(st.name, self._advertised(st), st.index)}
         try:
             await self.bg.patch(f"/api/v1/nodes/{q(st.name)}/status", body, decode=False)
         except ApiError as e:

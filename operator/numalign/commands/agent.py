@@ -77,6 +77,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lease-namespace", metavar="NAMESPACE",
                    help="--node: where the node's Lease numalign-agent-<node> is kept (one "
                    "agent per node; default: $POD_NAMESPACE, else default)")
+    p.add_argument("--dra", action="store_true",
+                   help="with --emulate: publish the machine files' devices as ResourceSlices "
+                        "of the emulated DRA driver (emulated.numalign.io) instead of "
+                        "extended resources")
     p.add_argument("--publish-nrt", action="store_true",
                    help="also publish each node's NodeResourceTopology "
                         "(topology.node.k8s.io/v1alpha2, for topology-aware schedulers) "
@@ -165,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
               "--node (a real node's kubelet and runtime); emulated nodes hold their own "
               "allocations", file=sys.stderr)
         return 2
+    if args.dra and not args.emulate:
+        print(f"{PROG}: error: --dra is a mode of --emulate (a real node's DRA devices come "
+              "from its drivers)", file=sys.stderr)
+        return 2
     try:
         if args.emulate:
             machines = parse_emulate(args.emulate)
@@ -208,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
                                     publish_interval=interval,
                                     concurrency=args.concurrency,
                                     publish_nrt=args.publish_nrt,
-                                    nrt_options=_nrt_options(args))
+                                    nrt_options=_nrt_options(args), dra=args.dra)
                 if args.metrics_port:
                     _metrics(args, emulator.states, emulator)
                 await emulator.run()
