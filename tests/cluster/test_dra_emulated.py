@@ -1,7 +1,8 @@
-"""Emulated nodes as a DRA driver, against the real API server and kube-scheduler: the
-machine files' devices published as ResourceSlices of the emulated driver (with the
-DeviceClass per device kind) are seen by the emulating agent (NodeTopology
-status.draDevices, each device on its machine-file NUMA node), and the seed's GPU asks
+"""Emulated nodes as a DRA driver, against the real API server and kube-scheduler: with
+``numalign agent --emulate ... --dra`` the machine files' devices are published as
+ResourceSlices of the emulated driver (owned by the Node, not advertised as extended
+resources) and seen by the emulating agent (NodeTopology status.draDevices, each device on
+its machine-file NUMA node); with the DeviceClass per device kind, the seed's GPU asks
 written as ResourceClaims are allocated by kube-scheduler to devices that satisfy them
 (CEL on the memory capacity, ``matchAttribute`` on the NVLink group) and the pods bound;
 an ask no node can satisfy stays Pending with the scheduler's reason."""
@@ -101,7 +102,7 @@ def _allocated(kubectl: Kubectl, namespace: str, name: str,
     return got
 
 
-def _devices(machine: Machine, node: str) -> dict[str, Any]:
+def _devices(machine: Machine) -> dict[str, Any]:
     names = de.device_names(machine.devices)
     return dict(zip(names, machine.devices, strict=True))
 
@@ -109,32 +110,38 @@ def _devices(machine: Machine, node: str) -> dict[str, Any]:
 def test_emulated_nodes_as_dra_driver(start_agent: StartAgent, kubectl: Kubectl,
                                       namespace: str, wait: Callable[..., Any],
                                       published: list[str]) -> None:
-    pair = start_agent(testdata.MACHINES / "group4-gpu.yaml")  # 2 NVLink pairs: 12Gi, 8Gi
-    dgx = start_agent(testdata.MACHINES / "dgx-a100-like.yaml")  # 8 x 80Gi, no nvlink
+    pair = start_agent(testdata.MACHINES / "group4-gpu.yaml", "--dra")  # NVLink pairs
+    dgx = start_agent(testdata.MACHINES / "dgx-a100-like.yaml", "--dra")  # 80Gi, no nvlink
     machines = {pair.node: load_machine(pair.machine), dgx.node: load_machine(dgx.machine)}
     _publish(kubectl, published, de.device_classes(
         d.resource for m in machines.values() for d in m.devices))
-    for node, m in machines.items():
-        _publish(kubectl, published, de.resource_slices(m, node))
 
-    # (1) The agent reads its nodes' slices: each device on its machine-file NUMA node.
+    # (1) The agent publishes and reads its nodes' slices: each device on its machine-file
+    # NUMA node; the Node owns them and advertises no extended resource for them.
     for node, m in machines.items():
         def dra(node: str = node, m: Machine = m) -> Any:
             got = ((_get(kubectl, "nodetopology", node) or {}).get("status") or {}).get(
                 "draDevices")
             return got if got is not None and len(got) == len(m.devices) else None
         got = wait(dra, 60, f"{node}'s emulated DRA devices in NodeTopology status")
-        want = {n: [d.numa_node] for n, d in _devices(m, node).items()}
+        want = {n: [d.numa_node] for n, d in _devices(m).items()}
         assert {d["device"]: d["numaNodes"] for d in got} == want
         assert {(d["driver"], d["pool"], d["source"]) for d in got} == {
             (de.DRIVER, node, "numaNode")}
+        obj = _get(kubectl, "node", node)
+        assert "cpu" in obj["status"]["capacity"]
+        assert not {d.resource for d in m.devices} & set(obj["status"]["capacity"])
+        slices = _get(kubectl, "resourceslices", "--field-selector", f"spec.nodeName={node}")
+        assert {s["spec"]["driver"] for s in slices["items"]} == {de.DRIVER}
+        assert all(s["metadata"]["ownerReferences"][0]["uid"] == obj["metadata"]["uid"]
+                   for s in slices["items"])
 
     nodes = list(machines)
 
     def check(name: str, spec: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
         _claim_and_pod(kubectl, namespace, name, spec, nodes)
         node, results = _allocated(kubectl, namespace, name, wait)
-        devs = _devices(machines[node], node)
+        devs = _devices(machines[node])
         assert all((r["driver"], r["pool"]) == (de.DRIVER, node) for r in results)
         assert len({r["device"] for r in results}) == len(results)  # distinct devices
         for r in results:
