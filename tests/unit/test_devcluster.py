@@ -82,6 +82,9 @@ def test_addon_hooks(tmp_path: Path) -> None:
     assert argv is not None and argv[:3] == ["-m", "numalign.cli", "agent"]
     assert argv[argv.index("--machine") + 1] == f"{machine}=2"
     assert "--publish-nrt" in argv  # the CRD comes with the others (devcluster/crds.py)
+    assert "--dra" not in argv  # extended resources unless dev up --dra
+    dra = by_name["agent"].argv(ClusterInfo(**{**info.__dict__, "dra": True}))
+    assert dra is not None and "--dra" in dra
     # its /metrics on a loopback port, the URL dev status prints
     url = metrics_url(argv)
     port = argv[argv.index("--metrics-port") + 1]

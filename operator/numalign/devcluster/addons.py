@@ -70,6 +70,7 @@ class ClusterInfo:
     server: str
     machines: tuple[MachineSpec, ...]
     operator: bool
+    dra: bool = False  # dev up --dra: the emulated nodes' devices as DRA ResourceSlices
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,8 @@ def _agent_argv(info: ClusterInfo) -> list[str] | None:
         argv += ["--machine", str(m)]
     if NRT_CRD.is_file():  # installed with the CRDs: kubectl get noderesourcetopologies
         argv.append("--publish-nrt")
+    if info.dra:
+        argv.append("--dra")
     return argv + metrics_flags()
 
 

@@ -42,6 +42,7 @@ from .components import (
     scheduler_args,
 )
 from .crds import install_crds
+from .dra import install_device_classes
 from .extender_host import EXTENDER, Endpoints, extender_argv, install_rbac, scheduler_tls
 from .extender_host import KUBECONFIG as EXTENDER_KUBECONFIG
 from .hostcgroups import add_host_address, remove_host_address
@@ -176,6 +177,7 @@ class DevCluster:
         timeout: float = 180.0,
         scheduler_extender: bool = True,
         extender: bool = False,
+        dra: bool = False,
     ) -> DevCluster:
         """Start the control plane (or reuse the running one), install the CRDs and start
         the addons that apply. ``in_cluster``: numalign will be installed into the
@@ -186,7 +188,8 @@ class DevCluster:
 
         ``scheduler_extender``: kube-scheduler is configured with numalign's scheduler
         extender (ignorable: while it does not run, pods schedule without it);
-        ``extender``: also run it (:meth:`start_extender`)."""
+        ``extender``: also run it (:meth:`start_extender`); ``dra``: the emulated nodes
+        publish their devices as ResourceSlices (``dev up --dra``), with DeviceClasses."""
         say = log or _quiet
         machines = tuple(machines)
         self._want_extender = scheduler_extender
@@ -203,7 +206,7 @@ class DevCluster:
                     f"{'for' if in_cluster else 'without'} an installed numalign")
             if install:
                 self._install(say, policies=not in_cluster)
-            self._start_addons(machines, operator, say, reuse=True)
+            self._start_addons(machines, operator, say, reuse=True, dra=dra)
             if extender and self.extender_url is None:
                 say("the running kube-scheduler has no extender (started with "
                     "--no-extender): numalign extender not started")
@@ -218,7 +221,7 @@ class DevCluster:
             self._start(bins, say, timeout, HOST_ADDRESS if in_cluster else None)
             if install:
                 self._install(say, policies=not in_cluster)
-            self._start_addons(machines, operator, say)
+            self._start_addons(machines, operator, say, dra=dra)
             if extender:
                 self.start_extender(say)
         except BaseException:
@@ -461,12 +464,16 @@ class DevCluster:
     # -------------------------------------------------------------------- addons
 
     def _start_addons(self, machines: tuple[MachineSpec, ...], operator: bool, say: Log,
-                      reuse: bool = False) -> None:
+                      reuse: bool = False, dra: bool = False) -> None:
         if reuse and not machines:
             machines = tuple(MachineSpec(Path(m["path"]), int(m["count"]))
                              for m in self.state().get("machines", []))
+            dra = dra or bool(self.state().get("dra"))
         info = ClusterInfo(name=self.name, state_dir=self.state_dir, kubeconfig=self.kubeconfig,
-                           server=self.server or "", machines=machines, operator=operator)
+                           server=self.server or "", machines=machines, operator=operator,
+                           dra=dra)
+        if dra and machines:
+            install_device_classes(self.kube(), (m.path for m in machines), say)
         env = dict(os.environ, KUBECONFIG=str(self.kubeconfig))
         started: list[str] = []
         commands: dict[str, list[str]] = {}
@@ -492,6 +499,8 @@ class DevCluster:
             st = self.state()
             if machines:
                 st["machines"] = [{"path": str(m.path), "count": m.count} for m in machines]
+                if dra:
+                    st["dra"] = True
             st["addons"] = {**st.get("addons", {}), **commands}
             self._save_state(st)
         if started:

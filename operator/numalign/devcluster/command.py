@@ -97,6 +97,10 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--topology-policy", default=None, metavar="POLICY",
                     help="with --real-node: the kubelet's Topology Manager policy (default: "
                          "the node's NodeTopology default, else single-numa-node)")
+    up.add_argument("--dra", action="store_true",
+                    help="the emulated nodes publish their machine files' devices as "
+                         "ResourceSlices of the emulated DRA driver (emulated.numalign.io) "
+                         "instead of extended resources; installs a DeviceClass per kind")
     up.add_argument("--nri", action="store_true",
                     help="with --real-node: numalign-managed -- the kubelet's CPU, memory and "
                          "Topology managers at none, the Node labelled numalign.io/managed=nri "
@@ -228,7 +232,8 @@ def _act(args: argparse.Namespace, cluster: DevCluster) -> int:
         t0 = time.monotonic()
         cluster.up(machines=machines, operator=not args.no_operator and args.install is None,
                    in_cluster=args.install is not None, log=_log, timeout=args.timeout,
-                   scheduler_extender=not args.no_extender, extender=not args.no_extender)
+                   scheduler_extender=not args.no_extender, extender=not args.no_extender,
+                   dra=args.dra)
         if args.real_node is not None:
             real = _up_real_node(args, cluster, args.real_node)
             if args.install is not None:
