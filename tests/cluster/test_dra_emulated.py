@@ -12,9 +12,11 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 import testdata
 from agent_helpers import StartAgent
@@ -46,12 +48,14 @@ def _request(name: str, count: int, gib: int | None = None) -> dict[str, Any]:
     return {"name": name, "exactly": exactly}
 
 
-# The seed's GPU asks as ResourceClaim specs (the README's examples).
-FOUR_OF_12 = {"devices": {"requests": [_request("gpus", 4, 12)]}}
-TWO_OF_4_TWO_OF_12 = {"devices": {"requests": [_request("small", 2, 4),
-                                               _request("large", 2, 12)]}}
-TWO_BY_NVLINK = {"devices": {"requests": [_request("gpus", 2)],
-                             "constraints": [{"matchAttribute": NVLINK}]}}
+# The seed's GPU asks as ResourceClaim specs: the samples' (and the README's) templates.
+SAMPLES_FILE = Path(__file__).resolve().parents[2] / "config/samples/dra/gpu-claims.yaml"
+SAMPLES = {o["metadata"]["name"]: o["spec"]["spec"] for o in yaml.safe_load_all(
+    SAMPLES_FILE.read_text())
+    if o["kind"] == "ResourceClaimTemplate"}
+FOUR_OF_12 = SAMPLES["four-gpus-12gi"]
+TWO_OF_4_TWO_OF_12 = SAMPLES["two-4gi-two-12gi"]
+TWO_BY_NVLINK = SAMPLES["two-gpus-nvlink"]
 FOUR_BY_NVLINK = {"devices": {"requests": [_request("gpus", 4)],
                               "constraints": [{"matchAttribute": NVLINK}]}}
 
@@ -181,6 +185,8 @@ def test_emulated_nodes_as_dra_driver(start_agent: StartAgent, kubectl: Kubectl,
     assert not pod["spec"].get("nodeName")
     claim = _get(kubectl, "resourceclaim", "-n", namespace, "four-by-nvlink")
     assert not (claim.get("status") or {}).get("allocation")
+    # The samples file as a whole is valid for the API server (templates and the pod).
+    kubectl("apply", "--dry-run=server", "-n", namespace, "-f", str(SAMPLES_FILE))
     for name in ("four-of-12", "two-by-nvlink", "two-and-two", "four-by-nvlink"):
         kubectl("delete", "pod", "-n", namespace, name, "--grace-period=0", "--force",
                 "--wait=false", check=False)
