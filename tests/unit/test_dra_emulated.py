@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
+
+import pytest
 
 import testdata
 from numalign.api import dra, draemulated
+from numalign.devcluster import command as dev
 from numalign.topology.machine import Device, Machine, NumaNode, load_machine
 
 LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -119,3 +123,12 @@ def test_one_device_class_per_kind_selects_the_driver_and_kind() -> None:
     cel = classes[1]["spec"]["selectors"][0]["cel"]["expression"]
     assert cel == (f'device.driver == "{D}" && '
                    f'device.attributes["{D}"].resource == "nvidia.com/gpu"')
+
+
+def test_dev_up_dra_is_for_emulated_nodes_only(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    state = ["--state-dir", str(tmp_path / "s")]
+    for extra in (["--demo"], ["--real-node"]):
+        assert dev.main(["up", *state, "--dra", *extra]) == 2
+        assert "--dra runs the emulated nodes (--machine)" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists() or not any((tmp_path / "s").iterdir())

@@ -214,6 +214,10 @@ def _run(args: argparse.Namespace) -> int:
             _log("error: --topology-policy sets the kubelet's Topology Manager, which --nri "
                  "leaves at none (each pod's TopologyPolicy decides): drop one of them")
             return 2
+    if args.action == "up" and args.dra and (args.demo or args.real_node is not None):
+        _log("error: --dra runs the emulated nodes (--machine) as a DRA driver; the demo and "
+             "the real node do not take it yet")
+        return 2
     cluster = _cluster(args)
     try:
         return _act(args, cluster)
