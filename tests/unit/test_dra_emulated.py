@@ -9,6 +9,7 @@ import pytest
 
 import testdata
 from numalign.api import dra, draemulated
+from numalign.commands import agent as agent_command
 from numalign.devcluster import command as dev
 from numalign.topology.machine import Device, Machine, NumaNode, load_machine
 
@@ -132,3 +133,8 @@ def test_dev_up_dra_is_for_emulated_nodes_only(tmp_path: Path,
         assert dev.main(["up", *state, "--dra", *extra]) == 2
         assert "--dra runs the emulated nodes (--machine)" in capsys.readouterr().err
     assert not (tmp_path / "s").exists() or not any((tmp_path / "s").iterdir())
+
+
+def test_agent_dra_is_a_mode_of_emulate(capsys: pytest.CaptureFixture[str]) -> None:
+    assert agent_command.main(["--node", "n", "--dra"]) == 2
+    assert "--dra is a mode of --emulate" in capsys.readouterr().err
