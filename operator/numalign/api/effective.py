@@ -59,6 +59,10 @@ class NodeKind(enum.Enum):
     NUMALIGN_MANAGED = "numalign-managed"
     KUBELET_MANAGED = "kubelet-managed"
 
+    # members are singletons compared by identity: hash them as objects, not through
+    # Enum's Python-level __hash__ (the extender hashes a kind per node per filter)
+    __hash__ = object.__hash__
+
     @classmethod
     def of(cls, nt: NodeTopologyRead | Mapping[str, Any] | None) -> NodeKind:
         """The kind of the node of NodeTopology ``nt`` (a read, or the raw object; never
@@ -94,6 +98,8 @@ class Origin(enum.Enum):
     NODE_DEFAULT = "node-default"  # deferred, missing or malformed: the node's default
     RECORDED = "recorded"  # the same, as the node recorded admitting it (status.admitted)
     KUBELET = "kubelet"  # a kubelet-managed node: its kubelet's own policy
+
+    __hash__ = object.__hash__  # as NodeKind's
 
 
 @dataclass(frozen=True)
@@ -158,6 +164,13 @@ class EffectivePolicy:
     def resolved(self) -> Resolved:
         """As ``numalign.io/resolved`` encodes it."""
         return Resolved(self.policy.name, self.scope, self.options, self.source)
+
+    @cached_property
+    def key(self) -> tuple[Any, ...]:
+        """What decides alike, hashable: the policy, scope, options given and origin (the
+        extender's verdict cache key; built once per pod and node policy)."""
+        return (self.policy.name, self.scope, tuple(sorted(self.options.given.items())),
+                self.origin)
 
     @property
     def by_kubelet(self) -> bool:

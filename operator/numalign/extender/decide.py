@@ -52,7 +52,7 @@ from .view import EntryReader, KeptByIdentity, NodeView, held_key
 
 __all__ = [  # what the extender's server, explain and the benchmarks use
     "CANDIDATE_UID", "MAX_SCORE", "MIN_SCORE", "NEUTRAL_SCORE", "SCORE_WEIGHTS", "Decider",
-    "NodeView", "PodShape", "Verdict", "decide", "held_key", "pod_shape", "policy_key",
+    "NodeView", "PodShape", "Verdict", "decide", "held_key", "pod_shape",
     "room_left", "score_admission",
 ]
 
@@ -182,10 +182,6 @@ def _pod_shape(pod: Mapping[str, Any]) -> PodShape:
 
 
 _shapes = KeptByIdentity[Mapping[str, Any], PodShape](_pod_shape, 1024)
-
-
-def policy_key(r: Resolved) -> Hashable:
-    return (r.policy, r.scope, tuple(sorted(r.options.given.items())))
 
 
 # ---------------------------------------------------------------- the decision
@@ -452,8 +448,7 @@ class Decider:
         extra = [r for r in reservations if not view.lists(r)]
         state = view.held_key if not extra else tuple(sorted(
             (*view.held_key, *held_key(extra))))
-        key = (view.machine_key, state, shape.key, policy_key(eff.resolved), eff.origin,
-               view.policy.kind)
+        key = (view.machine_key, state, shape.key, eff.key, view.policy.kind)
         hit = self._cache.get(key)
         if hit is not None:
             self.hits += 1
