@@ -10,6 +10,7 @@ from typing import Any
 
 from numalign.agent import kubelet_status
 from numalign.agent.state import NodeState
+from numalign.agent.topostatus import _resources, zone_capacity, zone_used
 from numalign.api.allocation import Admitted
 from numalign.api.effective import NodeKind
 from numalign.api.nodetopology import NRI_PLACEMENT, POLICY_APPLIED, READY
@@ -18,57 +19,6 @@ from numalign.topology.machine import Machine
 from numalign.topology.quantity import format_bytes, format_cpulist
 
 JSON = dict[str, Any]
-
-
-def zone_capacity(machine: Machine) -> dict[int, dict[str, int]]:
-    """Per NUMA node: cpu count, memory and hugepages bytes, device counts."""
-    out: dict[int, dict[str, int]] = {}
-    for n in machine.numa_nodes:
-        res: dict[str, int] = {"cpu": len(n.cpus), "memory": n.memory}
-        for size, total in sorted(n.hugepages.items()):
-            res[f"hugepages-{size}"] = total
-        out[n.id] = res
-    for d in machine.devices:
-        if d.numa_node is not None:
-            zone = out[d.numa_node]
-            zone[d.resource] = zone.get(d.resource, 0) + 1
-    return out
-
-
-def zone_used(state: NodeState) -> dict[int, dict[str, int]]:
-    """Per NUMA node: exclusive CPUs, memory (by kind) and devices held by admitted pods."""
-    m = state.machine
-    cpu_numa = {c.id: c.numa for c in m.cpus.values()}
-    dev_numa = {(d.resource, d.id): d.numa_node for d in m.devices}
-    used: dict[int, dict[str, int]] = {n.id: {} for n in m.numa_nodes}
-    for held in state.admitted.values():
-        for ca in held.allocation.containers.values():
-            for c in ca.cpus:
-                z = cpu_numa.get(c)
-                if z is not None:
-                    used[z]["cpu"] = used[z].get("cpu", 0) + 1
-            for zone, b in ca.memory.items():
-                if zone.isdigit() and int(zone) in used:
-                    u = used[int(zone)]
-                    u["memory"] = u.get("memory", 0) + b
-            for kind, per_zone in ca.hugepages.items():
-                for zone, b in per_zone.items():
-                    if zone.isdigit() and int(zone) in used:
-                        u = used[int(zone)]
-                        key = f"hugepages-{kind}"
-                        u[key] = u.get(key, 0) + b
-            for res, ids in ca.devices.items():
-                for i in ids:
-                    dz = dev_numa.get((res, i))
-                    if dz is not None:
-                        used[dz][res] = used[dz].get(res, 0) + 1
-    return used
-
-
-def _resources(res: Mapping[str, int]) -> dict[str, int | str]:
-    """Counts as integers, memory and hugepages as quantities ("32Gi")."""
-    return {k: format_bytes(v) if k == "memory" or k.startswith("hugepages-") else v
-            for k, v in res.items()}
 
 
 def admitted_entries(state: NodeState) -> list[JSON]:
