@@ -17,7 +17,7 @@ from numalign.topology.policyconfig import SCOPES
 from numalign.topology.quantity import MAX_CPU_ID, format_cpulist, parse_cpulist, quantity_bytes
 from numalign.topology.text import clip, quote
 
-from .errors import WireError as WireError  # what its decoders raise
+from .errors import WireError  # what its decoders raise
 from .names import ANN_ALLOCATION, SOURCE_NONE
 from .resolved import DEFAULT_SCOPE, NO_OPTIONS, Resolved, parse_options
 

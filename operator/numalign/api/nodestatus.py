@@ -19,7 +19,8 @@ from numalign.topology.machine import Machine, machine_from_dict
 from numalign.topology.pod import HUGEPAGES_PREFIX
 from numalign.topology.quantity import parse_cpulist
 
-from . import allocation as wire
+from .allocation import ContainerRecord, allocation_from_json, parse_admitted
+from .errors import WireError
 from .reads import NodeTopologyStatusRead
 
 JSON = dict[str, Any]
@@ -118,7 +119,7 @@ def machine_from_status(status: Mapping[str, Any], name: str = "node") -> Machin
 
 
 def wire_container(held: ContainerAllocation, numa_nodes: list[int] | None
-                   ) -> wire.ContainerRecord:
+                   ) -> ContainerRecord:
     """What the ledger holds for a container, as the wire says it (``numa_nodes``: the
     container's affinity from its decision)."""
     memory: dict[str, int] = {}
@@ -130,14 +131,14 @@ def wire_container(held: ContainerAllocation, numa_nodes: list[int] | None
             hp = {str(n): b for n, b in sorted(per_node.items()) if b}
             if hp:
                 hugepages[kind.removeprefix(HUGEPAGES_PREFIX)] = hp
-    return wire.ContainerRecord(
+    return ContainerRecord(
         cpus=sorted(held.cpus), memory=memory,
         devices={r: list(ids) for r, ids in sorted(held.devices.items()) if ids},
         numa_nodes=numa_nodes, hugepages=hugepages,
         memory_numa_nodes=None if held.memory_mask is None else mask_ids(held.memory_mask))
 
 
-def ledger_container(a: wire.ContainerRecord, reusable: bool = False) -> ContainerAllocation:
+def ledger_container(a: ContainerRecord, reusable: bool = False) -> ContainerAllocation:
     """What a container holds (as the allocation annotation and ``status.admitted`` say
     it) as the ledger's allocation (:func:`wire_container` back); ``reusable``: a plain
     init container's, which the app containers may reuse."""
@@ -182,12 +183,12 @@ def held_from_admitted(entry: Mapping[str, Any], where: str) -> HeldPod:
             uid = str(entry.get("uid") or "")
             name = str(entry.get("pod") or uid)
             ns = str(entry.get("namespace") or "default")
-            alloc = wire.allocation_from_json({"containers": raw}, where)
+            alloc = allocation_from_json({"containers": raw}, where)
             uid = uid or f"{ns}/{name}"
         else:
-            got = wire.parse_admitted(entry, where)
+            got = parse_admitted(entry, where)
             uid, name, ns, alloc = got.uid, got.pod, got.namespace, got.allocation
-    except wire.WireError as e:
+    except WireError as e:
         raise LedgerError("", str(e)) from None
     return HeldPod(uid, name, ns, tuple((n, ledger_container(c))
                                         for n, c in alloc.containers.items()))

@@ -32,8 +32,7 @@ from numalign.api.resolution import (
 )
 from numalign.api.resolved import Resolved, resolved_or_none
 
-from . import cache, redeploy
-from . import connection as kube
+from . import cache, connection, redeploy
 
 # Who may create a pod that carries its own numalign.io/resolved: cluster admins and the
 # ServiceAccounts of the operator's namespace (the admission policy
@@ -151,12 +150,12 @@ async def backstop(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
         new_ann: dict[str, str | None] = {ANN_RESOLVED: res.annotation()}
         if res.problems and ann.get(ANN_OVERRIDE_WARNED) is None:
             msg = "; ".join(res.problems)
-            await kube.event(body, "Warning", reason=EVENT_INVALID_OVERRIDE,
+            await connection.event(body, "Warning", reason=EVENT_INVALID_OVERRIDE,
                       message=f"{msg}; using {res.policy or 'the node default'} from {res.source}")
             new_ann[ANN_OVERRIDE_WARNED] = json.dumps(sorted(res.problems))[:1000]
         if ann.get(ANN_RESOLVED) == new_ann[ANN_RESOLVED] and len(new_ann) == 1:
             return
-        await kube.client().patch(kube.ns_path(meta["namespace"], "pods", meta["name"]),
+        await connection.client().patch(connection.ns_path(meta["namespace"], "pods", meta["name"]),
                                   {"metadata": {"annotations": new_ann}}, STRATEGIC_PATCH)
         logger.info(f"resolved {meta['namespace']}/{meta['name']}: {res.annotation()}")
     except ApiError as e:
