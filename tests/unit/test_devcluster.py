@@ -13,7 +13,7 @@ import yaml
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from numalign.devcluster import DevCluster, MachineSpec, MachineSpecError
+from numalign.devcluster import DevCluster, MachineSpec, MachineSpecError, processes
 from numalign.devcluster import command as dev
 from numalign.devcluster.addons import ADDONS, ClusterInfo, metrics_url
 from numalign.devcluster.certs import generate
@@ -106,6 +106,27 @@ def test_process_lifecycle(tmp_path: Path) -> None:
     assert Process("sleeper", tmp_path / "run", tmp_path / "logs").is_running()
     proc.stop(timeout=5)
     assert not proc.is_running() and not proc.pid_file.exists()
+
+
+def test_a_process_caught_mid_exec_is_seen_running(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Right after Popen returns, the kernel may not have set the new program's command
+    line yet (it reads empty): a second handle must not take the process for gone."""
+    proc = Process("sleeper", tmp_path / "run", tmp_path / "logs")
+    proc.start([sys.executable, "-c", "import time; time.sleep(60)"], program="-c")
+    try:
+        real = processes._read_cmdline
+        reads: list[int] = []
+
+        def mid_exec(pid: int) -> bytes | None:
+            reads.append(pid)
+            return b"" if len(reads) <= 3 else real(pid)
+
+        monkeypatch.setattr(processes, "_read_cmdline", mid_exec)
+        assert Process("sleeper", tmp_path / "run", tmp_path / "logs").is_running()
+        assert len(reads) == 4
+    finally:
+        proc.stop(timeout=5)
 
 
 def test_free_ports() -> None:

@@ -84,14 +84,32 @@ def _leads_own_session(pid: int) -> bool:
         return False
 
 
+CMDLINE_SETTLE_S = 1.0
+
+
+def _read_cmdline(pid: int) -> bytes | None:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+
+
 def _proc_exe_matches(pid: int, program: str) -> bool:
-    """Whether the process runs ``program`` (guards against a recycled pid)."""
+    """Whether the process runs ``program`` (guards against a recycled pid).
+
+    A process just started reads an empty command line for a moment: Popen returns when
+    the child's exec closes its error pipe, before the kernel has set the new program's
+    arguments. An empty command line is read again until it settles (bounded)."""
     if not program:
         return False
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return True  # no /proc: trust the pid
+    deadline = time.monotonic() + CMDLINE_SETTLE_S
+    while True:
+        raw = _read_cmdline(pid)
+        if raw is None:
+            return True  # no /proc: trust the pid
+        if raw or time.monotonic() >= deadline or _proc_state(pid) in ("Z", "X", None):
+            break
+        time.sleep(0.01)
     args = raw.split(b"\0")
     return bool(args) and any(a.decode(errors="replace").endswith(program) for a in args[:3])
 
