@@ -1,5 +1,5 @@
 # numalign: the operator and the node agent in one image (`numalign operator`,
-# `numalign agent`). Base pinned by tag (Python 3.11 patch release on Debian 12); pin by
+# `numalign agent`), and kube-scheduler for the second scheduler. Base pinned by tag (Python 3.11 patch release on Debian 12); pin by
 # digest too (python:3.11.13-slim-bookworm@sha256:...) where your registry policy asks.
 # Without a registry, `numalign dev image` builds the same layout from Debian's packages
 # (tests/unit/test_dockerfile.py compares the two).
@@ -13,6 +13,11 @@ COPY pyproject.toml README.md requirements.lock ./
 COPY operator/ operator/
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /dist . \
     && pip wheel --no-cache-dir --constraint requirements.lock --wheel-dir /wheels /dist/*.whl
+
+# --- kube-scheduler of the cluster's Kubernetes version, for the second scheduler
+# (config/scheduler, the chart's scheduler.enabled); `numalign dev image` carries the
+# same version's binary at the same path
+FROM registry.k8s.io/kube-scheduler:v1.37.2 AS kube-scheduler
 
 # --- runtime: the wheels in a virtual environment, no build tools, no sources --------
 FROM python:3.11.13-slim-bookworm
@@ -33,6 +38,7 @@ RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     && echo "nonroot:x:65532:65532:nonroot:/tmp:/usr/sbin/nologin" >> /etc/passwd \
     && echo "nonroot:x:65532:" >> /etc/group \
     && numalign --help > /dev/null
+COPY --from=kube-scheduler /usr/local/bin/kube-scheduler /usr/local/bin/kube-scheduler
 USER 65532:65532
 WORKDIR /
 EXPOSE 8080/tcp 8081/tcp 9090/tcp 9443/tcp

@@ -1,8 +1,9 @@
 """``numalign.local/numalign:dev`` as built by ``numalign dev image`` runs in a real
 containerd: imported from its OCI archive, its entry point answers, the agent's discovery
 reads a sysfs tree mounted into it, it runs as the non-root user with a name (Kopf's
-peering looks it up), and every numalign module imports with the image's Python and the
-pinned dependencies. Needs root, the real node's containerd build, apt and the package
+peering looks it up), every numalign module imports with the image's Python and the
+pinned dependencies, and it carries the kube-scheduler of the cluster's version (the
+second scheduler, config/scheduler). Needs root, the real node's containerd build, apt and the package
 index (the image's layers are cached after the first build)."""
 
 from __future__ import annotations
@@ -17,7 +18,14 @@ import pytest
 
 from containerd_helpers import Containerd
 from numalign.agent.discovery import discover
-from numalign.devcluster.images.numalign_image import IMAGE, SITE_PACKAGES, VENV, build_image
+from numalign.devcluster.build import KUBERNETES_VERSION
+from numalign.devcluster.images.numalign_image import (
+    IMAGE,
+    KUBE_SCHEDULER,
+    SITE_PACKAGES,
+    VENV,
+    build_image,
+)
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs" / "16amd64-8n2c"
 
@@ -85,3 +93,9 @@ def test_runs_as_named_non_root_with_every_module_importable(
     assert got["prefix"] == VENV
     assert got["file"] == f"{SITE_PACKAGES}/numalign/__init__.py"
     assert got["failed"] == {}
+
+
+def test_kube_scheduler_of_the_clusters_version_runs(numalign_image: Containerd) -> None:
+    rc, out, err = _run(numalign_image, KUBE_SCHEDULER, "--version")
+    assert rc == 0, err
+    assert out.split() == ["Kubernetes", KUBERNETES_VERSION]

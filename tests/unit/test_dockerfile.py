@@ -156,3 +156,16 @@ def test_lock_pins_every_dependency_of_the_project() -> None:
     for dep in deps:
         name = dev_image.normalize(re.split(r"[<>=!~ ;\[]", dep, maxsplit=1)[0])
         assert name in pins, f"{dev_image.LOCK} does not pin {name}"
+
+
+def test_both_images_carry_the_clusters_kube_scheduler() -> None:
+    """The second scheduler (config/scheduler) runs /usr/local/bin/kube-scheduler of the
+    Kubernetes version the dev cluster builds, whichever way the image was built."""
+    from numalign.devcluster.build import KUBERNETES_VERSION
+
+    froms = [args.split() for word, args in _instructions() if word == "FROM"]
+    stage = next(f[2] for f in froms if f[0].split("/")[-1].startswith("kube-scheduler:"))
+    source = next(f[0] for f in froms if len(f) == 3 and f[2] == stage)
+    assert source == f"registry.k8s.io/kube-scheduler:{KUBERNETES_VERSION}"
+    copies = [args for w, args in _runtime_stage() if w == "COPY"]
+    assert f"--from={stage} {dev_image.KUBE_SCHEDULER} {dev_image.KUBE_SCHEDULER}" in copies

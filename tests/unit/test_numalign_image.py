@@ -208,3 +208,23 @@ def test_every_installed_distribution_must_be_pinned(tmp_path: Path) -> None:
         dev_image.check_pins(tmp_path, {"pyyaml": "6.0.4", "kopf": "1.40.0"})
     with pytest.raises(ImageError, match=r"pyyaml 6\.0\.4 \(lock: missing\)"):
         dev_image.check_pins(tmp_path, {"kopf": "1.45.2"})
+
+
+def test_scheduler_layer_carries_the_binary_and_follows_it(tmp_path: Path) -> None:
+    """The image's kube-scheduler is the given binary, executable at KUBE_SCHEDULER; a
+    new build of it makes a new layer, the same one reuses the cached layer."""
+    binary = tmp_path / "kube-scheduler"
+    binary.write_bytes(b"\x7fELF one")
+    binary.chmod(0o600)
+    first = dev_image._scheduler_layer(tmp_path / "cache", binary, lambda _m: None)
+    m = _members(first.path)
+    entry = m[dev_image.KUBE_SCHEDULER.lstrip("/")]
+    assert entry.isfile() and entry.mode == 0o755
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(first.path.read_bytes()))) as tar:
+        got = tar.extractfile(entry)
+        assert got is not None and got.read() == b"\x7fELF one"
+    assert dev_image._scheduler_layer(tmp_path / "cache", binary, print) == first
+    binary.write_bytes(b"\x7fELF two")
+    assert dev_image._scheduler_layer(tmp_path / "cache", binary, print).digest != first.digest
+    with pytest.raises(ImageError, match="numalign dev build"):
+        dev_image._scheduler_layer(tmp_path / "cache", tmp_path / "missing", print)

@@ -11,7 +11,12 @@ Three layers, each cached under ``~/.cache/numalign/image/`` by the key of its i
    ``requirements.lock``. pip resolves numalign's wheel with the lock as constraints,
    so a lock that misses a dependency, or pins a version that does not fit, is an error.
    Key: the lock, ``pyproject.toml``'s dependencies and the Python version.
-3. ``numalign``: the project's wheel installed into the same environment (the console
+3. ``kube-scheduler``: :data:`KUBE_SCHEDULER`, the kube-scheduler of the cluster's
+   Kubernetes version (:data:`..build.KUBERNETES_VERSION`), the very binary the dev
+   cluster builds and runs (``~/.cache/numalign/k8s-*/bin``, built once there), for the
+   second scheduler of ``config/scheduler`` and the chart's ``scheduler.enabled``. Key:
+   the binary's hash.
+4. ``numalign``: the project's wheel installed into the same environment (the console
    script ``numalign`` included). Key: a hash of the wheel's sources.
 
 The layout, entry point, user and environment are the Dockerfile's (a unit test compares
@@ -34,7 +39,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ..build import cache_root
+from ..build import KUBERNETES_VERSION, BuildError, cache_root, ensure_built
 from ..demo import REPO
 from . import debian
 from .layers import cached_layer
@@ -49,6 +54,9 @@ PYTHON = f"/usr/bin/python{PYTHON_MINOR}"
 # Debian's Python runtime; libstdc++6 for grpcio's extension module
 PACKAGES = (f"python{PYTHON_MINOR}-minimal", f"libpython{PYTHON_MINOR}-stdlib", "libstdc++6")
 VENV = "/opt/numalign"
+# The second scheduler's binary (config/scheduler); the Dockerfile copies the same path
+# from the official image of the same version.
+KUBE_SCHEDULER = "/usr/local/bin/kube-scheduler"
 SITE_PACKAGES = f"{VENV}/lib/python{PYTHON_MINOR}/site-packages"
 UID = GID = 65532
 USER = f"{UID}:{GID}"
@@ -228,6 +236,31 @@ def _debian_layer(cache: Path, log: Log) -> tuple[Layer, str]:
     return cached_layer(cache / "layers", "debian", key, build, log), version
 
 
+def file_hash(path: Path) -> str:
+    """The sha256 of a file, read in chunks (binaries of ~100 MiB)."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _scheduler_layer(cache: Path, binary: Path, log: Log) -> Layer:
+    """:data:`KUBE_SCHEDULER`: ``binary`` (the dev cluster's kube-scheduler), mode 0755."""
+    if not binary.is_file():
+        raise ImageError(f"no kube-scheduler at {binary}: build the control plane "
+                         "('numalign dev build')")
+    key = _hash(RECIPE.encode(), KUBERNETES_VERSION.encode(), file_hash(binary).encode())
+
+    def build(tree: Path) -> None:
+        dest = tree / KUBE_SCHEDULER.lstrip("/")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(binary, dest)
+        dest.chmod(0o755)
+
+    return cached_layer(cache / "layers", "kube-scheduler", key, build, log)
+
+
 def _venv_skeleton(tree: Path, python_version: str) -> None:
     """What ``python -m venv --without-pip`` makes, for the image's interpreter."""
     venv = tree / VENV.lstrip("/")
@@ -323,6 +356,10 @@ def build_image(out_dir: Path | None = None, log: Log | None = None) -> tuple[Pa
     out = (out_dir or cache) / ARCHIVE
     t0 = time.monotonic()
     base, python_version = _debian_layer(cache, say)
+    try:
+        scheduler = _scheduler_layer(cache, ensure_built(log=say) / "kube-scheduler", say)
+    except BuildError as e:
+        raise ImageError(f"kube-scheduler {KUBERNETES_VERSION}: {e}") from None
     lock_text = (repo / LOCK).read_text() if (repo / LOCK).is_file() else ""
     pins = parse_lock(lock_text)
     if not pins:
@@ -358,7 +395,7 @@ def build_image(out_dir: Path | None = None, log: Log | None = None) -> tuple[Pa
 
         deps = cached_layer(cache / "layers", "deps", deps_key, build_deps, say)
         app = cached_layer(cache / "layers", "numalign", src_key, build_app, say)
-    spec = image_spec((base, deps, app), _oci_arch(machine))
+    spec = image_spec((base, deps, scheduler, app), _oci_arch(machine))
     manifest = write_oci_archive(spec, out)
     size = sum(layer.size for layer in spec.layers)
     say(f"{IMAGE}: {out} ({size / 2**20:.1f} MiB in layers, manifest {manifest.digest[:19]}, "
