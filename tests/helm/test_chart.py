@@ -223,6 +223,10 @@ def test_values_reach_the_workloads() -> None:
     ("extender.tls.generated=true", "generated"),  # a typo: not a property
     ("extender.probePort=0", "probePort"),
     ("extender.networkPolicy.probesFrom[0].ipBlock.cidr=0.0.0.0/0", "ipBlock"),
+    ("scheduler.extenderURL=http://10.0.0.1:8890", "extenderURL"),  # the verbs are HTTPS
+    ("scheduler.replicas=0", "minimum"),
+    ("scheduler.networkPolicy.metricsFrom[0].ipBlock.cidr=0.0.0.0/0", "ipBlock"),
+    ("scheduler.name=other", "name"),  # the profile is numalign-scheduler: not a value
 ])
 def test_schema_refuses_bad_values(value: str, complaint: str) -> None:
     proc = helm("template", "numalign", str(CHART), "--kube-version", KUBE_VERSION,
@@ -367,3 +371,44 @@ def test_generated_tls_authenticates_the_scheduler_and_only_it(tmp_path: Path) -
     assert vol["secret"]["secretName"] == "numalign-extender-tls"
     # Not generated: the chart renders no Secret (the user's, from numalign extender-certs).
     assert not [o for o in template("extender.enabled=true") if o["kind"] == "Secret"]
+
+
+def _scheduler(*sets: str, namespace: str = NAMESPACE) -> tuple[Obj, Obj]:
+    """The second scheduler's Deployment and its KubeSchedulerConfiguration."""
+    objs = {_key(o): o for o in template("extender.enabled=true", "scheduler.enabled=true",
+                                         *sets, namespace=namespace)}
+    config = yaml.safe_load(objs["ConfigMap", "numalign-scheduler-config"]["data"]["config.yaml"])
+    return objs["Deployment", "numalign-scheduler"], config
+
+
+def test_second_scheduler_follows_its_values() -> None:
+    """scheduler.enabled needs the extender; its configuration follows the release
+    namespace (the Lease, the extender's name) and scheduler.extenderURL, and a changed
+    configuration rolls the Deployment (helm upgrade restarts the scheduler)."""
+    proc = helm("template", "numalign", str(CHART), "--kube-version", KUBE_VERSION,
+                "--set", "scheduler.enabled=true", check=False)
+    assert proc.returncode != 0 and "extender.enabled=true" in proc.stderr
+    assert not [o for o in template("extender.enabled=true") if "scheduler" in _key(o)[1]]
+
+    dep, config = _scheduler(namespace="numa")
+    assert config["profiles"] == [{"schedulerName": "numalign-scheduler"}]
+    assert config["leaderElection"]["resourceNamespace"] == "numa"
+    [entry] = config["extenders"]
+    assert entry["urlPrefix"] == "https://numalign-extender.numa.svc:8890"
+    assert entry["tlsConfig"]["serverName"] == "numalign-extender.numa.svc"
+    moved, moved_config = _scheduler("scheduler.extenderURL=https://10.96.0.20:8890",
+                                     "scheduler.replicas=2", "scheduler.securePort=10300")
+    [entry] = moved_config["extenders"]
+    assert entry["urlPrefix"] == "https://10.96.0.20:8890"
+    # the certificate names the Service whatever the address
+    assert entry["tlsConfig"]["serverName"] == "numalign-extender.numalign-system.svc"
+    assert moved["spec"]["replicas"] == 2
+    [c] = moved["spec"]["template"]["spec"]["containers"]
+    assert "--secure-port=10300" in c["command"] and c["ports"][0]["containerPort"] == 10300
+    _, same_config = _scheduler()
+    assert same_config != moved_config
+
+    def checksum(d: Obj) -> str:
+        return str(d["spec"]["template"]["metadata"]["annotations"]["checksum/scheduler-config"])
+
+    assert checksum(_scheduler()[0]) == checksum(_scheduler()[0]) != checksum(moved)
