@@ -390,7 +390,7 @@ def test_second_scheduler_follows_its_values() -> None:
     assert proc.returncode != 0 and "extender.enabled=true" in proc.stderr
     assert not [o for o in template("extender.enabled=true") if "scheduler" in _key(o)[1]]
 
-    dep, config = _scheduler(namespace="numa")
+    _, config = _scheduler(namespace="numa")
     assert config["profiles"] == [{"schedulerName": "numalign-scheduler"}]
     assert config["leaderElection"]["resourceNamespace"] == "numa"
     [entry] = config["extenders"]

@@ -3,8 +3,8 @@ containerd: imported from its OCI archive, its entry point answers, the agent's 
 reads a sysfs tree mounted into it, it runs as the non-root user with a name (Kopf's
 peering looks it up), every numalign module imports with the image's Python and the
 pinned dependencies, and it carries the kube-scheduler of the cluster's version (the
-second scheduler, config/scheduler). Needs root, the real node's containerd build, apt and the package
-index (the image's layers are cached after the first build)."""
+second scheduler, config/scheduler). Needs root, the real node's containerd build, apt
+and the package index (the image's layers are cached after the first build)."""
 
 from __future__ import annotations
 
