@@ -110,13 +110,29 @@ def kustomization(real: RealNode, at: Path) -> dict[str, Any]:
     }
 
 
-class Installer:
-    """Installs numalign into ``cluster`` for its running real node ``real``."""
+def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``over``'s values, mappings merged key by key (Helm's ``-f`` order)."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out
 
-    def __init__(self, cluster: DevCluster, real: RealNode, method: str) -> None:
+
+class Installer:
+    """Installs numalign into ``cluster`` for its running real node ``real``
+    (``values``: with helm, chart values beyond this node's, e.g. optional components)."""
+
+    def __init__(self, cluster: DevCluster, real: RealNode, method: str,
+                 values: dict[str, Any] | None = None) -> None:
         if method not in METHODS:
             raise InstallError(f"--install {method!r}: expected one of {', '.join(METHODS)}")
+        if values and method != "helm":
+            raise InstallError("chart values need --install helm")
         self.cluster, self.real, self.method = cluster, real, method
+        self.values = values or {}
         self.dir = cluster.state_dir / "install"
         self.env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig))
 
@@ -160,7 +176,8 @@ class Installer:
     def _helm(self, say: Log) -> None:
         helm = ensure_helm_built(log=say)
         values = self.dir / "values.yaml"
-        values.write_text(yaml.safe_dump(helm_values(self.real), sort_keys=False))
+        values.write_text(yaml.safe_dump(merged(helm_values(self.real), self.values),
+                                         sort_keys=False))
         if not self.kubectl("get", "namespace", NAMESPACE, "--ignore-not-found", "-o", "name"):
             self.kubectl("create", "namespace", NAMESPACE)
         # README "Install with Helm": the agent's host paths need the privileged level.
