@@ -15,7 +15,14 @@ from test_chart import CHART, KUBE_VERSION, NAMESPACE, helm
 
 from config_helpers import kustomize
 from numalign.devcluster.cluster import DevCluster
-from numalign.devcluster.install import IMAGE, helm_values, kustomization
+from numalign.devcluster.install import (
+    IMAGE,
+    InstallError,
+    Installer,
+    helm_values,
+    kustomization,
+    merged,
+)
 from numalign.devcluster.realnode import RealNode
 from numalign.devcluster.realnode_config import MODE_KUBELET, MODE_NRI, TAINT
 
@@ -77,3 +84,16 @@ def test_kustomize_and_helm_install_what_the_real_node_needs(tmp_path: Path,
             assert "--nri-socket" not in args
         assert {"key": TAINT["key"], "operator": "Equal", "value": TAINT["value"],
                 "effect": TAINT["effect"]} in sts["tolerations"]
+
+
+def test_extra_values_add_to_what_the_node_needs(tmp_path: Path) -> None:
+    """Chart values beyond the node's (the second scheduler's e2e enables components)
+    merge into the node's values key by key; kustomize takes none."""
+    node = _node(tmp_path, MODE_KUBELET)
+    base = helm_values(node)
+    got = merged(base, {"operator": {"replicas": 1}, "scheduler": {"enabled": True}})
+    assert got["operator"] == {**base["operator"], "replicas": 1}
+    assert got["scheduler"] == {"enabled": True} and got["agent"] == base["agent"]
+    assert base["operator"].get("replicas") is None, "the node's values are left as they were"
+    with pytest.raises(InstallError, match="helm"):
+        Installer(node.cluster, node, "kustomize", values={"scheduler": {"enabled": True}})
