@@ -17,8 +17,8 @@ from config_helpers import kustomize
 from numalign.devcluster.cluster import DevCluster
 from numalign.devcluster.install import (
     IMAGE,
-    InstallError,
     Installer,
+    InstallError,
     helm_values,
     kustomization,
     merged,
