@@ -150,8 +150,9 @@ def test_claims_align_cpus_or_reject_under_the_pods_policy(
     (result,) = gen["status"]["allocation"]["devices"]["results"]
     assert c["draDevices"] == {"dra:gpus/gpu": [f"{de.DRIVER}/{node}/{result['device']}"]}
     # the node's status shows it, per container
-    nt = _get(kubectl, "nodetopology", node)
-    (entry,) = [e for e in nt["status"]["admitted"] if e["pod"] == "aligned"]
+    (entry,) = wait(lambda: [e for e in ((_get(kubectl, "nodetopology", node) or {}).get(
+        "status") or {}).get("admitted") or [] if e["pod"] == "aligned"], 30,
+        "the pod in the node's status.admitted")
     assert entry["containers"][0]["draDevices"] == c["draDevices"]
 
     # (b) single-numa-node, one GPU on each NUMA node: TopologyAffinityError
