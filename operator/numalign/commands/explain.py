@@ -262,7 +262,7 @@ def _live(args: argparse.Namespace) -> Explanation | dict[str, Any]:
     try:
         pod, node, nt = _read(client, args)
         machine = _machine(nt, str(node))
-        dra = claims.pod_devices(client.read, pod, nt, machine)
+        dra = claims.pod_devices(lambda p, w: client.read(p, w), pod, nt, machine)
     except _Unbound as u:
         return _pending(client, u.pod)
     finally:
