@@ -88,3 +88,17 @@ def test_a_claim_never_allocated_refuses_the_pod_naming_it() -> None:
     assert v.refusal == "DRA: claim gpus: ResourceClaim p-gpus is not allocated yet"
     v = asyncio.run(verdict(kube, st, pod("q"), wait=0))  # type: ignore[arg-type]
     assert v.refusal == "DRA: claim gpus: ResourceClaim q-gpus not found"
+
+
+def test_a_claim_that_cannot_be_read_is_named_with_the_error() -> None:
+    from numalign.api.kube import ApiError
+
+    async def forbidden(path: str, params: Any = None) -> dict[str, Any]:
+        raise ApiError(403, {"message": "resourceclaims is forbidden"}, "GET", path)
+
+    kube = FakeKube()
+    kube.get = forbidden
+    v = asyncio.run(verdict(kube, state(), pod("p"), wait=0))  # type: ignore[arg-type]
+    assert v.refusal is not None and v.refusal.startswith(
+        "DRA: claim gpus: ResourceClaim ns/p-gpus: cannot read it: "), v.refusal
+    assert "forbidden" in v.refusal

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from numalign.api.dra import NodeDraDevices
@@ -48,14 +48,20 @@ def claim_path(namespace: str, name: str) -> str:
     return f"/apis/resource.k8s.io/v1/namespaces/{q(namespace)}/resourceclaims/{q(name)}"
 
 
-async def read_claims(kube: Kube, pod: Mapping[str, Any]) -> dict[str, Mapping[str, Any] | None]:
-    """The pod's ResourceClaim objects by name (None: not found)."""
+async def read_claims(kube: Kube, pod: Mapping[str, Any]
+                      ) -> tuple[dict[str, Mapping[str, Any] | None], dict[str, str]]:
+    """The pod's ResourceClaim objects by name (None: not found), and why those that
+    could not be read were not."""
     ns = str((pod.get("metadata") or {}).get("namespace") or "default")
     out: dict[str, Mapping[str, Any] | None] = {}
+    errors: dict[str, str] = {}
     for ref in pod_claims(pod)[0]:
         if ref.claim and ref.claim not in out:
-            out[ref.claim] = await kube.get_or_none(claim_path(ns, ref.claim))
-    return out
+            try:
+                out[ref.claim] = await kube.get_or_none(claim_path(ns, ref.claim))
+            except ApiError as e:
+                errors[ref.claim] = f"ResourceClaim {ns}/{ref.claim}: cannot read it: {e}"
+    return out, errors
 
 
 async def pod_devices(kube: Kube, pod: Mapping[str, Any],
@@ -69,17 +75,17 @@ async def pod_devices(kube: Kube, pod: Mapping[str, Any],
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
     while True:
-        try:
-            claims = await read_claims(kube, pod)
-        except ApiError as e:
-            log.warning("pod %s: reading its ResourceClaims: %s",
-                        (pod.get("metadata") or {}).get("name"), e)
-            claims = {}
+        claims, errors = await read_claims(kube, pod)
         devices = node()
         got = pod_dra_devices(pod, claims, None if devices is None else devices.devices,
                               machine, kind_of)
         ready = got.ready and devices is not None
         if ready or loop.time() >= deadline:
+            for i, c in enumerate(got.claims):  # not "not found": it could not be read
+                if c.claim.claim in errors:
+                    got.claims[i] = replace(c, problem=errors[c.claim.claim])
+                    log.warning("pod %s: %s", (pod.get("metadata") or {}).get("name"),
+                                errors[c.claim.claim])
             return got, ready
         await asyncio.sleep(retry)
 
