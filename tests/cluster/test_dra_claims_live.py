@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_kubectl_plugin_live import plugin
 
 import testdata
 from agent_helpers import StartAgent
@@ -174,6 +175,9 @@ def test_claims_align_cpus_or_reject_under_the_pods_policy(
     assert (f"  Container c: its claim devices are on NUMA 1; the merged hint gave it "
             f"NUMA 1, CPUs {cpus}") in text
     assert "dra:gpus/gpu" in text  # its hints, in the decision's table
+    # the same through kubectl
+    via = plugin(kubeconfig, "explain", "aligned", "-n", ns, via_kubectl=True).stdout
+    assert claim_row in via and f"merged hint gave it NUMA 1, CPUs {cpus}" in via
     doc = json.loads(explain(kubeconfig, ns, "aligned", "-o", "json"))
     assert doc["claims"]["aligned"] == {"c": {"deviceNumaNodes": [1], "numaNodes": [1],
                                               "cpus": c["cpus"]}}
@@ -201,8 +205,8 @@ def test_claims_align_cpus_or_reject_under_the_pods_policy(
     create(kubectl, ns, pod("split-be", node, template="split", resolved=BEST))
     p = decided(kubectl, ns, "split-be", wait)
     assert p["status"]["phase"] == "Running", p["status"]
-    cpus = set(allocation(p)["containers"]["c"]["cpus"])
-    assert cpus <= NODE0 or cpus <= NODE1
+    got = set(allocation(p)["containers"]["c"]["cpus"])
+    assert got <= NODE0 or got <= NODE1
     assert sorted(allocation(p)["containers"]["c"]["draDevices"]) == [
         "dra:gpus/far", "dra:gpus/near"]
 
