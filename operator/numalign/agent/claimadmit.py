@@ -3,14 +3,16 @@ device-plugin devices on the same NUMA nodes.
 
 kube-scheduler allocates the pod's claims (writing the devices in each claim's
 ``status.allocation``) before it binds the pod, so once bound the claims are facts: the
-agent reads them by name (GET, in the pod's namespace: its RBAC allows get/list/watch on
+agent reads them by name (GET, in the pod's namespace: its RBAC allows reading
 resourceclaims), maps their devices to NUMA nodes through the node's ResourceSlices
 (:mod:`numalign.api.draclaims`) and admits the pod with them as fixed hints (the ``dra``
 resource kind, :mod:`numalign.topology.managers.dra`), under the pod's own policy. A claim
 not yet readable or allocated is read again for a while (:data:`WAIT_SECONDS`), then the
 pod is rejected (``UnexpectedAdmissionError``, naming the claim). An allocated device
 whose NUMA nodes cannot be told gives no hint; the pod gets a Warning event saying which
-device and why (:data:`DEVICE_PROBLEM_REASON`).
+device and why (:data:`DEVICE_PROBLEM_REASON`). A pod refused by its policy gets an event
+naming the devices it was decided with (:data:`REJECTED_DEVICES_REASON`): its claims are
+released once it failed.
 """
 
 from __future__ import annotations
