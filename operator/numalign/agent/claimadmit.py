@@ -1,0 +1,206 @@
+"""An emulated node admits a pod with ResourceClaims as the kubelet would admit it with
+device-plugin devices on the same NUMA nodes.
+
+kube-scheduler allocates the pod's claims (writing the devices in each claim's
+``status.allocation``) before it binds the pod, so once bound the claims are facts: the
+agent reads them by name (GET, in the pod's namespace: its RBAC allows reading
+resourceclaims), maps their devices to NUMA nodes through the node's ResourceSlices
+(:mod:`numalign.api.draclaims`) and admits the pod with them as fixed hints (the ``dra``
+resource kind, :mod:`numalign.topology.managers.dra`), under the pod's own policy. A claim
+not yet readable or allocated is read again for a while (:data:`WAIT_SECONDS`), then the
+pod is rejected (``UnexpectedAdmissionError``, naming the claim). An allocated device
+whose NUMA nodes cannot be told gives no hint; the pod gets a Warning event saying which
+device and why (:data:`DEVICE_PROBLEM_REASON`). A pod refused by its policy gets an event
+naming the devices it was decided with (:data:`REJECTED_DEVICES_REASON`): its claims are
+released once it failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from numalign.api.dra import NodeDraDevices
+from numalign.api.draclaims import (
+    DEVICE_PROBLEM_REASON,
+    REJECTED_DEVICES_REASON,
+    KindOf,
+    PodDraDevices,
+    emulated_kind_of,
+    pod_claims,
+    pod_dra_devices,
+)
+from numalign.api.kube import ApiError, Kube, q
+from numalign.topology.admit import ProviderKind
+from numalign.topology.managers.dra import DraDevices
+
+from .state import NodeState
+
+log = logging.getLogger(__name__)
+
+WAIT_SECONDS = 30.0  # how long a bound pod's claims may take to read as allocated
+RETRY_SECONDS = 0.5
+UNREADY_REASON = "UnexpectedAdmissionError"
+
+
+def claim_path(namespace: str, name: str) -> str:
+    return f"/apis/resource.k8s.io/v1/namespaces/{q(namespace)}/resourceclaims/{q(name)}"
+
+
+async def read_claims(kube: Kube, pod: Mapping[str, Any]
+                      ) -> tuple[dict[str, Mapping[str, Any] | None], dict[str, str]]:
+    """The pod's ResourceClaim objects by name (None: not found), and why those that
+    could not be read were not."""
+    ns = str((pod.get("metadata") or {}).get("namespace") or "default")
+    out: dict[str, Mapping[str, Any] | None] = {}
+    errors: dict[str, str] = {}
+    for ref in pod_claims(pod)[0]:
+        if ref.claim and ref.claim not in out:
+            try:
+                out[ref.claim] = await kube.get_or_none(claim_path(ns, ref.claim))
+            except ApiError as e:
+                errors[ref.claim] = f"ResourceClaim {ns}/{ref.claim}: cannot read it: {e}"
+    return out, errors
+
+
+async def pod_devices(kube: Kube, pod: Mapping[str, Any],
+                      node: Callable[[], NodeDraDevices | None],
+                      machine: Collection[int], kind_of: KindOf, *,
+                      wait: float = WAIT_SECONDS, retry: float = RETRY_SECONDS
+                      ) -> tuple[PodDraDevices, bool]:
+    """The pod's claims and devices once all are allocated and the node's slices are
+    read, and True; or, once ``wait`` has passed, as they stand and False. ``node``: the
+    node's DRA devices as read now (None: not yet)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    while True:
+        claims, errors = await read_claims(kube, pod)
+        devices = node()
+        got = pod_dra_devices(pod, claims, None if devices is None else devices.devices,
+                              machine, kind_of)
+        ready = got.ready and devices is not None
+        if ready or loop.time() >= deadline:
+            for i, c in enumerate(got.claims):  # not "not found": it could not be read
+                if c.claim.claim in errors:
+                    got.claims[i] = replace(c, problem=errors[c.claim.claim])
+                    log.warning("pod %s: %s", (pod.get("metadata") or {}).get("name"),
+                                errors[c.claim.claim])
+            return got, ready
+        await asyncio.sleep(retry)
+
+
+@dataclass
+class Verdict:
+    """What reading a bound pod's claims says: the kinds to admit it with, or why it is
+    refused; and a warning for its devices that give no hint."""
+
+    kinds: list[ProviderKind] = field(default_factory=list)
+    refusal: str | None = None
+    warning: str | None = None
+    devices: PodDraDevices | None = None
+
+
+async def verdict(kube: Kube, st: NodeState, pod: Mapping[str, Any], *,
+                  wait: float = WAIT_SECONDS) -> Verdict:
+    """Read the claims of ``pod`` bound to the emulated node of ``st``."""
+    got, ready = await pod_devices(kube, pod, lambda: st.dra, st.machine.numa_ids,
+                                   emulated_kind_of(st.machine), wait=wait)
+    if not ready:
+        return Verdict(refusal=unready_message(got), devices=got)
+    return Verdict([dra_kind(got)], warning=device_problem_message(got), devices=got)
+
+
+class ClaimAdmission:
+    """The emulator's part for pods with claims (mixed into
+    :class:`numalign.agent.emulate.Emulator`, which gives what is declared here)."""
+
+    kube: Kube
+    _claims_reading: set[str]  # pods whose claims are being read
+    _finalizing: set[str]
+    _seen: dict[str, float]
+    publisher: Any
+
+    def _spawn(self, coro: Any) -> None:
+        raise NotImplementedError
+
+    async def _event(self, st: NodeState, pod: Mapping[str, Any], reason: str,
+                     message: str) -> None:
+        raise NotImplementedError
+
+    async def _write_rejected(self, st: NodeState, pod: Mapping[str, Any], reason: str,
+                              message: str, problem: str | None) -> None:
+        raise NotImplementedError
+
+    def _decide(self, st: NodeState, pod: Mapping[str, Any],
+                devices: Sequence[ProviderKind] = ()) -> None:
+        raise NotImplementedError
+
+    async def _admit_with_claims(self, st: NodeState, pod: Mapping[str, Any]) -> None:
+        """Read the bound pod's claims, then admit it with their devices (or refuse it)."""
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        try:
+            v = await verdict(self.kube, st, pod)
+        finally:
+            self._claims_reading.discard(uid)
+        if uid in st.decided or uid in self._finalizing or uid not in self._seen:
+            return  # decided, deleted or gone meanwhile
+        if v.warning:
+            self._spawn(self._event(st, pod, DEVICE_PROBLEM_REASON, v.warning))
+        if v.refusal is not None:
+            st.refuse(pod, UNREADY_REASON, v.refusal)
+            self.publisher.mark(st.name)
+            self._spawn(self._write_rejected(st, pod, UNREADY_REASON, v.refusal, None))
+        else:
+            self._decide(st, pod, v.kinds)
+            if st.decided.get(uid) is False and v.devices is not None:
+                # the claims are released once the pod failed: say what it was refused with
+                self._spawn(self._event(st, pod, REJECTED_DEVICES_REASON,
+                                        devices_message(v.devices)))
+
+
+def dra_kind(got: PodDraDevices) -> DraDevices:
+    """The ``dra`` resource kind of the pod's admission."""
+    return DraDevices(got.requests())
+
+
+def unready_message(got: PodDraDevices) -> str:
+    """Why a pod with claims cannot be admitted yet (each claim named)."""
+    why = [f"claim {c.claim.name}: {c.problem or 'not allocated'}"
+           for c in got.claims if not c.allocated]
+    return "DRA: " + ("; ".join(why) or "this node's ResourceSlices are not read yet")
+
+
+def devices_message(got: PodDraDevices) -> str:
+    """The claim devices a pod was decided with, and their NUMA nodes."""
+    parts = []
+    for c in got.claims:
+        for d in c.devices:
+            numa = ",".join(map(str, d.numa_nodes)) if d.numa_nodes else "unknown"
+            parts.append(f"claim {c.claim.name} request {d.request}: {d.id} on NUMA {numa}")
+    return ("decided with DRA devices: " + "; ".join(parts))[:1000]
+
+
+def device_problem_message(got: PodDraDevices) -> str | None:
+    """The Warning event's message for allocated devices that give no hint, or None."""
+    problems = got.device_problems() + got.problems
+    if not problems:
+        return None
+    return "DRA devices without a NUMA hint (not aligned): " + "; ".join(problems)[:900]
+
+
+__all__ = [
+    "DEVICE_PROBLEM_REASON",
+    "UNREADY_REASON",
+    "Verdict",
+    "claim_path",
+    "device_problem_message",
+    "dra_kind",
+    "emulated_kind_of",
+    "pod_devices",
+    "read_claims",
+    "unready_message",
+    "verdict",
+]
