@@ -1,0 +1,120 @@
+"""The real node's test devices through DRA (``numalign dev up --real-node --nri --dra``):
+a kubelet plugin of numalign's (driver ``dra.numalign.io``) publishes ``realnode-2numa``'s
+two sample devices as ResourceSlices with their NUMA nodes; kube-scheduler allocates a
+pod's claim; the real kubelet has the plugin prepare it and containerd injects it through
+CDI (the container's environment names the prepared device); the plugin unprepares it
+when the pod goes.
+
+``realnode-2numa`` is this machine's two CPUs as two NUMA nodes of one CPU each, CPU 0
+reserved: CPU 1 (NUMA node 1) is the one CPU a container can hold exclusively."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from e2e_helpers import wait_for
+from nri_helpers import running
+from numalign.devcluster.draplugin import DRIVER, SLICE_LABEL, env_var, spec_file
+from realnode_helpers import running_real_node, wait_running, workload_pod
+
+pytestmark = pytest.mark.cluster
+
+GROUP, VERSION = "resource.k8s.io", "v1"
+CLASS = "sample-device.numalign.io.dra.numalign.io"
+NUMA = "resource.kubernetes.io/numaNode"
+
+
+@pytest.fixture(scope="module")
+def dra_node(dev_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real kubelet and containerd in nri mode with the DRA plugin instead of the sample
+    device plugin; removed after this module's tests."""
+    logs = tmp_path_factory.mktemp("realnode-dra-logs")
+    with running_real_node(dev_cluster, logs, "realnode-dra", mode="nri", dra=True) as node:
+        yield node
+
+
+def _custom(k8s_client: Any) -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(k8s_client)
+
+
+def _slices(k8s_client: Any) -> list[dict[str, Any]]:
+    body = _custom(k8s_client).list_cluster_custom_object(
+        GROUP, VERSION, "resourceslices", field_selector="spec.nodeName=localhost")
+    return [s for s in body["items"] if s["spec"]["driver"] == DRIVER]
+
+
+def claim_pod(name: str, template: str) -> dict[str, Any]:
+    """A guaranteed 1-CPU pod of the workload image whose container uses claim ``dev``
+    made from ``template``."""
+    pod = workload_pod(name)
+    pod["spec"]["resourceClaims"] = [{"name": "dev", "resourceClaimTemplateName": template}]
+    pod["spec"]["containers"][0]["resources"]["claims"] = [{"name": "dev"}]
+    return pod
+
+
+def claim_template(name: str, numa_node: int) -> dict[str, Any]:
+    """One sample device of the real node's driver on ``numa_node``."""
+    cel = f'device.attributes["resource.kubernetes.io"].numaNode == {numa_node}'
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name},
+            "spec": {"spec": {"devices": {"requests": [{
+                "name": "dev", "exactly": {"deviceClassName": CLASS,
+                                           "selectors": [{"cel": {"expression": cel}}]}}]}}}}
+
+
+def test_the_plugin_publishes_the_devices_with_their_numa_nodes(
+        dra_node: Any, core: client.CoreV1Api, k8s_client: Any) -> None:
+    assert dra_node.state().get("dra") is True
+    assert dra_node.process("dra-plugin").is_running()
+    assert not dra_node.process("device-plugin").is_running()
+    registry = dra_node.kubelet_dir / "plugins_registry" / f"{DRIVER}-reg.sock"
+    assert registry.is_socket()
+    slices = _slices(k8s_client)
+    devices = {d["name"]: d for s in slices for d in s["spec"]["devices"]}
+    assert {n: d["attributes"][NUMA]["int"] for n, d in devices.items()} == {"dev0": 0,
+                                                                              "dev1": 1}
+    assert all(s["spec"]["pool"]["name"] == "localhost" for s in slices)
+    assert all((s["metadata"].get("labels") or {}).get(SLICE_LABEL) == "true" for s in slices)
+    node = core.read_node("localhost")
+    assert [o["name"] for s in slices for o in s["metadata"]["ownerReferences"]] == \
+        ["localhost"] * len(slices)
+    # no extended resource: the devices are DRA's alone
+    assert "numalign.io/sample-device" not in (node.status.allocatable or {})
+    _custom(k8s_client).get_cluster_custom_object(GROUP, VERSION, "deviceclasses", CLASS)
+
+
+def test_a_claimed_device_is_prepared_and_injected_through_cdi(
+        dra_node: Any, core: client.CoreV1Api, k8s_client: Any, namespace: str) -> None:
+    custom = _custom(k8s_client)
+    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "resourceclaimtemplates",
+                                           claim_template("numa1", 1))
+    core.create_namespaced_pod(namespace, claim_pod("dra-numa1", "numa1"))
+    pod = wait_running(core, namespace, "dra-numa1", timeout=240)
+
+    claims = custom.list_namespaced_custom_object(GROUP, VERSION, namespace,
+                                                  "resourceclaims")["items"]
+    assert len(claims) == 1
+    claim = claims[0]
+    results = claim["status"]["allocation"]["devices"]["results"]
+    assert [(r["driver"], r["pool"], r["device"]) for r in results] == \
+        [(DRIVER, "localhost", "dev1")]
+    uid = claim["metadata"]["uid"]
+    spec = spec_file(dra_node.containerd_dir / "cdi", uid)
+    assert json.loads(spec.read_text())["devices"][0]["containerEdits"]["env"] == \
+        [f"{env_var('dev1')}=dev1"]
+
+    # containerd injected the prepared device: the container's environment names it
+    (c,) = running(dra_node, pod_uid=pod.metadata.uid).values()
+    environ = Path(f"/proc/{c.pid}/environ").read_bytes().split(b"\0")
+    assert f"{env_var('dev1')}=dev1".encode() in environ
+    assert not any(e.startswith(env_var("dev0").encode()) for e in environ)
+
+    # the pod gone, the kubelet has the plugin unprepare the claim: its CDI spec goes
+    core.delete_namespaced_pod("dra-numa1", namespace, grace_period_seconds=0)
+    wait_for(lambda: not spec.exists(), 120, "the claim's CDI spec removed (unprepared)")
