@@ -306,6 +306,11 @@ def test_agent_daemonset_role_is_split_from_the_emulation_role(default: list[Obj
         assert _allows(erules, "resource.k8s.io", "resourceslices", verb)
     for verb in ("patch", "delete", "deletecollection"):
         assert not _allows(erules, "resource.k8s.io", "resourceslices", verb)
+    # pods with claims: the claims are read for their allocated devices, never written
+    for verb in ("get", "list", "watch"):
+        assert _allows(erules, "resource.k8s.io", "resourceclaims", verb)
+    for verb in ("create", "update", "patch", "delete"):
+        assert not _allows(erules, "resource.k8s.io", "resourceclaims", verb)
     [sa] = of_kind(emulation, "ServiceAccount")
     assert sa["metadata"]["name"] == "numalign-agent-emulation"
 

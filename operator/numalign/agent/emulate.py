@@ -20,6 +20,7 @@ from typing import Any
 
 from numalign.api.allocation import Allocation
 from numalign.api.dra import NodeDraDevices
+from numalign.api.draclaims import uses_claims
 from numalign.api.effective import NodeKind, NodePolicy, effective_policy
 from numalign.api.kube import MERGE_PATCH, NT_BASE, ApiError, Kube, nt_path, pod_path, q
 from numalign.api.kube.listwatch import list_watch
@@ -30,8 +31,10 @@ from numalign.api.names import (
     REJECTED_PREFIX,
     TOPOLOGY_MESSAGE,
 )
+from numalign.topology.admit import ProviderKind
 from numalign.topology.machine import Machine
 
+from . import claimadmit
 from .dra import FleetDraDevices
 from .draslices import publish_slices, without_devices
 from .kubelet_status import (
@@ -83,7 +86,7 @@ def expand(machines: Sequence[tuple[Machine, int]], start: int = 0) -> list[Node
     return out
 
 
-class Emulator:
+class Emulator(claimadmit.ClaimAdmission):
     def __init__(self, kube: Kube, nodes: Sequence[NodeSpec], *,
                  lease_interval: float = 10.0, status_interval: float = 60.0,
                  publish_delay: float = 0.2, publish_interval: float = 1.0,
@@ -120,6 +123,7 @@ class Emulator:
         self._event_sem = asyncio.Semaphore(max(1, background_connections))
         self.ips = PodIps()
         self._finalizing: set[str] = set()
+        self._claims_reading: set[str] = set()  # pods whose claims are read (claimadmit)
         self._tasks: set[asyncio.Task[None]] = set()
         self._seen: dict[str, float] = {}
         self.stats = Stats()
@@ -468,10 +472,20 @@ class Emulator:
                 self.publisher.mark(node)
             return
         self._seen.setdefault(uid, time.monotonic())
+        if uses_claims(pod):  # decided once its claims are read (claimadmit.py)
+            if uid not in self._claims_reading:
+                self._claims_reading.add(uid)
+                self._spawn(self._admit_with_claims(st, pod))
+            return
+        self._decide(st, pod)
+
+    def _decide(self, st: NodeState, pod: Mapping[str, Any],
+                devices: Sequence[ProviderKind] = ()) -> None:
+        node, uid, meta = st.name, pod_uid(pod), pod.get("metadata") or {}
         eff = effective_policy(pod, NodePolicy(NodeKind.EMULATED, st.default))
         problem = eff.problem
         try:
-            decision = st.decide(pod, eff)
+            decision = st.decide(pod, eff, devices)
         except Exception as e:  # a pod the engine cannot read is rejected
             log.exception("%s: cannot admit %s/%s", node, meta.get("namespace"), meta.get("name"))
             st.decided[uid] = False

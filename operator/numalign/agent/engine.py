@@ -17,6 +17,7 @@ from numalign.topology.errors import TopologyError
 from numalign.topology.hints import mask_ids
 from numalign.topology.ledger import Ledger, LedgerError
 from numalign.topology.machine import Machine
+from numalign.topology.managers.dra import NAME as DRA
 from numalign.topology.pod import Pod, pod_from_dict
 from numalign.topology.resourcefit import fit_requests
 
@@ -73,6 +74,10 @@ def _allocation_of(ledger: Ledger, uid: str, result: AdmitResult) -> Allocation:
         pod_numa = mask_ids(result.hint.mask)
     else:
         pod_numa = sorted({n for v in numa_of.values() for n in v})
+    dra: dict[str, dict[str, list[str]]] = result.reports.get(DRA) or {}
+    for name, per in dra.items():
+        if name in containers:
+            containers[name].dra_devices = {k: list(v) for k, v in per.items()}
     gpus = {str(k): [str(i) for i in v] for k, v in result.gpus.items()}
     return Allocation(numa_nodes=pod_numa, containers=containers, gpus=gpus)
 

@@ -41,10 +41,15 @@ class ContainerRecord:
     # the NUMA nodes the container's memory may use (the memory manager's block affinity;
     # set even when it took no bytes of its own, reusing its init container's memory)
     memory_numa_nodes: list[int] | None = None
+    # DRA devices the scheduler allocated to its claims: request key
+    # (``dra:<claim>/<request>``) -> ``driver/pool/device`` (not in the ledger)
+    dra_devices: dict[str, list[str]] = field(default_factory=dict)
 
     def to_json(self) -> JSON:
         out: JSON = {"cpus": list(self.cpus), "memory": dict(self.memory),
                      "devices": {k: list(v) for k, v in self.devices.items()}}
+        if self.dra_devices:
+            out["draDevices"] = {k: list(v) for k, v in self.dra_devices.items()}
         if self.numa_nodes is not None:
             out["numaNodes"] = list(self.numa_nodes)
         if self.hugepages:
@@ -204,7 +209,8 @@ def _container(c: Any, w: str) -> ContainerRecord:
         numa_nodes=None if numa_raw is None else _numa_ids(numa_raw, f"{w}.numaNodes"),
         hugepages=hugepages,
         memory_numa_nodes=None if mem_numa_raw is None
-        else _numa_ids(mem_numa_raw, f"{w}.memoryNumaNodes"))
+        else _numa_ids(mem_numa_raw, f"{w}.memoryNumaNodes"),
+        dra_devices=_str_lists(c.get("draDevices"), f"{w}.draDevices"))
 
 
 def allocation_from_json(doc: Any, where: str = f"annotation {ANN_ALLOCATION}") -> Allocation:
@@ -282,6 +288,8 @@ class Admitted:
                 c["devices"] = {k: list(v) for k, v in ca.devices.items()}
             if ca.memory_numa_nodes is not None:
                 c["memoryNumaNodes"] = list(ca.memory_numa_nodes)
+            if ca.dra_devices:
+                c["draDevices"] = {k: list(v) for k, v in ca.dra_devices.items()}
             containers.append(c)
         if containers:
             entry["containers"] = containers

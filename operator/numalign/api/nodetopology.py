@@ -178,6 +178,9 @@ class AdmittedContainer(Model):
     """The NUMA nodes its memory may use (the memory manager's block affinity), when
     known; it can differ from numaNodes, and a restarted agent or the scheduler extender
     rebuilding the node's state needs it."""
+    dra_devices: dict[str, list[str]] | None = None
+    """DRA devices kube-scheduler allocated to the container's ResourceClaims: per claim
+    request (dra:<claim>/<request>), driver/pool/device."""
 
 
 class AdmittedPod(Model):

@@ -8,7 +8,8 @@ Built in, in hint order: CPUs (``cpu``, 10), memory and hugepages (``memory``, 2
 device manager's devices (``devices``, 30), GPU groups from ``numalign.io/gpus``
 (``gpu-groups``, 50: :mod:`.gpu_groups`). A caller with kinds of its own for one
 admission passes them to ``admit_pod(providers=...)`` (the NRI agent's devices the
-kubelet assigned, 40: ``numalign.agent.nri.devices``).
+kubelet assigned, 40: ``numalign.agent.nri.devices``; the devices kube-scheduler
+allocated to a pod's ResourceClaims, 45: :mod:`.dra`).
 
 To add a resource kind, write one provider and :func:`register` its kind (a toy one:
 ``tests/unit/test_resource_kinds.py``). The provider declares

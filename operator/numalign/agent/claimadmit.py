@@ -1,0 +1,194 @@
+"""An emulated node admits a pod with ResourceClaims as the kubelet would admit it with
+device-plugin devices on the same NUMA nodes.
+
+kube-scheduler allocates the pod's claims (writing the devices in each claim's
+``status.allocation``) before it binds the pod, so once bound the claims are facts: the
+agent reads them by name (GET, in the pod's namespace: its RBAC allows get/list/watch on
+resourceclaims), maps their devices to NUMA nodes through the node's ResourceSlices
+(:mod:`numalign.api.draclaims`) and admits the pod with them as fixed hints (the ``dra``
+resource kind, :mod:`numalign.topology.managers.dra`), under the pod's own policy. A claim
+not yet readable or allocated is read again for a while (:data:`WAIT_SECONDS`), then the
+pod is rejected (``UnexpectedAdmissionError``, naming the claim). An allocated device
+whose NUMA nodes cannot be told gives no hint; the pod gets a Warning event saying which
+device and why (:data:`DEVICE_PROBLEM_REASON`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from numalign.api.dra import DraDevice, NodeDraDevices
+from numalign.api.draclaims import KindOf, PodDraDevices, default_kind, pod_claims, pod_dra_devices
+from numalign.api.draemulated import DRIVER, device_names
+from numalign.api.kube import ApiError, Kube, q
+from numalign.topology.admit import ProviderKind
+from numalign.topology.machine import Machine
+from numalign.topology.managers.dra import DraDevices
+
+from .state import NodeState
+
+log = logging.getLogger(__name__)
+
+WAIT_SECONDS = 30.0  # how long a bound pod's claims may take to read as allocated
+RETRY_SECONDS = 0.5
+UNREADY_REASON = "UnexpectedAdmissionError"
+DEVICE_PROBLEM_REASON = "DRADeviceTopology"
+
+
+def claim_path(namespace: str, name: str) -> str:
+    return f"/apis/resource.k8s.io/v1/namespaces/{q(namespace)}/resourceclaims/{q(name)}"
+
+
+def emulated_kind_of(machine: Machine) -> KindOf:
+    """Device kinds on an emulated node: a device of the emulated driver is of its
+    machine-file resource (a GPU's peers are the node's GPUs, as for the device manager);
+    any other driver's device: its driver and pool."""
+    devices = list(machine.devices)
+    resource = dict(zip(device_names(devices), (d.resource for d in devices), strict=True))
+
+    def kind_of(d: DraDevice) -> str:
+        if d.driver == DRIVER and d.device in resource:
+            return f"{DRIVER}/{resource[d.device]}"
+        return default_kind(d)
+
+    return kind_of
+
+
+async def read_claims(kube: Kube, pod: Mapping[str, Any]) -> dict[str, Mapping[str, Any] | None]:
+    """The pod's ResourceClaim objects by name (None: not found)."""
+    ns = str((pod.get("metadata") or {}).get("namespace") or "default")
+    out: dict[str, Mapping[str, Any] | None] = {}
+    for ref in pod_claims(pod)[0]:
+        if ref.claim and ref.claim not in out:
+            out[ref.claim] = await kube.get_or_none(claim_path(ns, ref.claim))
+    return out
+
+
+async def pod_devices(kube: Kube, pod: Mapping[str, Any],
+                      node: Callable[[], NodeDraDevices | None],
+                      machine: Collection[int], kind_of: KindOf, *,
+                      wait: float = WAIT_SECONDS, retry: float = RETRY_SECONDS
+                      ) -> tuple[PodDraDevices, bool]:
+    """The pod's claims and devices once all are allocated and the node's slices are
+    read, and True; or, once ``wait`` has passed, as they stand and False. ``node``: the
+    node's DRA devices as read now (None: not yet)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    while True:
+        try:
+            claims = await read_claims(kube, pod)
+        except ApiError as e:
+            log.warning("pod %s: reading its ResourceClaims: %s",
+                        (pod.get("metadata") or {}).get("name"), e)
+            claims = {}
+        devices = node()
+        got = pod_dra_devices(pod, claims, None if devices is None else devices.devices,
+                              machine, kind_of)
+        ready = got.ready and devices is not None
+        if ready or loop.time() >= deadline:
+            return got, ready
+        await asyncio.sleep(retry)
+
+
+@dataclass
+class Verdict:
+    """What reading a bound pod's claims says: the kinds to admit it with, or why it is
+    refused; and a warning for its devices that give no hint."""
+
+    kinds: list[ProviderKind] = field(default_factory=list)
+    refusal: str | None = None
+    warning: str | None = None
+    devices: PodDraDevices | None = None
+
+
+async def verdict(kube: Kube, st: NodeState, pod: Mapping[str, Any], *,
+                  wait: float = WAIT_SECONDS) -> Verdict:
+    """Read the claims of ``pod`` bound to the emulated node of ``st``."""
+    got, ready = await pod_devices(kube, pod, lambda: st.dra, st.machine.numa_ids,
+                                   emulated_kind_of(st.machine), wait=wait)
+    if not ready:
+        return Verdict(refusal=unready_message(got), devices=got)
+    return Verdict([dra_kind(got)], warning=device_problem_message(got), devices=got)
+
+
+class ClaimAdmission:
+    """The emulator's part for pods with claims (mixed into
+    :class:`numalign.agent.emulate.Emulator`, which gives what is declared here)."""
+
+    kube: Kube
+    _claims_reading: set[str]  # pods whose claims are being read
+    _finalizing: set[str]
+    _seen: dict[str, float]
+    publisher: Any
+
+    def _spawn(self, coro: Any) -> None:
+        raise NotImplementedError
+
+    async def _event(self, st: NodeState, pod: Mapping[str, Any], reason: str,
+                     message: str) -> None:
+        raise NotImplementedError
+
+    async def _write_rejected(self, st: NodeState, pod: Mapping[str, Any], reason: str,
+                              message: str, problem: str | None) -> None:
+        raise NotImplementedError
+
+    def _decide(self, st: NodeState, pod: Mapping[str, Any],
+                devices: Sequence[ProviderKind] = ()) -> None:
+        raise NotImplementedError
+
+    async def _admit_with_claims(self, st: NodeState, pod: Mapping[str, Any]) -> None:
+        """Read the bound pod's claims, then admit it with their devices (or refuse it)."""
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        try:
+            v = await verdict(self.kube, st, pod)
+        finally:
+            self._claims_reading.discard(uid)
+        if uid in st.decided or uid in self._finalizing or uid not in self._seen:
+            return  # decided, deleted or gone meanwhile
+        if v.warning:
+            self._spawn(self._event(st, pod, DEVICE_PROBLEM_REASON, v.warning))
+        if v.refusal is not None:
+            st.refuse(pod, UNREADY_REASON, v.refusal)
+            self.publisher.mark(st.name)
+            self._spawn(self._write_rejected(st, pod, UNREADY_REASON, v.refusal, None))
+        else:
+            self._decide(st, pod, v.kinds)
+
+
+def dra_kind(got: PodDraDevices) -> DraDevices:
+    """The ``dra`` resource kind of the pod's admission."""
+    return DraDevices(got.requests())
+
+
+def unready_message(got: PodDraDevices) -> str:
+    """Why a pod with claims cannot be admitted yet (each claim named)."""
+    why = [f"claim {c.claim.name}: {c.problem or 'not allocated'}"
+           for c in got.claims if not c.allocated]
+    return "DRA: " + ("; ".join(why) or "this node's ResourceSlices are not read yet")
+
+
+def device_problem_message(got: PodDraDevices) -> str | None:
+    """The Warning event's message for allocated devices that give no hint, or None."""
+    problems = got.device_problems() + got.problems
+    if not problems:
+        return None
+    return "DRA devices without a NUMA hint (not aligned): " + "; ".join(problems)[:900]
+
+
+__all__ = [
+    "DEVICE_PROBLEM_REASON",
+    "UNREADY_REASON",
+    "Verdict",
+    "claim_path",
+    "device_problem_message",
+    "dra_kind",
+    "emulated_kind_of",
+    "pod_devices",
+    "read_claims",
+    "unready_message",
+    "verdict",
+]
