@@ -218,3 +218,15 @@ def test_slices_published_again_after_the_kubelet_wipes_them(
 def test_a_socket_path_too_long_names_the_option(tmp_path: Path) -> None:
     with pytest.raises(DraPluginError, match="--kubelet-dir"):
         DraPlugin(MACHINE, "n", tmp_path / ("x" * 120), tmp_path, FakeKube())  # type: ignore[arg-type]
+
+
+def test_the_command_refuses_a_machine_without_devices(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from numalign.devcluster import command as dev
+
+    machine = tmp_path / "bare.yaml"
+    machine.write_text("name: bare\nnumaNodes:\n  - {id: 0, cpus: '0', memory: 1Gi}\n")
+    argv = ["dra-plugin", "--machine", str(machine), "--kubelet-dir", str(tmp_path),
+            "--cdi-dir", str(tmp_path / "cdi")]
+    assert dev.main(argv) == 1
+    assert "--machine: machine bare lists no devices" in capsys.readouterr().err

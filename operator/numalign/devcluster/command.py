@@ -356,10 +356,11 @@ def _dra_plugin(args: argparse.Namespace) -> int:
     from ..api.kube import SyncKube
     from ..api.kube.config import ConfigError, load_config
     from ..topology.machine import load_machine
-    from .draplugin import DraPluginError, run_dra_plugin
+    from .draplugin import DraPluginError, check, run_dra_plugin
 
     try:
         machine = load_machine(args.machine)
+        check(machine, args.kubelet_dir)
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda _s, _f: stop.set())

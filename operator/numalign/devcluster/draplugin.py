@@ -341,13 +341,18 @@ class DraPlugin:
             self.stop_servers()
 
 
-def run_dra_plugin(machine: Machine, node: str, kubelet_dir: Path, cdi_dir: Path,
-                   kube: SyncKube, stop: threading.Event, log: Log | None = None) -> None:
-    """``numalign dev dra-plugin``: serve ``machine``'s devices until ``stop`` is set."""
+def check(machine: Machine, kubelet_dir: Path) -> None:
+    """Raise DraPluginError when the plugin cannot serve ``machine`` there."""
     if kubelet_dir.exists() and not kubelet_dir.is_dir():
         raise DraPluginError(f"--kubelet-dir: {kubelet_dir} is not a folder")
     if not machine.devices:
-        raise DraPluginError(f"machine {machine.name} lists no devices to publish")
+        raise DraPluginError(f"--machine: machine {machine.name} lists no devices to publish")
+
+
+def run_dra_plugin(machine: Machine, node: str, kubelet_dir: Path, cdi_dir: Path,
+                   kube: SyncKube, stop: threading.Event, log: Log | None = None) -> None:
+    """``numalign dev dra-plugin``: serve ``machine``'s devices until ``stop`` is set."""
+    check(machine, kubelet_dir)
     DraPlugin(machine, node, kubelet_dir, cdi_dir, kube, log=log).run(stop)
 
 
@@ -362,6 +367,7 @@ __all__ = [
     "allocated_devices",
     "cdi_id",
     "cdi_spec",
+    "check",
     "env_var",
     "run_dra_plugin",
     "spec_file",
