@@ -3,7 +3,9 @@ a kubelet plugin of numalign's (driver ``dra.numalign.io``) publishes ``realnode
 two sample devices as ResourceSlices with their NUMA nodes; kube-scheduler allocates a
 pod's claim; the real kubelet has the plugin prepare it and containerd injects it through
 CDI (the container's environment names the prepared device); the plugin unprepares it
-when the pod goes.
+when the pod goes. numalign's agent, placing containers through NRI, reads the pod's claim
+and puts its CPUs and memory on its device's NUMA node under the pod's policy, or rejects
+it the kubelet's way when they cannot be aligned.
 
 ``realnode-2numa`` is this machine's two CPUs as two NUMA nodes of one CPU each, CPU 0
 reserved: CPU 1 (NUMA node 1) is the one CPU a container can hold exclusively."""
@@ -19,9 +21,11 @@ import pytest
 from kubernetes import client
 
 from e2e_helpers import wait_for
-from nri_helpers import running
+from nri_helpers import allocation, app_containers, exclusive, expected_mems, running
+from numalign.api.names import REJECT_REASON, TOPOLOGY_MESSAGE
 from numalign.devcluster.draplugin import DRIVER, SLICE_LABEL, env_var, spec_file
-from realnode_helpers import running_real_node, wait_running, workload_pod
+from operator_helpers import delete_policy, operator, policy
+from realnode_helpers import running_real_node, story, wait_running, workload_pod
 
 pytestmark = pytest.mark.cluster
 
@@ -118,3 +122,53 @@ def test_a_claimed_device_is_prepared_and_injected_through_cdi(
     # the pod gone, the kubelet has the plugin unprepare the claim: its CDI spec goes
     core.delete_namespaced_pod("dra-numa1", namespace, grace_period_seconds=0)
     wait_for(lambda: not spec.exists(), 120, "the claim's CDI spec removed (unprepared)")
+
+
+def test_the_pod_is_placed_next_to_its_claimed_device_under_its_policy(
+        dra_node: Any, core: client.CoreV1Api, k8s_client: Any, namespace: str,
+        kubeconfig: Path, tmp_path: Path) -> None:
+    """single-numa-node (the namespace's TopologyPolicy, no redeploy): a 1-CPU pod whose
+    claim gets the device on NUMA node 1 runs with its CPU and memory there (numalign read
+    the claim: the allocation names the device); one whose device is on NUMA node 0, where
+    no CPU can be had exclusively (CPU 0 is reserved), is rejected with the kubelet's
+    TopologyAffinityError and never gets a container."""
+    custom = _custom(k8s_client)
+    for n in (0, 1):
+        custom.create_namespaced_custom_object(GROUP, VERSION, namespace,
+                                               "resourceclaimtemplates",
+                                               claim_template(f"numa{n}", n))
+    name = f"dra-{namespace}"[:60]
+    with operator(kubeconfig, k8s_client, tmp_path / "op.log") as op:
+        policy(k8s_client, name, {"policy": "single-numa-node", "namespaces": [namespace],
+                                  "redeploy": {"enabled": False}})
+        try:
+            core.create_namespaced_pod(namespace, claim_pod("near", "numa1"))
+            near = wait_running(core, namespace, "near", timeout=240)
+            alloc = wait_for(lambda: allocation(core.read_namespaced_pod("near", namespace)),
+                             60, "near's numalign.io/allocation")
+            numa1 = set(dra_node.machine().numa_nodes[1].cpus)
+            mine = exclusive(alloc, "work")
+            assert mine and mine <= numa1, alloc
+            assert [ids for ids in alloc.containers["work"].dra_devices.values()] == \
+                [[f"{DRIVER}/localhost/dev1"]], alloc
+            (c,) = running(dra_node, pod_uid=near.metadata.uid).values()
+            assert c.status_cpus == mine and c.cgroup_cpus == mine
+            assert c.cgroup_mems == expected_mems(alloc, "work")
+            core.delete_namespaced_pod("near", namespace, grace_period_seconds=0)
+            wait_for(lambda: not running(dra_node, pod_uid=near.metadata.uid), 120,
+                     "near's container gone")
+
+            core.create_namespaced_pod(namespace, claim_pod("far", "numa0"))
+
+            def failed() -> Any:
+                pod = core.read_namespaced_pod("far", namespace)
+                assert pod.status.phase != "Running", story(core, namespace)
+                return pod if pod.status.phase == "Failed" else None
+
+            far = wait_for(failed, 240, "far Failed")
+            assert far.status.reason == REJECT_REASON, far.status
+            assert TOPOLOGY_MESSAGE in (far.status.message or ""), far.status
+            assert not app_containers(dra_node, pod_uid=far.metadata.uid)
+            assert "Traceback" not in op.text()
+        finally:
+            delete_policy(k8s_client, name)
