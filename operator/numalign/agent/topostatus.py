@@ -134,7 +134,9 @@ def admitted_pod(name: str, namespace: str, uid: str, resolved: Resolved,
                        if per} if ca.hugepages else None,
             devices={k: list(v) for k, v in ca.devices.items()} if ca.devices else None,
             memory_numa_nodes=(None if ca.memory_numa_nodes is None
-                               else list(ca.memory_numa_nodes))))
+                               else list(ca.memory_numa_nodes)),
+            dra_devices={k: list(v) for k, v in ca.dra_devices.items()}
+            if ca.dra_devices else None))
     cpus, memory, devices = a.cpus, a.memory, a.devices
     return AdmittedPod.model_construct(
         pod=name, namespace=namespace, uid=uid, policy=r.policy, scope=r.scope,

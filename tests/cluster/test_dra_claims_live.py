@@ -1,0 +1,282 @@
+"""Pods with ResourceClaims on an emulated DRA node, against the real API server,
+kube-scheduler (its DRA allocator) and kube-controller-manager (claims from templates):
+the scheduler allocates the claims, the emulated node then admits the pod with the
+allocated devices as fixed hints under the pod's own policy, as the kubelet would for
+device-plugin devices on the same NUMA nodes, and rejects it with TopologyAffinityError
+where that policy refuses; the redeploy replaces a rejected pod (a template's claim comes
+fresh, a shared claim is left alone); bad input gets a clear message and breaks no other
+pod."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import testdata
+from agent_helpers import StartAgent
+from numalign.api import draemulated as de
+from numalign.api.names import ANN_ALLOCATION, ANN_RESOLVED, REJECT_REASON
+from numalign.api.resolved import Resolved
+from operator_helpers import delete_policy, operator, policy
+
+pytestmark = pytest.mark.cluster
+
+Kubectl = Callable[..., subprocess.CompletedProcess[str]]
+MACHINE = testdata.MACHINES / "group4-gpu.yaml"  # 2 NUMA nodes of 16 CPUs, 2 GPUs each
+GPU_CLASS = de.device_class_name("nvidia.com/gpu")
+NODE0 = set(range(16))
+NODE1 = set(range(16, 32))
+
+
+def _get(kubectl: Kubectl, *args: str) -> Any:
+    p = kubectl("get", *args, "-o", "json", check=False)
+    return json.loads(p.stdout) if p.returncode == 0 else None
+
+
+def _apply(kubectl: Kubectl, obj: dict[str, Any]) -> None:
+    kubectl("apply", "-f", "-", input=json.dumps(obj))
+
+
+def gpu_request(name: str, numa: int | None = None, cls: str = GPU_CLASS) -> dict[str, Any]:
+    """One GPU, on NUMA node ``numa`` when given (CEL on the standard attribute)."""
+    exactly: dict[str, Any] = {"deviceClassName": cls, "count": 1}
+    if numa is not None:
+        exactly["selectors"] = [{"cel": {"expression": (
+            f'device.attributes["resource.kubernetes.io"].numaNode == {numa}')}}]
+    return {"name": name, "exactly": exactly}
+
+
+# One GPU on each NUMA node: no NUMA node holds both, with the CPUs or not.
+SPLIT = {"devices": {"requests": [gpu_request("near", 0), gpu_request("far", 1)]}}
+
+
+def template(kubectl: Kubectl, ns: str, name: str, spec: dict[str, Any]) -> None:
+    _apply(kubectl, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                     "metadata": {"name": name, "namespace": ns}, "spec": {"spec": spec}})
+
+
+def claim(kubectl: Kubectl, ns: str, name: str, spec: dict[str, Any]) -> None:
+    _apply(kubectl, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                     "metadata": {"name": name, "namespace": ns}, "spec": spec})
+
+
+def pod(name: str, node: str, *, template: str | None = None, shared: str | None = None,
+        resolved: str | None = None, labels: dict[str, str] | None = None,
+        cpus: int = 4) -> dict[str, Any]:
+    """A Guaranteed pod (exclusive CPUs) on ``node`` with one claim, from a template or
+    shared by name."""
+    ref = {"resourceClaimTemplateName": template} if template else {"resourceClaimName": shared}
+    res = {"cpu": str(cpus), "memory": "1Gi"}
+    meta: dict[str, Any] = {"name": name, "labels": labels or {}}
+    if resolved:
+        meta["annotations"] = {ANN_RESOLVED: resolved}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [node]}]}]}}},
+        "resourceClaims": [{"name": "gpus", **ref}],
+        "containers": [{"name": "c", "image": "pause", "resources": {
+            "requests": res, "limits": res, "claims": [{"name": "gpus"}]}}]}}
+
+
+def create(kubectl: Kubectl, ns: str, obj: dict[str, Any]) -> None:
+    kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(obj))
+
+
+def decided(kubectl: Kubectl, ns: str, name: str, wait: Callable[..., Any]) -> dict[str, Any]:
+    def done() -> Any:
+        p = _get(kubectl, "pod", "-n", ns, name) or {}
+        return p if (p.get("status") or {}).get("phase") in ("Running", "Failed") else None
+    got: dict[str, Any] = wait(done, 90, f"pod {name} admitted or rejected")
+    return got
+
+
+def allocation(p: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = json.loads(p["metadata"]["annotations"][ANN_ALLOCATION])
+    return out
+
+
+def generated_claim(p: dict[str, Any]) -> str:
+    (st,) = p["status"]["resourceClaimStatuses"]
+    name: str = st["resourceClaimName"]
+    return name
+
+
+def events(kubectl: Kubectl, ns: str, name: str) -> list[dict[str, Any]]:
+    got = _get(kubectl, "events", "-n", ns, "--field-selector",
+               f"involvedObject.name={name}") or {}
+    items: list[dict[str, Any]] = got.get("items") or []
+    return items
+
+
+@pytest.fixture
+def classes(kubectl: Kubectl) -> Iterator[None]:
+    objs = de.device_classes(["nvidia.com/gpu"])
+    for o in objs:
+        _apply(kubectl, o)
+    yield
+    for o in objs:
+        kubectl("delete", "deviceclass", o["metadata"]["name"], "--ignore-not-found",
+                "--wait=false", check=False)
+
+
+SNN = Resolved("single-numa-node", "container", source="pod").annotation()
+BEST = Resolved("best-effort", "container", source="pod").annotation()
+
+
+def test_claims_align_cpus_or_reject_under_the_pods_policy(
+        start_agent: StartAgent, kubectl: Kubectl, namespace: str,
+        wait: Callable[..., Any], classes: None) -> None:
+    ns, node = namespace, start_agent(MACHINE, "--dra").node
+    wait(lambda: (_get(kubectl, "nodetopology", node) or {}).get("status", {}).get(
+        "draDevices"), 60, "the node's DRA devices")
+    template(kubectl, ns, "one-far", {"devices": {"requests": [gpu_request("gpu", 1)]}})
+    template(kubectl, ns, "split", SPLIT)
+
+    # (a) single-numa-node, one GPU on NUMA node 1: its CPUs go there too
+    create(kubectl, ns, pod("aligned", node, template="one-far", resolved=SNN))
+    p = decided(kubectl, ns, "aligned", wait)
+    assert p["status"]["phase"] == "Running", p["status"]
+    alloc = allocation(p)
+    c = alloc["containers"]["c"]
+    assert set(c["cpus"]) <= NODE1 and len(c["cpus"]) == 4
+    assert alloc["numaNodes"] == [1]
+    gen = _get(kubectl, "resourceclaim", "-n", ns, generated_claim(p))
+    (result,) = gen["status"]["allocation"]["devices"]["results"]
+    assert c["draDevices"] == {"dra:gpus/gpu": [f"{de.DRIVER}/{node}/{result['device']}"]}
+    # the node's status shows it, per container
+    (entry,) = wait(lambda: [e for e in ((_get(kubectl, "nodetopology", node) or {}).get(
+        "status") or {}).get("admitted") or [] if e["pod"] == "aligned"], 30,
+        "the pod in the node's status.admitted")
+    assert entry["containers"][0]["draDevices"] == c["draDevices"]
+
+    # (b) single-numa-node, one GPU on each NUMA node: TopologyAffinityError
+    create(kubectl, ns, pod("split-snn", node, template="split", resolved=SNN))
+    p = decided(kubectl, ns, "split-snn", wait)
+    assert (p["status"]["phase"], p["status"]["reason"]) == ("Failed", REJECT_REASON)
+    assert "Topology locality" in p["status"]["message"]
+    assert wait(lambda: [e for e in events(kubectl, ns, "split-snn")
+                         if e["reason"] == REJECT_REASON], 30, "the rejection event")
+
+    # (c) the same under best-effort: admitted, its CPUs on one of the two NUMA nodes
+    create(kubectl, ns, pod("split-be", node, template="split", resolved=BEST))
+    p = decided(kubectl, ns, "split-be", wait)
+    assert p["status"]["phase"] == "Running", p["status"]
+    cpus = set(allocation(p)["containers"]["c"]["cpus"])
+    assert cpus <= NODE0 or cpus <= NODE1
+    assert sorted(allocation(p)["containers"]["c"]["draDevices"]) == [
+        "dra:gpus/far", "dra:gpus/near"]
+
+
+def test_bad_input_gets_a_clear_message_and_breaks_no_other_pod(
+        start_agent: StartAgent, kubectl: Kubectl, namespace: str,
+        wait: Callable[..., Any], classes: None) -> None:
+    ns, node = namespace, start_agent(MACHINE, "--dra").node
+    wait(lambda: (_get(kubectl, "nodetopology", node) or {}).get("status", {}).get(
+        "draDevices"), 60, "the node's DRA devices")
+    # a claim naming a class that does not exist: never allocated, the scheduler says why
+    template(kubectl, ns, "no-class", {"devices": {"requests": [
+        gpu_request("gpu", cls="no-such-class.example.com")]}})
+    create(kubectl, ns, pod("no-class", node, template="no-class", resolved=SNN))
+
+    def unschedulable() -> Any:
+        p = _get(kubectl, "pod", "-n", ns, "no-class") or {}
+        for c in (p.get("status") or {}).get("conditions") or []:
+            if c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable":
+                return c.get("message")
+        return None
+    message = wait(unschedulable, 60, "the claim with a missing class reported")
+    assert "no-such-class.example.com" in message
+    # a slice of another driver on this node: one device with a malformed numaNode, one
+    # on a NUMA node the machine lacks; a pod given them gets no hint from them, a
+    # Warning event naming the slice, device and attribute, and is admitted
+    bad = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+           "metadata": {"name": f"{node}-bad"},
+           "spec": {"driver": "bad.example.com", "nodeName": node,
+                    "pool": {"name": "bad", "generation": 1, "resourceSliceCount": 1},
+                    "devices": [
+                        {"name": "malformed", "attributes": {
+                            "resource.kubernetes.io/numaNode": {"string": "zero"}}},
+                        {"name": "elsewhere", "attributes": {
+                            "resource.kubernetes.io/numaNode": {"int": 7}}}]}}
+    cls = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+           "metadata": {"name": "bad.example.com"},
+           "spec": {"selectors": [{"cel": {"expression":
+                                           'device.driver == "bad.example.com"'}}]}}
+    _apply(kubectl, bad)
+    _apply(kubectl, cls)
+    try:
+        claim(kubectl, ns, "both-bad", {"devices": {"requests": [
+            {"name": "any", "exactly": {"deviceClassName": "bad.example.com",
+                                        "count": 2}}]}})
+        create(kubectl, ns, pod("bad-devices", node, shared="both-bad", resolved=SNN))
+        p = decided(kubectl, ns, "bad-devices", wait)
+        assert p["status"]["phase"] == "Running", p["status"]
+        got = wait(lambda: [e for e in events(kubectl, ns, "bad-devices")
+                            if e["reason"] == "DRADeviceTopology"], 30, "the Warning event")
+        text = got[0]["message"]
+        assert f"ResourceSlice {node}-bad: device malformed: attribute " \
+               "resource.kubernetes.io/numaNode: want an integer" in text
+        assert "device elsewhere: attribute resource.kubernetes.io/numaNode: NUMA node 7 " \
+               "is not on this machine" in text
+        # another pod on the node is admitted as ever
+        template(kubectl, ns, "one-near", {"devices": {"requests": [gpu_request("gpu", 0)]}})
+        create(kubectl, ns, pod("fine", node, template="one-near", resolved=SNN))
+        p = decided(kubectl, ns, "fine", wait)
+        assert p["status"]["phase"] == "Running"
+        assert set(allocation(p)["containers"]["c"]["cpus"]) <= NODE0
+    finally:
+        kubectl("delete", "resourceslice", f"{node}-bad", "--ignore-not-found", check=False)
+        kubectl("delete", "deviceclass", "bad.example.com", "--ignore-not-found", check=False)
+
+
+FAST = {"enabled": True, "maxAttempts": 1, "backoffSeconds": 1, "avoidRejectingNodes": False}
+
+
+def test_redeploy_of_pods_with_claims(
+        start_agent: StartAgent, kubectl: Kubectl, namespace: str, k8s_client: Any,
+        kubeconfig: Path, tmp_path: Path, wait: Callable[..., Any], classes: None) -> None:
+    ns, node = namespace, start_agent(MACHINE, "--dra").node
+    name = f"dra-{ns}"[:60]
+    policy(k8s_client, name, {"policy": "single-numa-node", "namespaces": [ns],
+                              "redeploy": FAST})
+    try:
+        with operator(kubeconfig, k8s_client, tmp_path / "op.log"):
+            template(kubectl, ns, "split", SPLIT)
+            # (b) rejected, then replaced: the replacement's claim is a fresh one from the
+            # template; the rejected pod's generated claim goes with it
+            create(kubectl, ns, pod("split", node, template="split"))
+            p = decided(kubectl, ns, "split", wait)
+            assert (p["status"]["phase"], p["status"]["reason"]) == ("Failed", REJECT_REASON)
+            old = generated_claim(p)
+            r1 = wait(lambda: _get(kubectl, "pod", "-n", ns, "split-r1"), 60,
+                      "the replacement split-r1")
+            r1 = decided(kubectl, ns, "split-r1", wait)
+            assert generated_claim(r1) != old
+            assert r1["spec"]["resourceClaims"] == [
+                {"name": "gpus", "resourceClaimTemplateName": "split"}]
+            wait(lambda: _get(kubectl, "resourceclaim", "-n", ns, old) is None, 60,
+                 "the rejected pod's generated claim deleted")
+
+            # (d) a claim shared by name survives the redeploy of a pod that used it
+            claim(kubectl, ns, "team-gpus", SPLIT)
+            before = _get(kubectl, "resourceclaim", "-n", ns, "team-gpus")
+            create(kubectl, ns, pod("user", node, shared="team-gpus"))
+            p = decided(kubectl, ns, "user", wait)
+            assert (p["status"]["phase"], p["status"]["reason"]) == ("Failed", REJECT_REASON)
+            r1 = wait(lambda: _get(kubectl, "pod", "-n", ns, "user-r1"), 60,
+                      "the replacement user-r1")
+            assert r1["spec"]["resourceClaims"] == [
+                {"name": "gpus", "resourceClaimName": "team-gpus"}]
+            decided(kubectl, ns, "user-r1", wait)
+            after = _get(kubectl, "resourceclaim", "-n", ns, "team-gpus")
+            assert after is not None and after["metadata"]["uid"] == before["metadata"]["uid"]
+            assert after["spec"] == before["spec"]
+            assert not after["metadata"].get("deletionTimestamp")
+    finally:
+        delete_policy(k8s_client, name)
