@@ -47,10 +47,11 @@ from numalign.topology.machine import Machine, load_machine
 from numalign.topology.policies import kubelet_names
 from numalign.topology.policyconfig import SCOPES
 
-from . import certs, kubeproxy
+from . import certs, kubeproxy, realnode_dra
 from .addons import metrics_flags, metrics_url
 from .cluster import DevCluster, DevClusterError, Log, on_down, write_kubeconfig
 from .crds import NRT_CRD
+from .draplugin import DRIVER as DRA_DRIVER
 from .hostcgroups import (
     cgroup_hierarchies,
     node_digest,
@@ -70,7 +71,6 @@ from .realnode_config import (
 )
 from .realnode_config import TAINT as TAINT  # the node's taint, for callers of this module
 from .realnode_down import DEVICE_PLUGINS, tear_down
-from .realnode_dra import start_dra_plugin
 from .sysfsview import SysfsViewError, map_onto, usable_cpus, write_sysfs_view
 
 NODE_NAME = "localhost"  # resolves to 127.0.0.1: the API server's way to the kubelet
@@ -417,7 +417,7 @@ class RealNode:
         env = dict(os.environ, KUBECONFIG=str(self.cluster.kubeconfig))
         assert self.machine_file is not None
         if self.dra:
-            start_dra_plugin(self, env, say, deadline)
+            self._start_dra_plugin(env, say, deadline)
         else:
             self._start_device_plugin(env, say, deadline)
         if not self.host_agent:
@@ -430,6 +430,20 @@ class RealNode:
                    ("agent",))
         say(f"started the real-node agent; NodeTopology {self.name} published "
             f"({time.monotonic() - t:.1f}s)")
+
+    def _start_dra_plugin(self, env: dict[str, str], say: Log, deadline: float) -> None:
+        assert self.machine_file is not None
+        kube = self.cluster.kube()
+        realnode_dra.install_classes(kube, self.machine_file, say)
+        t = time.monotonic()
+        self._start("dra-plugin", realnode_dra.plugin_argv(
+            self._numalign(), self.machine_file, self.kubelet_dir, self.containerd_dir / "cdi",
+            self.name), env=env, program="numalign")
+        self._wait(f"the DRA plugin ({DRA_DRIVER}) to register and publish its "
+                   "ResourceSlices", lambda: realnode_dra.published_slices(kube, self.name) > 0,
+                   deadline, ("kubelet", "dra-plugin"))
+        say(f"the DRA kubelet plugin {DRA_DRIVER} is registered and publishes the "
+            f"node's devices ({time.monotonic() - t:.1f}s)")
 
     def _start_device_plugin(self, env: dict[str, str], say: Log, deadline: float) -> None:
         assert self.machine_file is not None
