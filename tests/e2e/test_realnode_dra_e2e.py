@@ -22,10 +22,16 @@ from kubernetes import client
 
 from e2e_helpers import wait_for
 from nri_helpers import allocation, app_containers, exclusive, expected_mems, running
-from numalign.api.names import REJECT_REASON, TOPOLOGY_MESSAGE
+from numalign.api.names import ANN_REJECTION, REJECT_REASON, TOPOLOGY_MESSAGE
 from numalign.devcluster.draplugin import DRIVER, SLICE_LABEL, env_var, spec_file
 from operator_helpers import delete_policy, operator, policy
-from realnode_helpers import running_real_node, story, wait_running, workload_pod
+from realnode_helpers import (
+    events_of,
+    running_real_node,
+    story,
+    wait_running,
+    workload_pod,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -166,8 +172,13 @@ def test_the_pod_is_placed_next_to_its_claimed_device_under_its_policy(
                 return pod if pod.status.phase == "Failed" else None
 
             far = wait_for(failed, 240, "far Failed")
-            assert far.status.reason == REJECT_REASON, far.status
-            assert TOPOLOGY_MESSAGE in (far.status.message or ""), far.status
+            # rejected the kubelet's way: its annotation and Warning event (the kubelet's
+            # own status write may clear status.reason once the phase is terminal)
+            assert far.metadata.annotations[ANN_REJECTION] == REJECT_REASON, far.metadata
+            warnings = wait_for(lambda: [e for e in events_of(core, namespace, REJECT_REASON)
+                                         if e.involved_object.uid == far.metadata.uid],
+                                60, "far's TopologyAffinityError event")
+            assert warnings[0].type == "Warning" and TOPOLOGY_MESSAGE in warnings[0].message
             assert not app_containers(dra_node, pod_uid=far.metadata.uid)
             assert "Traceback" not in op.text()
         finally:
