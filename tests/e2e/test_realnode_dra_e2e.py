@@ -26,17 +26,19 @@ from numalign.api.names import ANN_REJECTION, REJECT_REASON, TOPOLOGY_MESSAGE
 from numalign.devcluster.draplugin import DRIVER, SLICE_LABEL, env_var, spec_file
 from operator_helpers import delete_policy, operator, policy
 from realnode_helpers import (
+    DRA_CLASS,
+    DRA_GROUP,
+    DRA_VERSION,
+    claim_pod,
+    claim_template,
     events_of,
     running_real_node,
     story,
     wait_running,
-    workload_pod,
 )
 
 pytestmark = pytest.mark.cluster
 
-GROUP, VERSION = "resource.k8s.io", "v1"
-CLASS = "sample-device.numalign.io.dra.numalign.io"
 NUMA = "resource.kubernetes.io/numaNode"
 
 
@@ -55,27 +57,8 @@ def _custom(k8s_client: Any) -> client.CustomObjectsApi:
 
 def _slices(k8s_client: Any) -> list[dict[str, Any]]:
     body = _custom(k8s_client).list_cluster_custom_object(
-        GROUP, VERSION, "resourceslices", field_selector="spec.nodeName=localhost")
+        DRA_GROUP, DRA_VERSION, "resourceslices", field_selector="spec.nodeName=localhost")
     return [s for s in body["items"] if s["spec"]["driver"] == DRIVER]
-
-
-def claim_pod(name: str, template: str) -> dict[str, Any]:
-    """A guaranteed 1-CPU pod of the workload image whose container uses claim ``dev``
-    made from ``template``."""
-    pod = workload_pod(name)
-    pod["spec"]["resourceClaims"] = [{"name": "dev", "resourceClaimTemplateName": template}]
-    pod["spec"]["containers"][0]["resources"]["claims"] = [{"name": "dev"}]
-    return pod
-
-
-def claim_template(name: str, numa_node: int) -> dict[str, Any]:
-    """One sample device of the real node's driver on ``numa_node``."""
-    cel = f'device.attributes["resource.kubernetes.io"].numaNode == {numa_node}'
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceClaimTemplate",
-            "metadata": {"name": name},
-            "spec": {"spec": {"devices": {"requests": [{
-                "name": "dev", "exactly": {"deviceClassName": CLASS,
-                                           "selectors": [{"cel": {"expression": cel}}]}}]}}}}
 
 
 def test_the_plugin_publishes_the_devices_with_their_numa_nodes(
@@ -96,18 +79,19 @@ def test_the_plugin_publishes_the_devices_with_their_numa_nodes(
         ["localhost"] * len(slices)
     # no extended resource: the devices are DRA's alone
     assert "numalign.io/sample-device" not in (node.status.allocatable or {})
-    _custom(k8s_client).get_cluster_custom_object(GROUP, VERSION, "deviceclasses", CLASS)
+    _custom(k8s_client).get_cluster_custom_object(DRA_GROUP, DRA_VERSION, "deviceclasses",
+                                                  DRA_CLASS)
 
 
 def test_a_claimed_device_is_prepared_and_injected_through_cdi(
         dra_node: Any, core: client.CoreV1Api, k8s_client: Any, namespace: str) -> None:
     custom = _custom(k8s_client)
-    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "resourceclaimtemplates",
-                                           claim_template("numa1", 1))
+    custom.create_namespaced_custom_object(DRA_GROUP, DRA_VERSION, namespace,
+                                           "resourceclaimtemplates", claim_template("numa1", 1))
     core.create_namespaced_pod(namespace, claim_pod("dra-numa1", "numa1"))
     pod = wait_running(core, namespace, "dra-numa1", timeout=240)
 
-    claims = custom.list_namespaced_custom_object(GROUP, VERSION, namespace,
+    claims = custom.list_namespaced_custom_object(DRA_GROUP, DRA_VERSION, namespace,
                                                   "resourceclaims")["items"]
     assert len(claims) == 1
     claim = claims[0]
@@ -140,7 +124,7 @@ def test_the_pod_is_placed_next_to_its_claimed_device_under_its_policy(
     TopologyAffinityError and never gets a container."""
     custom = _custom(k8s_client)
     for n in (0, 1):
-        custom.create_namespaced_custom_object(GROUP, VERSION, namespace,
+        custom.create_namespaced_custom_object(DRA_GROUP, DRA_VERSION, namespace,
                                                "resourceclaimtemplates",
                                                claim_template(f"numa{n}", n))
     name = f"dra-{namespace}"[:60]
