@@ -230,3 +230,28 @@ def test_the_command_refuses_a_machine_without_devices(
             "--cdi-dir", str(tmp_path / "cdi")]
     assert dev.main(argv) == 1
     assert "--machine: machine bare lists no devices" in capsys.readouterr().err
+
+
+def test_the_real_node_runs_the_plugin_where_containerd_reads_cdi_specs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import tomllib
+
+    from numalign.devcluster import command as dev
+    from numalign.devcluster import realnode_dra
+    from numalign.devcluster.cluster import DevCluster
+    from numalign.devcluster.realnode import RealNode
+
+    node = RealNode(DevCluster(tmp_path / "state", name="t"), None, mode="nri", dra=True)
+    node.dir.mkdir(parents=True)
+    node._write_containerd_config()
+    config = tomllib.loads((node.containerd_dir / "config.toml").read_text())
+    cdi_dirs = config["plugins"]["io.containerd.cri.v1.runtime"]["cdi_spec_dirs"]
+    argv = realnode_dra.plugin_argv(["numalign"], tmp_path / "m.yaml", node.kubelet_dir,
+                                    node.containerd_dir / "cdi", node.name)
+    assert argv[argv.index("--cdi-dir") + 1] in cdi_dirs  # its specs are containerd's
+    assert argv[argv.index("--kubelet-dir") + 1] == str(node.kubelet_dir)
+    assert argv[argv.index("--node") + 1] == "localhost"
+    # dev status says the devices come through DRA
+    node._save_state({"name": "localhost", "mode": "nri", "dra": True})
+    assert dev.main(["status", "--state-dir", str(node.cluster.state_dir)]) == 1
+    assert "devices through DRA (dra.numalign.io)" in capsys.readouterr().out

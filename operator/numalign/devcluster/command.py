@@ -328,11 +328,12 @@ def _print_metrics(alive: bool, url: str | None) -> None:
 
 def _mode_text(state: dict[str, object]) -> str:
     """The real node's mode as ``dev status`` prints it."""
+    dra = "; devices through DRA (dra.numalign.io)" if state.get("dra") else ""
     if state.get("mode", MODE_KUBELET) == MODE_NRI:
         return ("mode nri (numalign-managed: the agent places containers through NRI; "
-                "the kubelet's CPU, memory and Topology managers are none)")
+                f"the kubelet's CPU, memory and Topology managers are none){dra}")
     return (f"mode kubelet (the kubelet places containers: static CPU manager, Topology "
-            f"Manager policy {state.get('policy')}, scope {state.get('scope')})")
+            f"Manager policy {state.get('policy')}, scope {state.get('scope')}){dra}")
 
 
 def _device_plugin(args: argparse.Namespace) -> int:
