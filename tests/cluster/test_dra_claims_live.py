@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from test_kubectl_plugin_live import plugin
 
 import testdata
 from agent_helpers import StartAgent
 from numalign.api import draemulated as de
 from numalign.api.names import ANN_ALLOCATION, ANN_RESOLVED, REJECT_REASON
 from numalign.api.resolved import Resolved
+from numalign.topology.quantity import format_cpulist
 from operator_helpers import delete_policy, operator, policy
 
 pytestmark = pytest.mark.cluster
@@ -129,8 +132,16 @@ SNN = Resolved("single-numa-node", "container", source="pod").annotation()
 BEST = Resolved("best-effort", "container", source="pod").annotation()
 
 
+def explain(kubeconfig: Path, ns: str, name: str, *args: str) -> str:
+    p = subprocess.run([sys.executable, "-m", "numalign.cli", "explain", name, "-n", ns,
+                        "--kubeconfig", str(kubeconfig), *args],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return p.stdout
+
+
 def test_claims_align_cpus_or_reject_under_the_pods_policy(
-        start_agent: StartAgent, kubectl: Kubectl, namespace: str,
+        start_agent: StartAgent, kubectl: Kubectl, namespace: str, kubeconfig: Path,
         wait: Callable[..., Any], classes: None) -> None:
     ns, node = namespace, start_agent(MACHINE, "--dra").node
     wait(lambda: (_get(kubectl, "nodetopology", node) or {}).get("status", {}).get(
@@ -154,6 +165,22 @@ def test_claims_align_cpus_or_reject_under_the_pods_policy(
         "status") or {}).get("admitted") or [] if e["pod"] == "aligned"], 30,
         "the pod in the node's status.admitted")
     assert entry["containers"][0]["draDevices"] == c["draDevices"]
+    # explain shows the claim, its device and NUMA node, and where the CPUs went
+    text = explain(kubeconfig, ns, "aligned")
+    assert "Result:   ADMITTED" in text
+    claim_row = (f"gpus   {generated_claim(p)} (from template one-far)  gpu      "
+                 f"{de.DRIVER}/{node}/{result['device']}  1")
+    assert "Claims:\n    CLAIM  RESOURCECLAIM" in text and claim_row in text, text
+    cpus = format_cpulist(c["cpus"])
+    assert (f"  Container c: its claim devices are on NUMA 1; the merged hint gave it "
+            f"NUMA 1, CPUs {cpus}") in text
+    assert "dra:gpus/gpu" in text  # its hints, in the decision's table
+    # the same through kubectl
+    via = plugin(kubeconfig, "explain", "aligned", "-n", ns, via_kubectl=True).stdout
+    assert claim_row in via and f"merged hint gave it NUMA 1, CPUs {cpus}" in via
+    doc = json.loads(explain(kubeconfig, ns, "aligned", "-o", "json"))
+    assert doc["claims"]["aligned"] == {"c": {"deviceNumaNodes": [1], "numaNodes": [1],
+                                              "cpus": c["cpus"]}}
 
     # (b) single-numa-node, one GPU on each NUMA node: TopologyAffinityError
     create(kubectl, ns, pod("split-snn", node, template="split", resolved=SNN))
@@ -162,13 +189,24 @@ def test_claims_align_cpus_or_reject_under_the_pods_policy(
     assert "Topology locality" in p["status"]["message"]
     assert wait(lambda: [e for e in events(kubectl, ns, "split-snn")
                          if e["reason"] == REJECT_REASON], 30, "the rejection event")
+    # the claim is released once the pod failed: the agent's event names the devices it
+    # was refused with, and explain says why its replay lacks them
+    (ev,) = wait(lambda: [e for e in events(kubectl, ns, "split-snn")
+                          if e["reason"] == "DRADevicesAtRejection"], 30, "the devices event")
+    assert "claim gpus request near: " in ev["message"] and " on NUMA 0" in ev["message"]
+    assert "claim gpus request far: " in ev["message"] and " on NUMA 1" in ev["message"]
+    text = explain(kubeconfig, ns, "split-snn")
+    assert "Note: the pod is Failed with reason TopologyAffinityError" in text
+    assert ("Problem: the pod is Failed: its claims are released (one from a template is "
+            "deleted), so the replay has none of their devices; the pod's "
+            "DRADevicesAtRejection event names those it was decided with") in text, text
 
     # (c) the same under best-effort: admitted, its CPUs on one of the two NUMA nodes
     create(kubectl, ns, pod("split-be", node, template="split", resolved=BEST))
     p = decided(kubectl, ns, "split-be", wait)
     assert p["status"]["phase"] == "Running", p["status"]
-    cpus = set(allocation(p)["containers"]["c"]["cpus"])
-    assert cpus <= NODE0 or cpus <= NODE1
+    got = set(allocation(p)["containers"]["c"]["cpus"])
+    assert got <= NODE0 or got <= NODE1
     assert sorted(allocation(p)["containers"]["c"]["draDevices"]) == [
         "dra:gpus/far", "dra:gpus/near"]
 

@@ -18,15 +18,21 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from numalign.api.dra import DraDevice, NodeDraDevices
-from numalign.api.draclaims import KindOf, PodDraDevices, default_kind, pod_claims, pod_dra_devices
-from numalign.api.draemulated import DRIVER, device_names
+from numalign.api.dra import NodeDraDevices
+from numalign.api.draclaims import (
+    DEVICE_PROBLEM_REASON,
+    REJECTED_DEVICES_REASON,
+    KindOf,
+    PodDraDevices,
+    emulated_kind_of,
+    pod_claims,
+    pod_dra_devices,
+)
 from numalign.api.kube import ApiError, Kube, q
 from numalign.topology.admit import ProviderKind
-from numalign.topology.machine import Machine
 from numalign.topology.managers.dra import DraDevices
 
 from .state import NodeState
@@ -36,36 +42,26 @@ log = logging.getLogger(__name__)
 WAIT_SECONDS = 30.0  # how long a bound pod's claims may take to read as allocated
 RETRY_SECONDS = 0.5
 UNREADY_REASON = "UnexpectedAdmissionError"
-DEVICE_PROBLEM_REASON = "DRADeviceTopology"
 
 
 def claim_path(namespace: str, name: str) -> str:
     return f"/apis/resource.k8s.io/v1/namespaces/{q(namespace)}/resourceclaims/{q(name)}"
 
 
-def emulated_kind_of(machine: Machine) -> KindOf:
-    """Device kinds on an emulated node: a device of the emulated driver is of its
-    machine-file resource (a GPU's peers are the node's GPUs, as for the device manager);
-    any other driver's device: its driver and pool."""
-    devices = list(machine.devices)
-    resource = dict(zip(device_names(devices), (d.resource for d in devices), strict=True))
-
-    def kind_of(d: DraDevice) -> str:
-        if d.driver == DRIVER and d.device in resource:
-            return f"{DRIVER}/{resource[d.device]}"
-        return default_kind(d)
-
-    return kind_of
-
-
-async def read_claims(kube: Kube, pod: Mapping[str, Any]) -> dict[str, Mapping[str, Any] | None]:
-    """The pod's ResourceClaim objects by name (None: not found)."""
+async def read_claims(kube: Kube, pod: Mapping[str, Any]
+                      ) -> tuple[dict[str, Mapping[str, Any] | None], dict[str, str]]:
+    """The pod's ResourceClaim objects by name (None: not found), and why those that
+    could not be read were not."""
     ns = str((pod.get("metadata") or {}).get("namespace") or "default")
     out: dict[str, Mapping[str, Any] | None] = {}
+    errors: dict[str, str] = {}
     for ref in pod_claims(pod)[0]:
         if ref.claim and ref.claim not in out:
-            out[ref.claim] = await kube.get_or_none(claim_path(ns, ref.claim))
-    return out
+            try:
+                out[ref.claim] = await kube.get_or_none(claim_path(ns, ref.claim))
+            except ApiError as e:
+                errors[ref.claim] = f"ResourceClaim {ns}/{ref.claim}: cannot read it: {e}"
+    return out, errors
 
 
 async def pod_devices(kube: Kube, pod: Mapping[str, Any],
@@ -79,17 +75,17 @@ async def pod_devices(kube: Kube, pod: Mapping[str, Any],
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
     while True:
-        try:
-            claims = await read_claims(kube, pod)
-        except ApiError as e:
-            log.warning("pod %s: reading its ResourceClaims: %s",
-                        (pod.get("metadata") or {}).get("name"), e)
-            claims = {}
+        claims, errors = await read_claims(kube, pod)
         devices = node()
         got = pod_dra_devices(pod, claims, None if devices is None else devices.devices,
                               machine, kind_of)
         ready = got.ready and devices is not None
         if ready or loop.time() >= deadline:
+            for i, c in enumerate(got.claims):  # not "not found": it could not be read
+                if c.claim.claim in errors:
+                    got.claims[i] = replace(c, problem=errors[c.claim.claim])
+                    log.warning("pod %s: %s", (pod.get("metadata") or {}).get("name"),
+                                errors[c.claim.claim])
             return got, ready
         await asyncio.sleep(retry)
 
@@ -157,6 +153,10 @@ class ClaimAdmission:
             self._spawn(self._write_rejected(st, pod, UNREADY_REASON, v.refusal, None))
         else:
             self._decide(st, pod, v.kinds)
+            if st.decided.get(uid) is False and v.devices is not None:
+                # the claims are released once the pod failed: say what it was refused with
+                self._spawn(self._event(st, pod, REJECTED_DEVICES_REASON,
+                                        devices_message(v.devices)))
 
 
 def dra_kind(got: PodDraDevices) -> DraDevices:
@@ -169,6 +169,16 @@ def unready_message(got: PodDraDevices) -> str:
     why = [f"claim {c.claim.name}: {c.problem or 'not allocated'}"
            for c in got.claims if not c.allocated]
     return "DRA: " + ("; ".join(why) or "this node's ResourceSlices are not read yet")
+
+
+def devices_message(got: PodDraDevices) -> str:
+    """The claim devices a pod was decided with, and their NUMA nodes."""
+    parts = []
+    for c in got.claims:
+        for d in c.devices:
+            numa = ",".join(map(str, d.numa_nodes)) if d.numa_nodes else "unknown"
+            parts.append(f"claim {c.claim.name} request {d.request}: {d.id} on NUMA {numa}")
+    return ("decided with DRA devices: " + "; ".join(parts))[:1000]
 
 
 def device_problem_message(got: PodDraDevices) -> str | None:

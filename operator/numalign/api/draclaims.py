@@ -32,9 +32,16 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from numalign.topology.machine import Machine
 from numalign.topology.managers.dra import DraDeviceRef, DraRequest, NumaNodes
 
 from .dra import DraDevice
+from .draemulated import DRIVER, device_names
+
+# Warning events of a node admitting a pod with claims: devices that give no hint, and
+# the devices a refused pod was decided with (its claims are released once it failed).
+DEVICE_PROBLEM_REASON = "DRADeviceTopology"
+REJECTED_DEVICES_REASON = "DRADevicesAtRejection"
 
 MAX_POD_CLAIMS = 32  # spec.resourceClaims (the API's own bound)
 MAX_RESULTS = 256  # allocated devices read per claim
@@ -251,6 +258,43 @@ def default_kind(d: DraDevice) -> str:
     return _default_kind(d.driver, d.pool)
 
 
+def emulated_kind_of(machine: Machine) -> KindOf:
+    """Device kinds on an emulated node (:mod:`.draemulated`): a device of the emulated
+    driver is of its machine-file resource (a GPU's peers are the node's GPUs, as for the
+    device manager); any other driver's device: its driver and pool."""
+    devices = list(machine.devices)
+    resource = dict(zip(device_names(devices), (d.resource for d in devices), strict=True))
+
+    def kind_of(d: DraDevice) -> str:
+        if d.driver == DRIVER and d.device in resource:
+            return f"{DRIVER}/{resource[d.device]}"
+        return default_kind(d)
+
+    return kind_of
+
+
+def status_devices(entries: Iterable[Any]) -> list[DraDevice]:
+    """The node's DRA devices as its NodeTopology ``status.draDevices`` lists them (the
+    entries that cannot be read are left out)."""
+    out: list[DraDevice] = []
+    for e in entries:
+        m = _map(e)
+        driver, pool, device = _str(m.get("driver")), _str(m.get("pool")), _str(m.get("device"))
+        numa = m.get("numaNodes")
+        ok = isinstance(numa, list) and all(
+            isinstance(n, int) and not isinstance(n, bool) for n in numa)
+        if driver and pool and device:
+            source = m.get("source")
+            out.append(DraDevice(str(m.get("slice") or ""), driver, pool, device,
+                                 tuple(numa) if ok and numa else None,
+                                 source if source in _SOURCES else "unknown",
+                                 problem=_str(m.get("problem"))))
+    return out
+
+
+_SOURCES = ("numaNode", "pcieRoot", "pciBusID", "driverAttribute", "unknown")
+
+
 def allocation_results(claim: Mapping[str, Any]) -> tuple[bool, list[JSON], str | None]:
     """(allocated, results, problem) of a ResourceClaim object."""
     alloc = _map(claim.get("status")).get("allocation")
@@ -330,6 +374,7 @@ def pod_dra_devices(pod: Mapping[str, Any], claims: Mapping[str, Mapping[str, An
     return out
 
 
-__all__ = ["ClaimDevice", "ClaimState", "KindOf", "PodClaim", "PodDraDevices",
-           "allocation_results", "container_claims", "default_kind", "pod_claims",
-           "pod_dra_devices", "uses_claims"]
+__all__ = ["DEVICE_PROBLEM_REASON", "REJECTED_DEVICES_REASON", "ClaimDevice", "ClaimState",
+           "KindOf", "PodClaim", "PodDraDevices",
+           "allocation_results", "container_claims", "default_kind", "emulated_kind_of",
+           "pod_claims", "pod_dra_devices", "status_devices", "uses_claims"]

@@ -47,13 +47,14 @@ from numalign.api.nodestatus import (
     machine_from_status,
 )
 from numalign.api.reads import NodeTopologyRead
+from numalign.commands import explain_claims as claims
 from numalign.commands import explain_pending as pending
 from numalign.commands import explain_realnode as realnode
 from numalign.commands.explain_text import render_text
 from numalign.topology.errors import TopologyError
 from numalign.topology.explain import Explanation, explain_pod
 from numalign.topology.ledger import Ledger
-from numalign.topology.machine import load_machine
+from numalign.topology.machine import Machine, load_machine
 from numalign.topology.pod import pod_from_dict
 from numalign.topology.policies import check_policy
 from numalign.topology.policyconfig import SCOPE_CONTAINER, check_scope, parse_policy_options
@@ -229,6 +230,14 @@ def _read(client: LiveClient, args: argparse.Namespace
     return pod, str(node), nt
 
 
+def _machine(nt: Mapping[str, Any], node: str) -> Machine:
+    try:
+        return machine_from_status(nt.get("status") or {}, name=node)
+    except TopologyError as e:
+        raise ExplainError(f"NodeTopology {node}: {e}; wait for the agent to publish, or "
+                           "check its logs") from None
+
+
 def _pending(client: LiveClient, pod: dict[str, Any]) -> dict[str, Any]:
     """A pod not bound yet: the extender's verdict on every node, the scheduler's word."""
     if not isinstance(pod.get("spec"), Mapping):
@@ -252,6 +261,8 @@ def _live(args: argparse.Namespace) -> Explanation | dict[str, Any]:
     client = LiveClient(args.kubeconfig, args.context)
     try:
         pod, node, nt = _read(client, args)
+        machine = _machine(nt, str(node))
+        dra = claims.pod_devices(lambda p, w: client.read(p, w), pod, nt, machine)
     except _Unbound as u:
         return _pending(client, u.pod)
     finally:
@@ -261,11 +272,6 @@ def _live(args: argparse.Namespace) -> Explanation | dict[str, Any]:
     meta = pod.get("metadata") or {}
     annotations: Mapping[str, str] = meta.get("annotations") or {}
     read = NodeTopologyRead.of(nt)
-    try:
-        machine = machine_from_status(nt.get("status") or {}, name=str(node))
-    except TopologyError as e:
-        raise ExplainError(f"NodeTopology {node}: {e}; wait for the agent to publish, or "
-                           "check its logs") from None
     uid = str(meta.get("uid") or "")
     notes = ["replayed against the node's allocations now (other pods as published in "
              "NodeTopology status.admitted), which may differ from those at admission"]
@@ -322,10 +328,12 @@ def _live(args: argparse.Namespace) -> Explanation | dict[str, Any]:
         opts = parse_policy_options(options, "--option")
         model = pod_from_dict(pod, source=f"pod {ns}/{name}")
         ex = explain_pod(machine, model, policy, scope or SCOPE_CONTAINER, opts, ledger,
-                        source=source)
+                        source=source, providers=claims.kinds(dra))
     except TopologyError as err:
         raise ExplainError(str(err)) from None
     ex.node = str(node)
+    if dra is not None:
+        ex.claims = claims.claims_json(dra, ex, pod)
     recorded = annotations.get(ANN_ALLOCATION)
     if recorded is not None:
         try:

@@ -7,6 +7,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from numalign.commands.explain_claims import claims_text
 from numalign.topology.explain import Explanation, avg_distance, hint_text, nodes_text
 from numalign.topology.hints import TopologyHint, mask_of
 from numalign.topology.policies import get_policy
@@ -106,6 +107,9 @@ def render_text(e: Explanation) -> str:
         lines += _table(rows, "  ")
         for req, ids in (e.allocation.get("gpus") or {}).items():
             lines.append(f"  GPU request {req}: {', '.join(ids)}")
+    if e.claims is not None:
+        lines.append("")
+        lines += claims_text(e.claims)
     if e.kubelet is not None:
         lines.append("")
         lines += _kubelet_text(e.kubelet)

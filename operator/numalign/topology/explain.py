@@ -122,6 +122,9 @@ class Explanation:
     recorded: JSON | None = None  # live mode: the pod's numalign.io/allocation
     # live mode on a real node: the kubelet's own decision (commands/explain_realnode.py)
     kubelet: JSON | None = None
+    # live mode, a pod with ResourceClaims: its claims, their devices and NUMA nodes
+    # (commands/explain_claims.py)
+    claims: JSON | None = None
 
     def to_json(self) -> JSON:
         out: JSON = {
@@ -137,6 +140,8 @@ class Explanation:
             out["recorded"] = self.recorded
         if self.kubelet is not None:
             out["kubelet"] = self.kubelet
+        if self.claims is not None:
+            out["claims"] = self.claims
         return out
 
 

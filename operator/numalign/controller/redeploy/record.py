@@ -267,7 +267,10 @@ def is_replacement_of(existing: Mapping[str, Any], pod: Mapping[str, Any]) -> bo
 
 def build_replacement(pod: Mapping[str, Any], name: str, avoid: list[str]) -> dict[str, Any]:
     """The bare-pod replacement: same labels, annotations (minus what the operator and
-    the agent wrote) and spec, without nodeName, with node avoidance."""
+    the agent wrote) and spec, without nodeName, with node avoidance. Its ResourceClaims
+    are the pod's ``spec.resourceClaims`` as they are: a template's claim is generated
+    afresh for it (the rejected pod's goes with that pod), a claim named by
+    ``resourceClaimName`` is shared and left alone (never deleted nor changed)."""
     meta = pod.get("metadata") or {}
     ann = {k: v for k, v in (meta.get("annotations") or {}).items()
            if k not in _DROP_ANNOTATIONS and not k.startswith("kopf.zalando.org/")}
