@@ -209,3 +209,28 @@ def avoids_the_real_node(pod: Any) -> None:
 
 def events_of(core: client.CoreV1Api, namespace: str, reason: str) -> list[Any]:
     return [ev for ev in core.list_namespaced_event(namespace).items if ev.reason == reason]
+
+
+# ----------------------------------------------------------------- DRA (dev up --dra)
+
+DRA_GROUP, DRA_VERSION = "resource.k8s.io", "v1"
+DRA_CLASS = "sample-device.numalign.io.dra.numalign.io"  # the real node's DRA plugin's
+
+
+def claim_pod(name: str, template: str) -> dict[str, Any]:
+    """A guaranteed 1-CPU pod of the workload image whose container uses claim ``dev``
+    made from ``template``."""
+    pod = workload_pod(name)
+    pod["spec"]["resourceClaims"] = [{"name": "dev", "resourceClaimTemplateName": template}]
+    pod["spec"]["containers"][0]["resources"]["claims"] = [{"name": "dev"}]
+    return pod
+
+
+def claim_template(name: str, numa_node: int) -> dict[str, Any]:
+    """One sample device of the real node's driver on ``numa_node``."""
+    cel = f'device.attributes["resource.kubernetes.io"].numaNode == {numa_node}'
+    return {"apiVersion": f"{DRA_GROUP}/{DRA_VERSION}", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name},
+            "spec": {"spec": {"devices": {"requests": [{
+                "name": "dev", "exactly": {"deviceClassName": DRA_CLASS,
+                                           "selectors": [{"cel": {"expression": cel}}]}}]}}}}

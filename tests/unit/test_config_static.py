@@ -166,6 +166,10 @@ def test_agent_and_operator_write_only_their_halves(default: list[Obj]) -> None:
     assert _allows(agent, "resource.k8s.io", "resourceslices", "watch")
     for verb in ("create", "patch", "update", "delete"):
         assert not _allows(agent, "resource.k8s.io", "resourceslices", verb)
+    # On an NRI-managed node it reads a placed pod's ResourceClaims by name, nothing more.
+    assert _allows(agent, "resource.k8s.io", "resourceclaims", "get")
+    for verb in ("list", "watch", "create", "patch", "update", "delete"):
+        assert not _allows(agent, "resource.k8s.io", "resourceclaims", verb)
     # The operator pushes NodeTopology spec, never status; it cannot read secrets
     # cluster-wide (its certificate Secret is a namespaced Role, by name).
     assert _allows(operator, "numalign.io", "nodetopologies", "patch")

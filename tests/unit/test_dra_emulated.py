@@ -126,12 +126,13 @@ def test_one_device_class_per_kind_selects_the_driver_and_kind() -> None:
                    f'device.attributes["{D}"].resource == "nvidia.com/gpu"')
 
 
-def test_dev_up_dra_is_for_emulated_nodes_only(tmp_path: Path,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_dev_up_dra_is_not_for_the_demo(tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    # (with --real-node it is: the real node's devices come through its DRA kubelet
+    # plugin, tests/e2e/test_realnode_dra_e2e.py)
     state = ["--state-dir", str(tmp_path / "s")]
-    for extra in (["--demo"], ["--real-node"]):
-        assert dev.main(["up", *state, "--dra", *extra]) == 2
-        assert "--dra runs the emulated nodes (--machine)" in capsys.readouterr().err
+    assert dev.main(["up", *state, "--dra", "--demo"]) == 2
+    assert "--dra runs the emulated nodes (--machine)" in capsys.readouterr().err
     assert not (tmp_path / "s").exists() or not any((tmp_path / "s").iterdir())
 
 

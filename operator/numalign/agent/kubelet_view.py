@@ -14,6 +14,10 @@ NodeTopology status shows them as it shows an emulated node's.
   reserved CPUs.
 - Devices the kubelet knows (from device plugins) replace the discovered devices of the
   same resource, with the NUMA node the kubelet reports.
+- DRA devices the kubelet prepared for a container's claims are listed per claim
+  (``dra:<claim>``); the Topology Manager never sees them, so each pod lists those whose
+  NUMA nodes (the node's ResourceSlices say) hold none of its container's exclusive CPUs
+  (``draUnaligned``).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from numalign.api.allocation import Allocation, ContainerRecord
+from numalign.api.dra import NodeDraDevices
+from numalign.api.nodetopology import UnalignedDraDevice
 from numalign.api.resolved import Resolved, parse_options
 from numalign.topology.machine import Device, Machine
 
@@ -78,16 +84,43 @@ def container_allocation(machine: Machine, kc: KubeletContainer) -> ContainerRec
             per = hugepages.setdefault(mb.kind.removeprefix(HUGEPAGES), {})
             per[key] = per.get(key, 0) + mb.size
     has_any = bool(kc.cpus or devices or memory or hugepages)
+    dra: dict[str, list[str]] = {}
+    for cd in kc.dra:
+        dra.setdefault(f"dra:{cd.claim}", []).append(cd.id)
     return ContainerRecord(cpus=list(kc.cpus), memory=memory,
                                devices={r: ids for r, ids in sorted(devices.items())},
                                numa_nodes=sorted(numa) if has_any else None,
-                               hugepages=hugepages)
+                               hugepages=hugepages, dra_devices=dra)
 
 
 def pod_allocation(machine: Machine, pod: KubeletPod) -> Allocation:
     containers = {c.name: container_allocation(machine, c) for c in pod.containers}
     numa = sorted({n for ca in containers.values() for n in ca.numa_nodes or []})
     return Allocation(numa_nodes=numa, containers=containers)
+
+
+def unaligned_dra(machine: Machine, pod: KubeletPod,
+                  node: NodeDraDevices | None) -> tuple[UnalignedDraDevice, ...]:
+    """The pod's DRA devices on none of the NUMA nodes of their container's exclusive CPUs
+    (a container without exclusive CPUs, or a device whose NUMA nodes are unknown, has
+    none)."""
+    if node is None:
+        return ()
+    numa_of = {(d.driver, d.pool, d.device): d.numa_nodes for d in node.devices
+               if d.device is not None and d.numa_nodes}
+    cpu_numa = {c.id: c.numa for c in machine.cpus.values()}
+    out: list[UnalignedDraDevice] = []
+    for kc in pod.containers:
+        cpus = {cpu_numa[c] for c in kc.cpus if c in cpu_numa}
+        if not cpus:
+            continue
+        for cd in kc.dra:
+            where = numa_of.get((cd.driver, cd.pool, cd.device))
+            if where and not cpus & set(where):
+                out.append(UnalignedDraDevice(container=kc.name, device=cd.id,
+                                              numa_nodes=list(where),
+                                              cpu_numa_nodes=sorted(cpus)))
+    return tuple(out[:64])
 
 
 def resolved_of(config: KubeletConfig | None) -> Resolved:
@@ -157,8 +190,9 @@ def apply_snapshot(state: NodeState, base: Machine, snap: Snapshot,
         admitted: dict[str, PlacedPod] = {}
         for pod in snap.pods:
             uid = uids.get((pod.namespace, pod.name), "")
-            admitted[_uid_key(uid, pod)] = PlacedPod(pod.namespace, pod.name, uid, resolved,
-                                                       pod_allocation(machine, pod))
+            admitted[_uid_key(uid, pod)] = PlacedPod(
+                pod.namespace, pod.name, uid, resolved, pod_allocation(machine, pod),
+                dra_unaligned=unaligned_dra(machine, pod, state.dra))
         if admitted != state.admitted:
             state.admitted = admitted
             state.decided = {k: True for k in admitted}

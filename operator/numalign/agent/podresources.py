@@ -30,11 +30,26 @@ class MemoryBlock:
 
 
 @dataclass(frozen=True)
+class ClaimDevice:
+    """A DRA device the kubelet prepared for a container's ResourceClaim."""
+
+    claim: str  # the ResourceClaim's name (in the pod's namespace)
+    driver: str
+    pool: str
+    device: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.driver}/{self.pool}/{self.device}"
+
+
+@dataclass(frozen=True)
 class KubeletContainer:
     name: str
     cpus: tuple[int, ...] = ()
     devices: tuple[DeviceSet, ...] = ()
     memory: tuple[MemoryBlock, ...] = ()
+    dra: tuple[ClaimDevice, ...] = ()  # its DRA devices (dynamic_resources)
 
 
 @dataclass(frozen=True)
@@ -77,13 +92,20 @@ def _memory(items: Iterable[Any]) -> tuple[MemoryBlock, ...]:
                  for m in items)
 
 
+def _claim_devices(items: Iterable[Any]) -> tuple[ClaimDevice, ...]:
+    return tuple(ClaimDevice(str(d.claim_name), str(r.driver_name), str(r.pool_name),
+                             str(r.device_name))
+                 for d in items for r in d.claim_resources)
+
+
 def pods_from_response(resp: Any) -> list[KubeletPod]:
     """A ``ListPodResourcesResponse`` as plain data (CPU ids sorted)."""
     out: list[KubeletPod] = []
     for p in resp.pod_resources:
         containers = tuple(
             KubeletContainer(str(c.name), tuple(sorted(int(i) for i in c.cpu_ids)),
-                             _devices(c.devices), _memory(c.memory))
+                             _devices(c.devices), _memory(c.memory),
+                             _claim_devices(c.dynamic_resources))
             for c in p.containers)
         out.append(KubeletPod(str(p.namespace), str(p.name), containers))
     return out

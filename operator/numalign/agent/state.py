@@ -26,6 +26,7 @@ from numalign.api.effective import EffectivePolicy
 from numalign.api.errors import WireError
 from numalign.api.names import ANN_ALLOCATION, REJECT_REASON
 from numalign.api.nodestatus import reserved_holder
+from numalign.api.nodetopology import UnalignedDraDevice
 from numalign.api.resolved import NONE, Resolved, node_default
 from numalign.topology.admit import ProviderKind
 from numalign.topology.ledger import Ledger
@@ -50,6 +51,8 @@ class PlacedPod:
     allocation: Allocation
     # the Pod it was admitted as (its requests: the ledger is rebuilt from them)
     pod: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # kubelet-managed nodes: its DRA devices the kubelet left off its CPUs' NUMA nodes
+    dra_unaligned: tuple[UnalignedDraDevice, ...] = ()
 
 
 @dataclass

@@ -12,7 +12,7 @@ validated."""
 from __future__ import annotations
 
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -35,6 +35,7 @@ from numalign.api.nodetopology import (
     KubeletSettings,
     NodeTopologyStatus,
     NodeTopologySummary,
+    UnalignedDraDevice,
     Zone,
 )
 from numalign.api.reads import NodeTopologyStatusRead
@@ -117,7 +118,8 @@ def _construct(model: type[M], given: Mapping[str, Any]) -> M:
 
 
 def admitted_pod(name: str, namespace: str, uid: str, resolved: Resolved,
-                 allocation: Allocation) -> AdmittedPod:
+                 allocation: Allocation,
+                 dra_unaligned: Sequence[UnalignedDraDevice] = ()) -> AdmittedPod:
     """One ``status.admitted`` entry: the pod's totals (cpulist, bytes per zone) and, per
     container, what it holds (trusted values from the node's ledger: not validated)."""
     a, r = allocation, resolved
@@ -145,7 +147,8 @@ def admitted_pod(name: str, namespace: str, uid: str, resolved: Resolved,
         memory=dict(memory) if memory else None,
         devices=devices or None,
         gpus={k: list(v) for k, v in a.gpus.items()} if a.gpus else None,
-        containers=containers or None)
+        containers=containers or None,
+        dra_unaligned=list(dra_unaligned) or None)
 
 
 # Per node: each admitted pod's entry, kept while the pod holds the same allocation and
@@ -170,7 +173,7 @@ def admitted_pods(state: NodeState) -> list[AdmittedPod]:
             entry = hit[3]
         else:
             entry = admitted_pod(held.name, held.namespace, held.uid, held.resolved,
-                                 held.allocation)
+                                 held.allocation, held.dra_unaligned)
         now[uid] = (held, held.resolved, held.allocation, entry)
         out.append(entry)
     _ADMITTED[state] = now

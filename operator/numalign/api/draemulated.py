@@ -116,17 +116,18 @@ def device_names(devices: Iterable[Device]) -> list[str]:
     return out
 
 
-def device_json(device: Device, name: str) -> JSON:
-    """One device of a ResourceSlice (resource.k8s.io/v1 Device)."""
-    attrs: JSON = {f"{DRIVER}/{KIND}": {"string": kind_value(device.resource)}}
+def device_json(device: Device, name: str, driver: str = DRIVER) -> JSON:
+    """One device of a ResourceSlice (resource.k8s.io/v1 Device); its own attributes in
+    ``driver``'s domain."""
+    attrs: JSON = {f"{driver}/{KIND}": {"string": kind_value(device.resource)}}
     if device.numa_node is not None:
         attrs[NUMA_NODE] = {"int": device.numa_node}
     capacity: JSON = {}
     if device.memory is not None:
-        capacity[f"{DRIVER}/{MEMORY}"] = {"value": quantity(device.memory)}
+        capacity[f"{driver}/{MEMORY}"] = {"value": quantity(device.memory)}
     room = MAX_ATTRIBUTES - len(attrs) - len(capacity)
     for level, gid in device.groups:
-        key = f"{DRIVER}/{group_attribute(level)}"
+        key = f"{driver}/{group_attribute(level)}"
         if key in attrs:
             continue
         if room <= 0:
@@ -139,36 +140,39 @@ def device_json(device: Device, name: str) -> JSON:
     return out
 
 
-def slice_name(node: str, index: int) -> str:
+def slice_name(node: str, index: int, driver: str = DRIVER) -> str:
     """The name of the node's ``index``-th slice."""
-    return _subdomain(f"{node}-{DRIVER}-{index}", f"{node}/{index}")
+    return _subdomain(f"{node}-{driver}-{index}", f"{node}/{index}")
 
 
-def resource_slices(machine: Machine, node: str, generation: int = 1) -> list[JSON]:
+def resource_slices(machine: Machine, node: str, generation: int = 1,
+                    driver: str = DRIVER) -> list[JSON]:
     """The node's ResourceSlices for the machine's devices; none for a machine without
-    devices. One pool (named after the node), split in slices of at most 128 devices."""
+    devices. One pool (named after the node), split in slices of at most 128 devices.
+    ``driver``: another driver publishing the same devices (the real node's kubelet
+    plugin, :mod:`numalign.devcluster.draplugin`)."""
     devices = list(machine.devices)
     if not devices:
         return []
-    named = [device_json(d, n) for d, n in zip(devices, device_names(devices), strict=True)]
+    named = [device_json(d, n, driver) for d, n in zip(devices, device_names(devices), strict=True)]
     chunks = [named[i: i + MAX_DEVICES_PER_SLICE]
               for i in range(0, len(named), MAX_DEVICES_PER_SLICE)]
     return [{
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-        "metadata": {"name": slice_name(node, i),
+        "metadata": {"name": slice_name(node, i, driver),
                      "labels": {"numalign.io/emulated-driver": "true"}},
-        "spec": {"driver": DRIVER, "nodeName": node,
+        "spec": {"driver": driver, "nodeName": node,
                  "pool": {"name": node, "generation": generation,
                           "resourceSliceCount": len(chunks)},
                  "devices": chunk},
     } for i, chunk in enumerate(chunks)]
 
 
-def device_class_name(resource: str) -> str:
+def device_class_name(resource: str, driver: str = DRIVER) -> str:
     """The DeviceClass of an emulated device kind: ``nvidia.com/gpu`` gives
     ``gpu.nvidia.com.emulated.numalign.io``."""
     domain, _, short = resource.rpartition("/")
-    text = f"{short}.{domain}.{DRIVER}" if domain else f"{short}.{DRIVER}"
+    text = f"{short}.{domain}.{driver}" if domain else f"{short}.{driver}"
     return _subdomain(text, resource)
 
 
@@ -176,16 +180,16 @@ def _cel_string(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def device_classes(resources: Iterable[str]) -> list[JSON]:
-    """One DeviceClass per device kind, selecting the emulated driver's devices of it."""
+def device_classes(resources: Iterable[str], driver: str = DRIVER) -> list[JSON]:
+    """One DeviceClass per device kind, selecting the (emulated) driver's devices of it."""
     out: list[JSON] = []
     for res in sorted(set(resources)):
-        cel = (f"device.driver == {_cel_string(DRIVER)} && "
-               f"device.attributes[{_cel_string(DRIVER)}].{KIND} == "
+        cel = (f"device.driver == {_cel_string(driver)} && "
+               f"device.attributes[{_cel_string(driver)}].{KIND} == "
                f"{_cel_string(kind_value(res))}")
         out.append({
             "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-            "metadata": {"name": device_class_name(res),
+            "metadata": {"name": device_class_name(res, driver),
                          "labels": {"numalign.io/emulated-driver": "true"}},
             "spec": {"selectors": [{"cel": {"expression": cel}}]},
         })

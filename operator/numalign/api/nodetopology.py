@@ -183,6 +183,20 @@ class AdmittedContainer(Model):
     request (dra:<claim>/<request>), driver/pool/device."""
 
 
+class UnalignedDraDevice(Model):
+    """A DRA device of a container that the kubelet left on other NUMA nodes than the
+    container's exclusive CPUs (its Topology Manager never sees DRA devices)."""
+
+    container: str
+    """The container's name."""
+    device: Annotated[str, Field(max_length=800)]
+    """The device: driver/pool/device."""
+    numa_nodes: list[NumaId]
+    """The device's NUMA nodes (from the node's ResourceSlices)."""
+    cpu_numa_nodes: list[NumaId]
+    """The NUMA nodes of the container's exclusive CPUs."""
+
+
 class AdmittedPod(Model):
     """A pod the agent admitted, with its NUMA affinity and allocation."""
 
@@ -212,6 +226,9 @@ class AdmittedPod(Model):
     """numalign.io/gpus requests mapped to device ids."""
     containers: list[AdmittedContainer] | None = None
     """Per-container detail."""
+    dra_unaligned: Annotated[list[UnalignedDraDevice], Field(max_length=64)] | None = None
+    """Kubelet-managed nodes: the pod's DRA devices the kubelet left unaligned with its
+    containers' exclusive CPUs."""
 
 
 class NodeTopologySummary(Model):

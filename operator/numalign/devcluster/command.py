@@ -11,6 +11,7 @@
     numalign dev status
     numalign dev down
     numalign dev device-plugin --machine FILE --kubelet-dir DIR   # the real node's devices
+    numalign dev dra-plugin --machine FILE --kubelet-dir DIR --cdi-dir DIR   # ... through DRA
     numalign dev image [--out DIR] [--import]  # numalign.local/numalign:dev, no registry
     numalign dev image --update-lock           # re-pin the image's Python dependencies
 """
@@ -100,7 +101,10 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--dra", action="store_true",
                     help="the emulated nodes publish their machine files' devices as "
                          "ResourceSlices of the emulated DRA driver (emulated.numalign.io) "
-                         "instead of extended resources; installs a DeviceClass per kind")
+                         "instead of extended resources; installs a DeviceClass per kind; "
+                         "with --real-node the real node's devices come through a DRA "
+                         "kubelet plugin (driver dra.numalign.io) instead of the sample "
+                         "device plugin")
     up.add_argument("--nri", action="store_true",
                     help="with --real-node: numalign-managed -- the kubelet's CPU, memory and "
                          "Topology managers at none, the Node labelled numalign.io/managed=nri "
@@ -164,6 +168,21 @@ def _parser() -> argparse.ArgumentParser:
     plugin.add_argument("--kubelet-dir", type=Path, required=True, metavar="DIR",
                         help="the kubelet's --root-dir (its registry socket is "
                              "DIR/device-plugins/kubelet.sock)")
+    dra = sub.add_parser(
+        "dra-plugin", help="serve a machine file's devices to a kubelet (DRA kubelet plugin)",
+        description="A DRA kubelet plugin (driver dra.numalign.io): publishes the machine "
+                    "file's devices as the node's ResourceSlices (with their NUMA node), "
+                    "registers in the kubelet's plugins_registry/ and prepares the claims the "
+                    "kubelet hands it as CDI specs in --cdi-dir. Uses KUBECONFIG. Runs until "
+                    "SIGTERM or SIGINT.")
+    dra.add_argument("--machine", type=Path, required=True, metavar="FILE",
+                     help="machine file whose devices to publish")
+    dra.add_argument("--kubelet-dir", type=Path, required=True, metavar="DIR",
+                     help="the kubelet's --root-dir (the plugin's registration socket goes "
+                          "in DIR/plugins_registry/)")
+    dra.add_argument("--cdi-dir", type=Path, required=True, metavar="DIR",
+                     help="where the container runtime reads CDI specs (cdi_spec_dirs)")
+    dra.add_argument("--node", default="localhost", help="the node (default: localhost)")
     return parser
 
 
@@ -204,6 +223,8 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     if args.action == "device-plugin":
         return _device_plugin(args)
+    if args.action == "dra-plugin":
+        return _dra_plugin(args)
     if args.action == "image":
         return _image(args)
     if args.action == "up" and args.nri:
@@ -214,9 +235,9 @@ def _run(args: argparse.Namespace) -> int:
             _log("error: --topology-policy sets the kubelet's Topology Manager, which --nri "
                  "leaves at none (each pod's TopologyPolicy decides): drop one of them")
             return 2
-    if args.action == "up" and args.dra and (args.demo or args.real_node is not None):
-        _log("error: --dra runs the emulated nodes (--machine) as a DRA driver; the demo and "
-             "the real node do not take it yet")
+    if args.action == "up" and args.dra and args.demo:
+        _log("error: --dra runs the emulated nodes (--machine) and the real node as DRA "
+             "drivers; the demo does not take it yet")
         return 2
     cluster = _cluster(args)
     try:
@@ -307,11 +328,12 @@ def _print_metrics(alive: bool, url: str | None) -> None:
 
 def _mode_text(state: dict[str, object]) -> str:
     """The real node's mode as ``dev status`` prints it."""
+    dra = "; devices through DRA (dra.numalign.io)" if state.get("dra") else ""
     if state.get("mode", MODE_KUBELET) == MODE_NRI:
         return ("mode nri (numalign-managed: the agent places containers through NRI; "
-                "the kubelet's CPU, memory and Topology managers are none)")
+                f"the kubelet's CPU, memory and Topology managers are none){dra}")
     return (f"mode kubelet (the kubelet places containers: static CPU manager, Topology "
-            f"Manager policy {state.get('policy')}, scope {state.get('scope')})")
+            f"Manager policy {state.get('policy')}, scope {state.get('scope')}){dra}")
 
 
 def _device_plugin(args: argparse.Namespace) -> int:
@@ -327,6 +349,27 @@ def _device_plugin(args: argparse.Namespace) -> int:
         run_device_plugin(machine, args.kubelet_dir, stop, log=_log)
     except (MachineError, DevicePluginError, OSError) as e:
         _log(f"device-plugin: error: {e}")
+        return 1
+    return 0
+
+
+def _dra_plugin(args: argparse.Namespace) -> int:
+    from ..api.kube import SyncKube
+    from ..api.kube.config import ConfigError, load_config
+    from ..topology.machine import load_machine
+    from .draplugin import DraPluginError, check, run_dra_plugin
+
+    try:
+        machine = load_machine(args.machine)
+        check(machine, args.kubelet_dir)
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda _s, _f: stop.set())
+        with SyncKube(load_config(), user_agent="numalign-dra-plugin") as kube:
+            run_dra_plugin(machine, args.node, args.kubelet_dir, args.cdi_dir, kube, stop,
+                           log=_log)
+    except (MachineError, DraPluginError, ConfigError, OSError) as e:
+        _log(f"dra-plugin: error: {e}")
         return 1
     return 0
 
@@ -358,7 +401,8 @@ def _up_real_node(args: argparse.Namespace, cluster: DevCluster, machine: Path) 
     with ``--install`` its agent is the installed DaemonSet's pod, not a host process."""
     return RealNode(cluster, machine, policy=args.topology_policy,
                     mode=MODE_NRI if args.nri else MODE_KUBELET,
-                    host_agent=getattr(args, "install", None) is None).up(
+                    host_agent=getattr(args, "install", None) is None,
+                    dra=bool(getattr(args, "dra", False))).up(
         log=_log, timeout=max(args.timeout, 240.0))
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from ..api.draemulated import device_classes
+from ..api.draemulated import DRIVER, device_classes
 from ..api.kube import ApiError, SyncKube
 from ..topology.machine import load_machine
 
@@ -15,12 +15,12 @@ CLASSES_PATH = "/apis/resource.k8s.io/v1/deviceclasses"
 
 
 def install_device_classes(kube: SyncKube, machine_files: Iterable[Path],
-                           say: Callable[[str], None]) -> list[str]:
-    """Create (or replace) the DeviceClasses for the machine files' device kinds; their
-    names."""
+                           say: Callable[[str], None], driver: str = DRIVER) -> list[str]:
+    """Create (or replace) the DeviceClasses for the machine files' device kinds (of
+    ``driver``: the emulated one, or the real node's kubelet plugin); their names."""
     resources = {d.resource for p in machine_files for d in load_machine(p).devices}
     names: list[str] = []
-    for obj in device_classes(resources):
+    for obj in device_classes(resources, driver):
         name = obj["metadata"]["name"]
         try:
             kube.create(CLASSES_PATH, obj)
@@ -32,5 +32,6 @@ def install_device_classes(kube: SyncKube, machine_files: Iterable[Path],
             kube.put(f"{CLASSES_PATH}/{name}", obj)
         names.append(name)
     if names:
-        say(f"DRA: DeviceClasses of the emulated driver installed: {', '.join(names)}")
+        who = "the emulated driver" if driver == DRIVER else f"driver {driver}"
+        say(f"DRA: DeviceClasses of {who} installed: {', '.join(names)}")
     return names

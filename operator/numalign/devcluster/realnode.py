@@ -15,6 +15,11 @@ is laid over ``/sys/devices/system/{node,cpu}``; its root dir is a shared mount,
 volumes it mounts there reach containerd. It listens on 127.0.0.1 only; the API server
 reaches it by its Hostname address, the node name ``localhost``.
 
+With ``dra`` (``dev up --real-node --dra``) the machine file's devices come through a DRA
+kubelet plugin (:mod:`numalign.devcluster.draplugin`, driver ``dra.numalign.io``, its
+DeviceClasses installed) instead of the sample device plugin; containerd injects the
+prepared devices from the CDI specs it writes in ``containerd/cdi/``.
+
 In ``nri`` mode (:mod:`numalign.devcluster.realnode_config`) the kubelet's CPU, memory and
 Topology managers are ``none``, the Node is labelled ``numalign.io/managed=nri`` and the
 agent is started with containerd's NRI socket (``containerd/nri.sock``), where this
@@ -42,10 +47,11 @@ from numalign.topology.machine import Machine, load_machine
 from numalign.topology.policies import kubelet_names
 from numalign.topology.policyconfig import SCOPES
 
-from . import certs, kubeproxy
+from . import certs, kubeproxy, realnode_dra
 from .addons import metrics_flags, metrics_url
 from .cluster import DevCluster, DevClusterError, Log, on_down, write_kubeconfig
 from .crds import NRT_CRD
+from .draplugin import DRIVER as DRA_DRIVER
 from .hostcgroups import (
     cgroup_hierarchies,
     node_digest,
@@ -71,7 +77,7 @@ NODE_NAME = "localhost"  # resolves to 127.0.0.1: the API server's way to the ku
 DEFAULT_POLICY = "single-numa-node"
 DEFAULT_SCOPE = "container"
 K8S_NAMESPACE = "k8s.io"  # containerd's namespace for the CRI
-PROCESSES = ("containerd", "kubelet", "kube-proxy", "device-plugin", "agent")
+PROCESSES = ("containerd", "kubelet", "kube-proxy", "device-plugin", "dra-plugin", "agent")
 
 
 class RealNodeError(DevClusterError):
@@ -99,9 +105,11 @@ def cannot_run_containers() -> str | None:
 class RealNode:
     def __init__(self, cluster: DevCluster, machine_file: Path | None = None, *,
                  policy: str | None = None, scope: str | None = None,
-                 mode: str = MODE_KUBELET, host_agent: bool = True) -> None:
+                 mode: str = MODE_KUBELET, host_agent: bool = True,
+                 dra: bool = False) -> None:
         """``host_agent``: run numalign's agent for this node as a host process (False:
-        numalign is installed into the cluster, its DaemonSet's pod is the agent)."""
+        numalign is installed into the cluster, its DaemonSet's pod is the agent);
+        ``dra``: the devices through the DRA kubelet plugin, not the device plugin."""
         if mode not in MODES:
             raise RealNodeError(f"real node mode {mode!r}: expected one of {', '.join(MODES)}")
         if mode == MODE_NRI and (policy is not None or scope is not None):
@@ -114,6 +122,7 @@ class RealNode:
         self.scope = scope
         self.mode = mode
         self.host_agent = host_agent
+        self.dra = dra
         self.dir = cluster.state_dir / "realnode"
         self.name = NODE_NAME
         digest = node_digest(cluster.state_dir)
@@ -223,6 +232,7 @@ class RealNode:
         names = ("kubelet", "healthz", "kube-proxy-healthz", "kube-proxy-metrics")
         ports = dict(zip(names, free_ports(len(names)), strict=True))
         self._save_state({"name": self.name, "mode": self.mode, "services": services,
+                          **({"dra": True} if self.dra else {}),
                           "machine": str(self.machine_file),
                           "bridge": self.bridge, "cgroupRoot": self.cgroup_root,
                           "ports": ports, "policy": policy, "scope": scope,
@@ -403,17 +413,13 @@ class RealNode:
                    deadline, ("kube-proxy",))
 
     def _start_helpers(self, say: Log, deadline: float) -> None:
-        """The sample device plugin and the real-node agent."""
+        """The sample device plugin (or the DRA plugin) and the real-node agent."""
         env = dict(os.environ, KUBECONFIG=str(self.cluster.kubeconfig))
         assert self.machine_file is not None
-        self._start("device-plugin",
-            [*self._numalign(), "dev", "device-plugin", "--machine", str(self.machine_file),
-             "--kubelet-dir", str(self.kubelet_dir)], env=env, program="numalign")
-        resources = sorted({d.resource for d in load_machine(self.machine_file).devices}
-                           or {"numalign.io/sample-device"})
-        self._wait(f"the device plugin to advertise {', '.join(resources)}",
-                   lambda: self._advertised(resources), deadline, ("kubelet", "device-plugin"))
-        say(f"the sample device plugin advertises {', '.join(resources)}")
+        if self.dra:
+            self._start_dra_plugin(env, say, deadline)
+        else:
+            self._start_device_plugin(env, say, deadline)
         if not self.host_agent:
             return
         # one identity across restarts: a restarted agent takes its node's Lease at once
@@ -424,6 +430,31 @@ class RealNode:
                    ("agent",))
         say(f"started the real-node agent; NodeTopology {self.name} published "
             f"({time.monotonic() - t:.1f}s)")
+
+    def _start_dra_plugin(self, env: dict[str, str], say: Log, deadline: float) -> None:
+        assert self.machine_file is not None
+        kube = self.cluster.kube()
+        realnode_dra.install_classes(kube, self.machine_file, say)
+        t = time.monotonic()
+        self._start("dra-plugin", realnode_dra.plugin_argv(
+            self._numalign(), self.machine_file, self.kubelet_dir, self.containerd_dir / "cdi",
+            self.name), env=env, program="numalign")
+        self._wait(f"the DRA plugin ({DRA_DRIVER}) to register and publish its "
+                   "ResourceSlices", lambda: realnode_dra.published_slices(kube, self.name) > 0,
+                   deadline, ("kubelet", "dra-plugin"))
+        say(f"the DRA kubelet plugin {DRA_DRIVER} is registered and publishes the "
+            f"node's devices ({time.monotonic() - t:.1f}s)")
+
+    def _start_device_plugin(self, env: dict[str, str], say: Log, deadline: float) -> None:
+        assert self.machine_file is not None
+        self._start("device-plugin",
+            [*self._numalign(), "dev", "device-plugin", "--machine", str(self.machine_file),
+             "--kubelet-dir", str(self.kubelet_dir)], env=env, program="numalign")
+        resources = sorted({d.resource for d in load_machine(self.machine_file).devices}
+                           or {"numalign.io/sample-device"})
+        self._wait(f"the device plugin to advertise {', '.join(resources)}",
+                   lambda: self._advertised(resources), deadline, ("kubelet", "device-plugin"))
+        say(f"the sample device plugin advertises {', '.join(resources)}")
 
     def _published(self) -> bool:
         """Whether the node's NodeTopology has its agent's status (kubectl get nt lists it)

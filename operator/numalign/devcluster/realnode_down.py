@@ -72,7 +72,7 @@ def tear_down(node: NodeOnDisk, say: Log, keep_logs: bool = False) -> bool:
     st = node.state()
     bridge = own_name(st.get("bridge"), own_bridge, node.bridge, say)
     cgroup_root = own_name(st.get("cgroupRoot"), own_cgroup_root, node.cgroup_root, say)
-    for name in ("agent", "device-plugin", "kube-proxy", "kubelet"):
+    for name in ("agent", "device-plugin", "dra-plugin", "kube-proxy", "kubelet"):
         node.process(name).stop(timeout=10)
     if st.get("services"):
         error = kubeproxy.cleanup()

@@ -49,6 +49,11 @@ PROTOS = (
     ProtoSource("numalign.kubeletapi.podresources_v1", "pkg/apis/podresources/v1/api.proto"),
     ProtoSource("numalign.kubeletapi.deviceplugin_v1beta1",
                 "pkg/apis/deviceplugin/v1beta1/api.proto"),
+    # DRA: the kubelet plugin API (served by a DRA driver's kubelet plugin) and the plugin
+    # registration API (its registration socket in the kubelet's plugins_registry/).
+    ProtoSource("numalign.kubeletapi.dra_v1", "pkg/apis/dra/v1/api.proto"),
+    ProtoSource("numalign.kubeletapi.pluginregistration_v1",
+                "pkg/apis/pluginregistration/v1/api.proto"),
     # The CRI: only the tests and benchmarks speak it (to a private containerd), so its
     # stubs are not shipped.
     ProtoSource("criapi.runtime_v1", "pkg/apis/runtime/v1/api.proto", CRI_MODULE, "tests"),

@@ -22,8 +22,10 @@ While registered, each pod bound to the node is decided once, at its first conta
 
 - the engine admits it under its resolved policy and scope (:class:`PodIndex`: the pod's
   ``numalign.io/resolved``, else the node default of its NodeTopology spec), with the
-  devices the kubelet's device manager assigned (PodResources) as fixed hints
-  (:mod:`.devices`), never on the kubelet's reserved CPUs;
+  devices the kubelet's device manager assigned (PodResources) and the devices allocated
+  to its ResourceClaims (DRA: read by name, mapped to NUMA nodes through the node's
+  ResourceSlices, :mod:`numalign.agent.claimadmit`) as fixed hints (:mod:`.devices`),
+  never on the kubelet's reserved CPUs;
 - admitted: its ``numalign.io/allocation`` is written on the pod *before* the runtime gets
   the answer, so that an agent restarted mid-creation finds it (NRI synchronize and the
   pods' recorded allocations rebuild the ledger) and a retried creation is not decided
@@ -44,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from numalign.agent import claimadmit
 from numalign.agent.kubelet_config import KubeletConfig
 from numalign.agent.kubelet_status import pod_event, rejected_status, scheduled_at
 from numalign.agent.nri.devices import Assigned, asks_for_devices, assigned_of
@@ -52,6 +55,7 @@ from numalign.agent.nri.plugin import CpuSet, NriPlugin, Placement, Rejected
 from numalign.agent.nri.pods import PodIndex
 from numalign.agent.podresources import PodResourcesClient, PodResourcesError, Snapshot
 from numalign.agent.state import NodeState, PlacedPod
+from numalign.api.draclaims import uses_claims
 from numalign.api.kube import MERGE_PATCH, Kube, pod_path, q
 from numalign.api.kube.listwatch import list_watch
 from numalign.api.names import (
@@ -279,7 +283,8 @@ class ManagedNode:
             raise Rejected(why)
         if view is not None and uid not in self.placer.state.decided:
             devices = await self._devices(view.pod) if asks_for_devices(view.pod) else None
-            if self.placer.decide(uid, devices) is not None:
+            claims = await self._claims(view.pod) if uses_claims(view.pod) else None
+            if self.placer.decide(uid, devices, claims) is not None:
                 self.on_change()
         if uid in self.placer.admitted and uid not in self.recorded:
             await self._record(uid)
@@ -324,6 +329,15 @@ class ManagedNode:
             if (kp.namespace, kp.name) == key:
                 return assigned_of(kp)
         return None
+
+    async def _claims(self, pod: Mapping[str, Any]) -> claimadmit.Verdict:
+        """The devices of the pod's ResourceClaims (the kubelet prepared them before the
+        sandbox, so they are allocated), or why they cannot be read."""
+        v = await claimadmit.verdict(self.kube, self.placer.state, pod, wait=self.placer.wait_s)
+        if v.warning:
+            meta = pod.get("metadata") or {}
+            log.warning("pod %s/%s: %s", meta.get("namespace"), meta.get("name"), v.warning)
+        return v
 
     async def _record(self, uid: str) -> None:
         held = self.placer.admitted[uid]

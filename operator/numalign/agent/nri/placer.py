@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from numalign.agent.claimadmit import UNREADY_REASON, Verdict
 from numalign.agent.nri.devices import Assigned, assigned_kinds
 from numalign.agent.nri.plugin import CpuSet, Placement, Rejected
 from numalign.agent.state import NodeState, PlacedPod, published_pods
@@ -213,10 +214,12 @@ class EnginePlacer:
             log.info("NRI: pod %s/%s (%s) is unknown: its containers share the pool",
                      pod.namespace, pod.name, uid)
 
-    def decide(self, uid: str, devices: Assigned | None = None) -> bool | None:
+    def decide(self, uid: str, devices: Assigned | None = None,
+               claims: Verdict | None = None) -> bool | None:
         """Admit the pod ``uid`` now, unless it is decided already or unknown (None): True
         when admitted, False when rejected. ``devices``: what the kubelet's device manager
-        assigned to its containers (fixed hints)."""
+        assigned to its containers (fixed hints); ``claims``: its ResourceClaims' devices
+        (the ``dra`` kind's fixed hints), or why they cannot be read."""
         if uid in self.state.decided:
             return None
         view = self.lookup(uid)
@@ -224,7 +227,12 @@ class EnginePlacer:
             return None
         try:
             kinds = assigned_kinds(self.machine, devices) if devices else []
-            decision = self.state.decide(view.pod, view.policy, kinds)
+            if claims is not None and claims.refusal is not None:
+                decision = self.state.refuse(view.pod, UNREADY_REASON, claims.refusal,
+                                             view.policy.resolved)
+            else:
+                kinds += claims.kinds if claims is not None else []
+                decision = self.state.decide(view.pod, view.policy, kinds)
         except TopologyError as exc:  # a pod no placement can ever satisfy
             decision = self.state.refuse(view.pod, REJECT_REASON, str(exc),
                                            view.policy.resolved)
