@@ -32,6 +32,7 @@ is bench/placement_workload.py's, the in-process half bench/placement_inprocess.
     python bench/run.py placement --cold-only   # first filter of a shape, 1,000/5,000 nodes
 
     python bench/run.py placement [--quick]   # 100 nodes, 2,000 pods (quick: 12 / 200)
+    python bench/run.py placement --dra       # pods with DRA claims: bench_placement_dra.py
     python bench/run.py placement --nodes=20 --pods=300 --modes=without
     python bench/bench_placement.py --nodes 20 --pods 300 --burst 50
 
@@ -415,6 +416,10 @@ def print_half(r: dict[str, Any]) -> None:
 
 
 def main(argv: list[str]) -> int:
+    if "--dra" in argv:  # the DRA workload: bench/bench_placement_dra.py
+        from bench_placement_dra import main as dra_main
+
+        return dra_main(argv)
     p = argparse.ArgumentParser(prog="bench_placement")
     p.add_argument("--quick", action="store_true", help="12 nodes, 200 pods")
     p.add_argument("--nodes", type=int)

@@ -26,6 +26,10 @@ BENCHMARKS: dict[str, str] = {
                  "TopologyAffinityErrors per 1,000 pods, Running/Pending, create-to-Running "
                  "p50/p99, extender filter latency, in-process filter at 1,000 nodes, "
                  "a pod shape's first filter at 1,000/5,000 nodes against a baseline",
+    "fleet": "the fleet at scale: 500 emulated nodes, 10,000 pods from Deployments, Jobs and "
+             "bare pods in bursts, with the extender (or none, or a no-op one): pods/s, "
+             "create-to-Running, TopologyAffinityErrors, RSS/CPU, API requests per pod by "
+             "component, scheduling-cycle time",
     "realnode-nri": "pod start and container creation on the NRI-managed real node, with "
                     "and without numalign's plugin (p50/p99)",
     "hostile": "the scheduler extender under a hostile client on loopback (forged pods, "

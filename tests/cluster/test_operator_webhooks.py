@@ -35,7 +35,8 @@ def test_webhooks_stay_when_a_replica_stops_and_skip_system_namespaces(
                       "--webhook-exclude-namespace", own) as first:
             before = _hooks(k8s_client)
             assert set(before) == {"resolve.numalign.io", "overrides.numalign.io",
-                                   "policy-overlaps.numalign.io"}
+                                   "policy-overlaps.numalign.io",
+                                   "numa-constraint.numalign.io"}
             for w in before.values():
                 assert w["timeoutSeconds"] <= 5 and w["failurePolicy"] == "Ignore"
                 [expr] = w["namespaceSelector"]["matchExpressions"]

@@ -16,7 +16,11 @@ from typing import Any
 import yaml
 
 from config_helpers import CONFIG, IMAGE, containers, kustomize, of_kind, pod_spec
-from numalign.devcluster.scheduler import ExtenderTls, extender_entry
+from numalign.devcluster.scheduler import (
+    PERCENTAGE_OF_NODES_TO_SCORE,
+    ExtenderTls,
+    extender_entry,
+)
 
 Obj = dict[str, Any]
 
@@ -73,7 +77,10 @@ def test_extender_component(tmp_path: Path) -> None:
               if r["metadata"]["name"] == "numalign-extender"]
     grants = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"]
               for r in rule["resources"] for v in rule["verbs"]}
-    assert grants == {(g, r, v) for g, r in (("", "pods"), ("numalign.io", "nodetopologies"))
+    dra = [("resource.k8s.io", r) for r in ("deviceclasses", "resourceclaimtemplates",
+                                             "resourceclaims", "resourceslices")]
+    assert grants == {(g, r, v) for g, r in (("", "pods"), ("numalign.io", "nodetopologies"),
+                                             *dra)
                       for v in ("get", "list", "watch")} | {("", "pods/binding", "create")}
     [binding] = [b for b in of_kind(objs, "ClusterRoleBinding")
                  if b["metadata"]["name"] == "numalign-extender"]
@@ -135,3 +142,5 @@ def test_scheduler_config_fragment_is_what_the_dev_cluster_runs() -> None:
     assert [Path(tls[k]).name for k in ("caFile", "certFile", "keyFile")] == [
         "ca.crt", "scheduler.crt", "scheduler.key"]  # `numalign extender-certs`' files
     assert "insecure" not in tls
+    # the extender judges every node that passes kube-scheduler's own filters
+    assert doc["percentageOfNodesToScore"] == PERCENTAGE_OF_NODES_TO_SCORE == 100

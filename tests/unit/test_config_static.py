@@ -327,7 +327,8 @@ def test_webhooks_skip_system_namespaces_and_answer_fast(default: list[Obj]) -> 
                                 "ValidatingWebhookConfiguration")
              for h in o["webhooks"]]
     assert {h["name"] for h in hooks} == {"resolve.numalign.io", "overrides.numalign.io",
-                                          "policy-overlaps.numalign.io"}
+                                          "policy-overlaps.numalign.io",
+                                          "numa-constraint.numalign.io"}
     [service] = [s for s in of_kind(default, "Service")
                  if s["metadata"]["name"] == "numalign-webhook"]
     for h in hooks:

@@ -65,6 +65,10 @@ EVENT_REDEPLOY_RELEASED = "RedeployReleased"  # operator: the scheduling gate re
 EVENT_INVALID_OVERRIDE = "InvalidTopologyOverride"  # operator: a bad pod override ignored
 EVENT_INVALID_POLICY = "InvalidTopologyPolicy"  # agent: a resolved policy it cannot use
 EVENT_INVALID_GPU = "InvalidGpuRequest"  # agent: a bad GPU request (pod status reason too)
+# extender: no allocation of the pod's claims can be made or checked on a node
+DRA_UNSATISFIABLE_REASON = "DRAClaimsUnsatisfiable"
+# webhook: the claim constraint that keeps a claim's devices on one NUMA node
+DRA_NUMA_CONSTRAINT_WEBHOOK = "numa-constraint"
 
 # ---------------------------------------------------------------- sources
 

@@ -22,6 +22,7 @@ from numalign.topology.text import printable
 
 from . import (
     cache,
+    claims,
     connection,
     metrics,
     nodedefaults,
@@ -33,7 +34,7 @@ from . import (
     webhooks,
 )
 
-__all__ = ["Options", "cache", "nodedefaults", "pods", "policies", "redeploy", "run"]
+__all__ = ["Options", "cache", "claims", "nodedefaults", "pods", "policies", "redeploy", "run"]
 
 log = logging.getLogger("numalign.operator")
 

@@ -53,6 +53,8 @@ class Hook:
 
 HOOKS: tuple[Hook, ...] = (
     Hook("resolve", True, "", "v1", "pods", ("CREATE",)),
+    # a pod's generated claim: one NUMA node under single-numa-node (controller.claims)
+    Hook("numa-constraint", True, "resource.k8s.io", "v1", "resourceclaims", ("CREATE",)),
     Hook("overrides", False, "", "v1", "pods", ("CREATE",)),
     Hook("policy-overlaps", False, GROUP, VERSION, connection.TP_PLURAL,
          ("CREATE", "UPDATE"), namespaced=False),

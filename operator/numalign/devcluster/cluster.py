@@ -127,6 +127,7 @@ class DevCluster:
         self._procs: dict[str, Process] = {}
         self._kube: SyncKube | None = None
         self._want_extender = True
+        self.apiserver_flags: list[str] = []  # more kube-apiserver flags (an audit log...)
 
     # -------------------------------------------------------------------- public API
 
@@ -336,8 +337,9 @@ class DevCluster:
         self.process("etcd").start(etcd_args(bins, p, self.state_dir / "etcd", etcd_port,
                                              peer_port))
         # The API server waits for etcd by itself: start both, then wait for both.
-        self.process("kube-apiserver").start(apiserver_args(
-            bins, p, api_port, etcd_url(etcd_port), SERVICE_CIDR, address))
+        self.process("kube-apiserver").start([*apiserver_args(
+            bins, p, api_port, etcd_url(etcd_port), SERVICE_CIDR, address),
+            *self.apiserver_flags])
         with etcd_client(p, etcd_port) as etcd:
             self._wait("etcd", lambda: etcd.ok("/health"), deadline, ("etcd",))
         say(f"etcd ready ({time.monotonic() - t:.1f}s)")

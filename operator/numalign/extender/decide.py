@@ -34,12 +34,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from numalign.api.admission import INVALID_GPU_REASON, InvalidGpuRequest, admit_resolved
+from numalign.api.draasks import ClaimAsk
+from numalign.api.draclaims import uses_claims
 from numalign.api.effective import EffectivePolicy, NodeKind, effective_policy
 from numalign.api.names import ANN_GPUS, REJECT_REASON, REJECTED_PREFIX, TOPOLOGY_MESSAGE
 from numalign.api.nodestatus import HeldPod
 from numalign.api.reads import ObjectRead
 from numalign.api.resolved import Resolved
-from numalign.topology.admit import UNEXPECTED_REASON
+from numalign.topology.admit import UNEXPECTED_REASON, ProviderKind
 from numalign.topology.errors import TopologyError
 from numalign.topology.hints import mask_count
 from numalign.topology.ledger import ContainerAllocation, Ledger
@@ -47,6 +49,7 @@ from numalign.topology.machine import Machine
 from numalign.topology.pod import Pod, pod_from_dict
 from numalign.topology.resourcefit import DEFAULT_MAX_PODS
 
+from .dra import DraCatalog
 from .score import MAX_SCORE, MIN_SCORE, NEUTRAL_SCORE, SCORE_WEIGHTS, pod_numa, score_admission
 from .view import EntryReader, KeptByIdentity, NodeView, held_key
 
@@ -189,11 +192,13 @@ _shapes = KeptByIdentity[Mapping[str, Any], PodShape](_pod_shape, 1024)
 
 def decide(pod: Mapping[str, Any], view: NodeView | None,
            reservations: Sequence[HeldPod] = (), *, shape: PodShape | None = None,
-           name: str = "", eff: EffectivePolicy | None = None) -> Verdict:
+           name: str = "", eff: EffectivePolicy | None = None,
+           devices: Sequence[ProviderKind] = ()) -> Verdict:
     """Would ``view``'s node admit ``pod``, holding ``reservations`` besides what it
     publishes? ``view`` None (no NodeTopology) or unusable: the node passes (fail
-    open). ``eff``: the pod's effective policy there, when the caller has it. Never
-    raises."""
+    open). ``eff``: the pod's effective policy there, when the caller has it;
+    ``devices``: kinds of devices the pod gets from elsewhere (its claims' devices,
+    :mod:`.dradecide`). Never raises."""
     node = view.name if view is not None else name
     if view is None or view.machine is None:
         why = "no NodeTopology" if view is None else view.problem
@@ -206,7 +211,8 @@ def decide(pod: Mapping[str, Any], view: NodeView | None,
                        note=f"not decided by numalign: the pod cannot be read: {shape.problem}")
     ledger = view.ledger_with(reservations)
     try:
-        result = admit_resolved(view.machine, ledger, shape.model, eff, commit=False)
+        result = admit_resolved(view.machine, ledger, shape.model, eff, devices=devices,
+                                commit=False)
     except InvalidGpuRequest as e:
         return Verdict(node, False, INVALID_GPU_REASON, f"{REJECTED_PREFIX}{e}", MIN_SCORE,
                        policy=eff, resolvable=False)
@@ -318,8 +324,13 @@ class Decider:
     shape, effective policy), at most ``max_cached`` of them (least recently used go);
     what a node holds counts as one multiset, published and reserved alike."""
 
-    def __init__(self, max_cached: int = 50_000) -> None:
+    def __init__(self, max_cached: int = 50_000, dra: DraCatalog | None = None) -> None:
         self.views: dict[str, NodeView] = {}
+        # the cluster's DRA objects: pods with claims are decided with every device
+        # choice the allocator has on the node (:mod:`.dradecide`); None: as without
+        self.dra = dra
+        self._asks: tuple[tuple[int, int], Mapping[str, Any],
+                          tuple[list[ClaimAsk], list[str]]] | None = None
         self.published: dict[str, NodeView] = {}  # as the NodeTopology says, before release()
         self.released: dict[str, set[str]] = {}  # node -> uids gone but still published
         # machines by the digest of what describes them, shared by the nodes of one
@@ -448,20 +459,61 @@ class Decider:
         extra = [r for r in reservations if not view.lists(r)]
         state = view.held_key if not extra else tuple(sorted(
             (*view.held_key, *held_key(extra))))
-        key = (view.machine_key, state, shape.key, eff.key, view.policy.kind)
+        key: tuple[Any, ...] = (view.machine_key, state, shape.key, eff.key, view.policy.kind)
+        claims = None
+        if self.dra is not None and uses_claims(pod):
+            if not self.dra.ready:
+                return Verdict(node, True, policy=eff, covered=False,
+                               note="not decided by numalign: DRA objects not listed yet")
+            asks = self._claim_asks(pod)
+            claims = (asks[0], self.dra.choices(pod, node, view.machine.numa_ids, asks))
+            key = (*key, claims[1].key())  # the claims' state and the node's devices
         hit = self._cache.get(key)
         if hit is not None:
             self.hits += 1
             self._cache.move_to_end(key)
             return hit if hit.node == node else replace(hit, node=node)
         self.misses += 1
-        verdict = decide(pod, view, reservations, shape=shape, eff=eff)
+        if claims is not None:
+            from .dradecide import decide_claims  # it builds on decide()
+
+            def run(choice: Hashable, kind: ProviderKind) -> Verdict:
+                # one device choice's verdict, cached as any: nodes alike share it
+                return self._cached((*key[:-1], "dra-choice", choice), view.machine_key,
+                                    lambda: decide(pod, view, reservations, shape=shape,
+                                                   eff=eff, devices=[kind]))
+
+            verdict = decide_claims(pod, view, reservations, shape, eff, *claims, run=run)
+        else:
+            verdict = decide(pod, view, reservations, shape=shape, eff=eff)
+        self._store(key, view.machine_key, verdict)
+        return verdict
+
+    def _store(self, key: tuple[Any, ...], machine_key: str, verdict: Verdict) -> None:
         self._cache[key] = verdict
-        self._cached_for.setdefault(view.machine_key, set()).add(key)
+        self._cached_for.setdefault(machine_key, set()).add(key)
         if len(self._cache) > self.max_cached:
             gone = self._cache.popitem(last=False)[0]
             self._cached_for.get(gone[0], set()).discard(gone)
+
+    def _cached(self, key: tuple[Any, ...], machine_key: str,
+                make: Callable[[], Verdict]) -> Verdict:
+        hit = self._cache.get(key)
+        if hit is not None:
+            self._cache.move_to_end(key)
+            return hit
+        verdict = make()
+        self._store(key, machine_key, verdict)
         return verdict
+
+    def _claim_asks(self, pod: Mapping[str, Any]) -> tuple[list[ClaimAsk], list[str]]:
+        """The pod's claims as the DRA objects read now (kept for the last pod asked:
+        a filter reads them once for all its nodes)."""
+        assert self.dra is not None
+        token = (self.dra.changes, id(pod))
+        if self._asks is None or self._asks[0] != token or self._asks[1] is not pod:
+            self._asks = (token, pod, self.dra.asks(pod))
+        return self._asks[2]
 
     def filter(self, pod: Mapping[str, Any], nodes: Iterable[str],
                reservations: Mapping[str, Sequence[HeldPod]] | None = None,

@@ -186,6 +186,7 @@ class Fleet:
         not prioritize: its verdicts are those of the pod's last filter when nothing
         changed since)."""
         uid = pod_uid(pod)
+        # (claims changing meanwhile leave prioritize's ranking as filter saw it)
         seen = (uid, str(_meta(pod).get("resourceVersion") or ""), self.changes)
         if not approve and self._last is not None and self._last[0] == seen:
             last = self._last[1]

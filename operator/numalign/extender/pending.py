@@ -46,7 +46,8 @@ def _mapping(value: Any) -> Mapping[str, Any]:
 def slim(pod: Mapping[str, Any]) -> JSON:
     """What the extender keeps of ``pod``: name, namespace, uid, resourceVersion, the
     annotations it reads, the containers' names, resources and restart policies, the
-    scheduler and node names, the phase."""
+    scheduler and node names, the phase, the pod's claims and the names of the claims
+    generated for it."""
     meta = _mapping(pod.get("metadata"))
     spec = _mapping(pod.get("spec"))
     ann = _mapping(meta.get("annotations"))
@@ -65,13 +66,14 @@ def slim(pod: Mapping[str, Any]) -> JSON:
     out_spec: JSON = {"containers": containers(spec.get("containers"))}
     if spec.get("initContainers"):
         out_spec["initContainers"] = containers(spec.get("initContainers"))
-    for k in ("schedulerName", "nodeName"):
+    for k in ("schedulerName", "nodeName", "resourceClaims"):
         if spec.get(k):
             out_spec[k] = spec[k]
     out: JSON = {"metadata": out_meta, "spec": out_spec}
-    phase = _mapping(pod.get("status")).get("phase")
-    if phase:
-        out["status"] = {"phase": phase}
+    status = _mapping(pod.get("status"))
+    kept_status = {k: status[k] for k in ("phase", "resourceClaimStatuses") if status.get(k)}
+    if kept_status:
+        out["status"] = kept_status
     return out
 
 

@@ -24,7 +24,7 @@ import gc
 import logging
 import ssl
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -34,12 +34,15 @@ from aiohttp import web
 from numalign.api.kube import NT_BASE, ApiError, Kube, KubeConfig
 from numalign.api.kube.listwatch import list_watch
 
+from .decide import Decider
+from .dra import KINDS, PATHS, DraCatalog
 from .fleet import Fleet, pod_uid
 from .guard import DEFAULT_MAX_BODY, BodyRefused, GuardedSite, Limits
 from .metrics import CONTENT_TYPE, Metrics
 from .pending import DEFAULT_SCHEDULERS, UNBOUND, PendingPods, Refusal
 from .protocol import (
     ArgsError,
+    BindingArgs,
     ExtenderArgs,
     binding_result,
     error_result,
@@ -57,6 +60,7 @@ DEFAULT_PROBE_PORT = 8891
 BOUND_PODS = {"fieldSelector": "spec.nodeName!="}
 EXPIRE_EVERY = 5.0
 BIND_TIMEOUT = 4.0  # below the scheduler's httpTimeout (5s): it then binds without us
+LANDED_TIMEOUT = 0.8  # after a failed binding, the read of whether it landed anyway
 DECIDE_BUDGET = 2.0  # seconds one pod's filter may decide; below the httpTimeout (5s)
 
 __all__ = ["DEFAULT_MAX_BODY", "DEFAULT_PORT", "DEFAULT_PROBE_PORT", "ExtenderServer",
@@ -236,6 +240,10 @@ class ExtenderServer:
             await self.kube.request("POST", path, body=args.binding(), timeout=BIND_TIMEOUT,
                                     decode=False)
         except (ApiError, TimeoutError, aiohttp.ClientError) as e:
+            if await self._landed(args, e):
+                self.pending.forget(args.uid)
+                self.metrics.binds.labels(outcome="bound").inc()
+                return web.json_response(binding_result())
             self.fleet.unclaim(args.uid, args.node)
             self.metrics.binds.labels(outcome="error").inc()
             log.warning("bind %s to %s: %s", args.pod_name, args.node, e)
@@ -245,6 +253,24 @@ class ExtenderServer:
         self.metrics.binds.labels(outcome="bound").inc()
         self.metrics.bind_seconds.observe(time.perf_counter() - t0)
         return web.json_response(binding_result())
+
+    async def _landed(self, args: BindingArgs, error: Exception) -> bool:
+        """Whether a binding that failed here is there all the same: the API server
+        answered too late (it is slow) or says the pod is bound to that very node. Told
+        "failed", the scheduler would bind the pod itself, get 409 (already assigned) and
+        count an error and retry a pod already placed. One quick read of the pod."""
+        if isinstance(error, ApiError):
+            return error.status == 409 and f'already assigned to node "{args.node}"' in str(
+                error.message)
+        assert self.kube is not None
+        try:
+            got = await self.kube.request(
+                "GET", f"/api/v1/namespaces/{args.namespace}/pods/{args.name}",
+                timeout=LANDED_TIMEOUT)
+        except (ApiError, TimeoutError, aiohttp.ClientError):
+            return False
+        meta, spec = got.get("metadata") or {}, got.get("spec") or {}
+        return meta.get("uid") == args.uid and spec.get("nodeName") == args.node
 
     async def healthz(self, _request: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -315,7 +341,21 @@ class ExtenderServer:
 
         await asyncio.gather(
             list_watch(kube, NT_BASE, nts, self.fleet.node_topology),
-            pod_watch(), pending_watch(), expire())
+            pod_watch(), pending_watch(), expire(), *self._dra_watches(kube))
+
+    def _dra_watches(self, kube: Kube) -> list[Coroutine[Any, Any, None]]:
+        """The watches of the DRA objects (:mod:`.dra`); until each kind is listed, pods
+        with claims pass undecided (a cluster without resource.k8s.io/v1 keeps them so)."""
+        dra = self.fleet.decider.dra
+        if dra is None:
+            return []
+
+        def watch(kind: str) -> Coroutine[Any, Any, None]:
+            return list_watch(kube, PATHS[kind], lambda items: dra.load(kind, items),
+                              lambda event, obj: dra.event(kind, event, obj),
+                              max_retry=60.0)
+
+        return [watch(k) for k in KINDS]
 
 
 class GcPacer:
@@ -359,7 +399,8 @@ def ssl_context(cert: str, key: str, client_ca: str | None = None) -> ssl.SSLCon
 async def serve(settings: Settings, config: KubeConfig,
                 started: Callable[[int, int | None], None] | None = None) -> None:
     """Run the extender until cancelled. ``started(port, probe_port)`` once it listens."""
-    fleet = Fleet(reservations=Reservations(settings.reservation_timeout))
+    fleet = Fleet(Decider(dra=DraCatalog()),
+                  reservations=Reservations(settings.reservation_timeout))
     fleet.budget = settings.decide_budget
     tls = (ssl_context(settings.tls_cert, settings.tls_key, settings.client_ca)
            if settings.tls_cert and settings.tls_key else None)

@@ -3,6 +3,8 @@ budget is spent, and the passes that release them (rules: README, "TopologyPolic
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -81,14 +83,13 @@ class Workload:
         return with_unfit(self.pod, nodes)
 
 
-async def _rejected_by_owner(namespace: str) -> dict[str, dict[str, str]]:
-    """Controller uid -> {pod uid: node} of the namespace's pods Failed with
-    TopologyAffinityError. Read from the API server's watch cache (resourceVersion "0":
-    no etcd read): a controller learnt of its Failed pod from there before creating the
-    replacement this answer is for; the operator's own watch may lag behind."""
+Rejected = dict[str, dict[str, str]]  # controller uid -> {pod uid: node}
+
+
+async def _list_rejected(namespace: str) -> Rejected:
     failed = await connection.client().get(connection.ns_path(namespace, "pods"), {
         "fieldSelector": "status.phase=Failed", "resourceVersion": "0"})
-    out: dict[str, dict[str, str]] = {}
+    out: Rejected = {}
     for other in failed.get("items") or []:
         meta = other.get("metadata") or {}
         if (other.get("status") or {}).get("reason") != REJECT_REASON \
@@ -101,15 +102,70 @@ async def _rejected_by_owner(namespace: str) -> dict[str, dict[str, str]]:
     return out
 
 
+class FreshLists:
+    """The namespace's pods Failed with TopologyAffinityError, by controller: each caller
+    gets the answer of a LIST that started after it asked, and the callers that ask while
+    one is in flight share the next (one LIST per namespace at a time, at most one
+    waiting). Read from the API server's watch cache (resourceVersion "0": no etcd read):
+    a controller learnt of its Failed pod from there before creating the replacement
+    the mutating webhook asks for; the operator's own watch may lag behind, so a cached
+    answer, or one from a LIST started earlier, could miss it. A burst of N creations in
+    a namespace costs about N / (creations during one LIST) LISTs instead of N."""
+
+    def __init__(self) -> None:
+        self._running: dict[str, asyncio.Future[Rejected]] = {}
+        self._queued: dict[str, asyncio.Future[Rejected]] = {}
+        self.lists = 0  # LISTs made (the bench and the tests read it)
+
+    async def get(self, namespace: str) -> Rejected:
+        queued = self._queued.get(namespace)
+        if queued is None:
+            running = self._running.get(namespace)
+            queued = asyncio.ensure_future(self._after(namespace, running))
+            if running is not None:
+                self._queued[namespace] = queued
+            else:
+                self._running[namespace] = queued
+        return dict(await asyncio.shield(queued))
+
+    async def _after(self, namespace: str, running: asyncio.Future[Rejected] | None
+                     ) -> Rejected:
+        if running is not None:
+            with contextlib.suppress(Exception):
+                await running  # its failure is its own callers'
+            # from here on, a new caller waits for the next LIST, not for this one
+            self._running[namespace] = self._queued.pop(namespace)
+        me = self._running[namespace]
+        try:
+            self.lists += 1
+            return await _list_rejected(namespace)
+        finally:
+            if self._running.get(namespace) is me:
+                del self._running[namespace]
+
+
+REJECTED = FreshLists()
+
+
+async def _rejected_by_owner(namespace: str) -> Rejected:
+    """Controller uid -> {pod uid: node} of the namespace's pods Failed with
+    TopologyAffinityError, from a LIST started after this call (:class:`FreshLists`)."""
+    return await REJECTED.get(namespace)
+
+
 async def workload_of(pod: Mapping[str, Any], namespace: str,
-                      rejected: dict[str, dict[str, str]] | None = None) -> Workload | None:
-    """The workload of a controller-owned pod (None for bare pods)."""
+                      rejected: Rejected | None = None) -> Workload | None:
+    """The workload of a controller-owned pod (None for bare pods). Its rejected pods are
+    read only when its governing policy redeploys (else nothing holds or steers it)."""
     ref = controller_ref(pod)
     if ref is None:
         return None
     await cache.ready()
     await cache.know_namespace(namespace)
     owner = str(ref.get("uid"))
+    settings = governing_settings(pod)[1]
+    if not settings.enabled:
+        return Workload(workload_state(namespace, workload_key(pod)), {}, pod, settings)
     if rejected is None:
         rejected = await _rejected_by_owner(namespace)
     failed = {uid: node for uid, node in rejected.get(owner, {}).items()}
@@ -117,7 +173,7 @@ async def workload_of(pod: Mapping[str, Any], namespace: str,
         if p.get("owner") == owner and p["metadata"].get("namespace") == namespace:
             failed.setdefault(str(p["metadata"].get("uid")), str(p.get("node") or ""))
     return Workload(workload_state(namespace, workload_key(pod)),
-                    {u: n for u, n in failed.items() if n}, pod)
+                    {u: n for u, n in failed.items() if n}, pod, settings)
 
 
 def gate_message(pod: Mapping[str, Any], st: WorkloadState) -> str:

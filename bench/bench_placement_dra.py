@@ -1,0 +1,375 @@
+"""Placement with DRA claims: the same workload with and without the scheduler extender
+(``python bench/run.py placement --dra``).
+
+Each half starts its own local control plane (kube-scheduler v1.37 allocates the claims),
+one agent process emulating NODES nodes whose machine-file devices are ResourceSlices of
+the emulated DRA driver (``--dra``: at least a third of the nodes have GPUs), the
+DeviceClasses of those devices, and the operator (policy resolution, the
+``numa-constraint`` claim webhook, the redeploy of rejected bare pods). PODS pods are
+created in bursts under the placement bench's mixed policies (bench/placement_workload.py:
+single-numa-node/pod, restricted/container, best-effort with overrides); about half ask
+for GPUs through ResourceClaimTemplates (one or two GPUs) besides exclusive CPUs.
+
+Reported per half as bench/bench_placement.py does (TopologyAffinityErrors per 1,000
+pods, chains Running/Pending/Failed, create-to-Running, the extender's filter p50/p99),
+and, in-process in the same run, the cost of the extender's decision for a pod with
+claims against the same pod without them (a cold filter over the same nodes: every
+node decided afresh).
+
+    python bench/run.py placement --dra [--nodes=30 --pods=300] [--modes=with]
+    python bench/bench_placement_dra.py --nodes 30 --pods 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import copy
+import json
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench_agent import agent_argv, pct, stop, wait_nodes
+from bench_operator import _free_port, _webhook_ready
+from bench_placement import (
+    MODES,
+    Extender,
+    Observed,
+    create_in_bursts,
+    nodetopology_rejected,
+    paired,
+    print_half,
+    summarize,
+    wait_nodetopologies,
+    watch_all_pods,
+)
+from numalign.api import draemulated as de
+from numalign.api.kube import ApiError, Kube, load_config
+from numalign.api.names import ANN_POLICY, ANN_RESOLVED, ANN_SCOPE
+from numalign.api.resolved import Resolved
+from numalign.topology.machine import load_machine
+from placement_workload import (
+    LABEL,
+    NAMESPACES,
+    NS_BE,
+    NS_RESTRICTED,
+    NS_SNN,
+    PAUSE,
+    SAMPLES,
+    Shape,
+    policies,
+)
+
+# GPU machines (DRA GPUs) are 45 % of the nodes
+DRA_WEIGHTS = {"fragmented-8numa": 30, "dual-16core": 25, "group4-gpu": 15,
+               "dgx-a100-like": 15, "seed-figure1": 15}
+GPU = de.device_class_name("nvidia.com/gpu")
+VENDOR_GPU = de.device_class_name("gpu-vendor.com/gpu")
+TEMPLATES = {"gpu-1": (GPU, 1), "gpu-2": (GPU, 2), "vgpu-1": (VENDOR_GPU, 1)}
+POLICY_OF = {NS_SNN: ("single-numa-node", "pod"), NS_RESTRICTED: ("restricted", "container"),
+             NS_BE: ("best-effort", "container")}
+
+
+@dataclass(frozen=True)
+class DraShape:
+    shape: Shape
+    template: str | None = None  # ResourceClaimTemplate of its one claim
+
+
+SHAPES = (
+    DraShape(Shape("snn-4cpu", 4, NS_SNN, "4", "4Gi")),
+    DraShape(Shape("snn-gpu", 3, NS_SNN, "2", "2Gi"), "gpu-1"),
+    DraShape(Shape("snn-2gpu", 2, NS_SNN, "4", "2Gi"), "gpu-2"),
+    DraShape(Shape("snn-vendor-gpu", 1, NS_SNN, "2", "1Gi"), "vgpu-1"),
+    DraShape(Shape("restricted-8cpu", 1, NS_RESTRICTED, "8", "8Gi")),
+    DraShape(Shape("restricted-gpu", 2, NS_RESTRICTED, "3", "4Gi"), "gpu-1"),
+    DraShape(Shape("restricted-small", 3, NS_RESTRICTED, "100m", "64Mi", guaranteed=False)),
+    DraShape(Shape("be-2gpu", 2, NS_BE, "3", "2Gi"), "gpu-2"),
+    DraShape(Shape("be-small", 8, NS_BE, "100m", "64Mi", guaranteed=False)),
+    DraShape(Shape("be-to-snn-gpu", 2, NS_BE, "3", "2Gi", overrides=(
+        (ANN_POLICY, "single-numa-node"), (ANN_SCOPE, "pod"))), "gpu-1"),
+)
+
+
+def node_mix(nodes: int) -> list[tuple[Path, int]]:
+    total = sum(DRA_WEIGHTS.values())
+    counts = {k: nodes * w // total for k, w in DRA_WEIGHTS.items()}
+    for k in sorted(DRA_WEIGHTS, key=lambda k: -DRA_WEIGHTS[k]):
+        if sum(counts.values()) >= nodes:
+            break
+        counts[k] += 1
+    return [(SAMPLES / f"{k}.yaml", c) for k, c in counts.items() if c]
+
+
+def templates() -> list[dict[str, Any]]:
+    return [{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+             "metadata": {"name": name, "namespace": ns},
+             "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                 "deviceClassName": cls, "count": count}}]}}}}
+            for ns in NAMESPACES for name, (cls, count) in TEMPLATES.items()]
+
+
+def pod_manifest(index: int, s: DraShape) -> dict[str, Any]:
+    shape = s.shape
+    res = {"cpu": shape.cpu, "memory": shape.memory}
+    resources: dict[str, Any] = ({"requests": res, "limits": res} if shape.guaranteed
+                                 else {"requests": res})
+    meta: dict[str, Any] = {"name": f"pl-{index:05d}", "namespace": shape.namespace,
+                            "labels": {LABEL: "placement", "shape": shape.name}}
+    if shape.overrides:
+        meta["annotations"] = dict(shape.overrides)
+    spec: dict[str, Any] = {"terminationGracePeriodSeconds": 0, "containers": [
+        {"name": "main", "image": PAUSE, "resources": resources}]}
+    if s.template:
+        spec["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": s.template}]
+        resources["claims"] = [{"name": "gpus"}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def workload(pods: int, seed: int) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    weights = [s.shape.weight for s in SHAPES]
+    return [pod_manifest(i, rng.choices(SHAPES, weights)[0]) for i in range(pods)]
+
+
+# ---------------------------------------------------------------- in-process cost
+
+
+def resolved_pod(m: dict[str, Any], uid: str) -> dict[str, Any]:
+    """The manifest as the operator's webhook leaves it (its resolved policy)."""
+    pod = copy.deepcopy(m)
+    meta = pod["metadata"]
+    ann = meta.get("annotations") or {}
+    policy, scope = POLICY_OF[meta["namespace"]]
+    policy, scope = ann.get(ANN_POLICY, policy), ann.get(ANN_SCOPE, scope)
+    meta["annotations"] = {**ann, ANN_RESOLVED: Resolved(policy, scope, source="pod")
+                           .annotation()}
+    meta["uid"] = uid
+    return pod
+
+
+def generated(cat: Any, pod: dict[str, Any]) -> dict[str, Any]:
+    """The pod once its claim is generated from its template, as the cluster has it
+    (with the numa-constraint webhook's constraint for a single-numa-node pod)."""
+    from numalign.api.resolved import parse_resolved
+    from numalign.controller.claims import constraint_for
+
+    meta = pod["metadata"]
+    (ref,) = pod["spec"]["resourceClaims"]
+    name = f"{meta['name']}-{ref['name']}"
+    cls, count = TEMPLATES[ref["resourceClaimTemplateName"]]
+    obj: dict[str, Any] = {"metadata": {"name": name, "namespace": meta["namespace"]},
+                           "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                               "deviceClassName": cls, "count": count}}]}}}
+    if parse_resolved(meta["annotations"][ANN_RESOLVED]).policy == "single-numa-node":
+        obj["spec"]["devices"]["constraints"] = constraint_for(obj)
+    cat.event("resourceclaims", "ADDED", obj)
+    pod["status"] = {"resourceClaimStatuses": [{"name": ref["name"],
+                                                "resourceClaimName": name}]}
+    return pod
+
+
+def without_claims(pod: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(pod)
+    out["spec"].pop("resourceClaims", None)
+    out.pop("status", None)
+    for c in out["spec"]["containers"]:
+        c["resources"].pop("claims", None)
+    return out
+
+
+def decision_cost(nodes: int, pods: int, seed: int) -> dict[str, Any]:
+    """A cold filter (every node decided afresh) of each pod with claims over the nodes,
+    and of the same pod without its claims; each pod's claim generated as the cluster
+    generates it (single-numa-node pods' with the numa-constraint webhook's constraint)."""
+    from numalign.agent.publish import build_status
+    from numalign.agent.state import NodeState
+    from numalign.extender.decide import Decider
+    from numalign.extender.dra import DraCatalog
+
+    cat = DraCatalog()
+    decider = Decider(dra=cat)
+    slices: list[dict[str, Any]] = []
+    resources: set[str] = set()
+    names: list[str] = []
+    for f, count in node_mix(nodes):
+        machine = load_machine(f)
+        resources |= {d.resource for d in machine.devices}
+        for i in range(count):
+            name = f"{machine.name}-{i}"
+            names.append(name)
+            st = NodeState(name, machine)
+            decider.update({"metadata": {"name": name, "resourceVersion": "1"},
+                            "spec": {}, "status": build_status(st)})
+            slices += de.resource_slices(machine, name)
+    cat.load("deviceclasses", de.device_classes(resources))
+    cat.load("resourceslices", slices)
+    cat.load("resourceclaims", [])
+    cat.load("resourceclaimtemplates", templates())
+    with_c: list[float] = []
+    without_c: list[float] = []
+    refused = {"with": 0, "without": 0}
+    ms = [m for m in workload(pods * 4, seed) if m["spec"].get("resourceClaims")][:pods]
+    for i, m in enumerate(ms):
+        pod = generated(cat, resolved_pod(m, f"uid-{i}"))
+        for key, p, acc in (("with", pod, with_c), ("without", without_claims(pod),
+                                                      without_c)):
+            decider._cache.clear()  # cold: every node decided afresh
+            t0 = time.perf_counter()
+            verdicts = decider.filter(p, names)
+            acc.append(1000 * (time.perf_counter() - t0))
+            refused[key] += sum(1 for v in verdicts if not v.fits)
+    out: dict[str, Any] = {"nodes": len(names), "pods_with_claims": len(ms)}
+    for key, acc in (("with", with_c), ("without", without_c)):
+        out[f"{key}_claims_p50_ms"] = round(pct(acc, 50), 2)
+        out[f"{key}_claims_p99_ms"] = round(pct(acc, 99), 2)
+        out[f"{key}_claims_per_node_us"] = round(1000 * sum(acc) / max(
+            len(acc) * len(names), 1), 1)
+        out[f"{key}_claims_nodes_refused"] = refused[key]
+    out["ratio_p50"] = round(out["with_claims_p50_ms"] / max(out["without_claims_p50_ms"],
+                                                             1e-9), 2)
+    return out
+
+
+# ---------------------------------------------------------------- the cluster
+
+
+async def run_half(mode: str, cluster: Any, nodes: int, manifests: list[dict[str, Any]],
+                   args: argparse.Namespace, workdir: Path,
+                   extender: Extender | None) -> dict[str, Any]:
+    from numalign.devcluster.dra import install_device_classes
+
+    kubeconfig = str(cluster.kubeconfig)
+    mix = node_mix(nodes)
+    names = {f"{load_machine(f).name}-{i}" for f, c in mix for i in range(c)}
+    install_device_classes(cluster.kube(), [f for f, _ in mix], lambda m: None)
+    logs: list[Any] = []
+
+    def start(name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
+        out = (workdir / f"dra-{mode}-{name}.log").open("ab")
+        logs.append(out)
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+
+    agent = start("agent", [*agent_argv(kubeconfig, mix, "WARNING"), "--dra"])
+    operator = start("operator", [
+        sys.executable, "-m", "numalign.cli", "operator", "--kubeconfig", kubeconfig,
+        "--metrics-port", "0", "--recreate-bare-pods", "--webhook-port", str(_free_port()),
+        "--cert-dir", str(workdir / f"dra-{mode}-certs")])
+    kube = Kube(load_config(kubeconfig), max_connections=24)
+    await kube.open()
+    result: dict[str, Any] = {"mode": mode, "nodes": nodes, "pods": len(manifests),
+                              "machines": {load_machine(f).name: c for f, c in mix},
+                              "pods_with_claims": sum(1 for m in manifests
+                                                      if m["spec"].get("resourceClaims"))}
+    try:
+        t0 = time.monotonic()
+        await wait_nodes(kube, names, 300)
+        await wait_nodetopologies(kube, names, 300)
+        await _webhook_ready(kube, 180)
+        if extender is not None:
+            await extender.ready(kube, 180)
+        result["setup_s"] = round(time.monotonic() - t0, 1)
+        for ns in NAMESPACES:
+            with contextlib.suppress(ApiError):
+                await kube.create("/api/v1/namespaces", {"metadata": {"name": ns}})
+        for tp in policies():
+            await kube.create("/apis/numalign.io/v1alpha1/topologypolicies", tp)
+        for t in templates():
+            await kube.create(f"/apis/resource.k8s.io/v1/namespaces/"
+                              f"{t['metadata']['namespace']}/resourceclaimtemplates", t)
+        await asyncio.sleep(2.0)
+        seen = Observed()
+        _, rv = await kube.list_all("/api/v1/pods", {"labelSelector": LABEL})
+        finished = asyncio.Event()
+        watcher = asyncio.create_task(watch_all_pods(kube, rv, seen.on_pod, finished.is_set))
+        start_t = time.monotonic()
+        await create_in_bursts(kube, manifests, args.burst, args.gap, seen)
+        result["create_s"] = round(time.monotonic() - start_t, 1)
+        seen.last_event = time.monotonic()
+        deadline = start_t + args.timeout
+        while not seen.settled(args.settle) and time.monotonic() < deadline:
+            await asyncio.sleep(1.0)
+        result["timed_out"] = not seen.settled(args.settle)
+        result["settled_s"] = round(time.monotonic() - start_t, 1)
+        finished.set()
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        result.update(summarize(seen, len(manifests)))
+        result["nodetopology_rejected"] = await nodetopology_rejected(kube)
+        if extender is not None:
+            result.update(await extender.latency())
+        result["operator_alive"] = operator.poll() is None
+        result["agent_alive"] = agent.poll() is None
+    finally:
+        await kube.close()
+        for proc in (operator, agent):
+            stop(proc)
+        for out in logs:
+            out.close()
+    return result
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="bench_placement_dra")
+    p.add_argument("--dra", action="store_true", help="(bench/run.py placement --dra)")
+    p.add_argument("--nodes", type=int, default=100)
+    p.add_argument("--pods", type=int, default=1000)
+    p.add_argument("--burst", type=int, default=100)
+    p.add_argument("--gap", type=float, default=3.0)
+    p.add_argument("--settle", type=float, default=30.0)
+    p.add_argument("--seed", type=int, default=28)
+    p.add_argument("--modes", default="without,with")
+    p.add_argument("--cost-pods", type=int, default=200,
+                   help="pods with claims of the in-process decision cost (0: skip it)")
+    p.add_argument("--timeout", type=float, default=900.0)
+    args, _ = p.parse_known_args(argv)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if bad := [m for m in modes if m not in MODES]:
+        p.error(f"--modes: unknown {bad}; known: {', '.join(MODES)}")
+    cost: dict[str, Any] = {}
+    if args.cost_pods:
+        cost = decision_cost(args.nodes, args.cost_pods, args.seed)
+        print(f"in-process cold filter over {cost['nodes']} DRA nodes, "
+              f"{cost['pods_with_claims']} pods with claims: p50 {cost['with_claims_p50_ms']} "
+              f"ms, p99 {cost['with_claims_p99_ms']} ms ({cost['with_claims_per_node_us']} "
+              f"us per node); the same pods without claims: p50 "
+              f"{cost['without_claims_p50_ms']} ms, p99 {cost['without_claims_p99_ms']} ms "
+              f"({cost['without_claims_per_node_us']} us per node); {cost['ratio_p50']}x "
+              f"at p50", flush=True)
+    manifests = workload(args.pods, args.seed)
+    workdir = Path(tempfile.mkdtemp(prefix="numalign-bench-placement-dra-"))
+    halves: dict[str, dict[str, Any]] = {}
+    from numalign.devcluster.cluster import DevCluster
+
+    for mode in modes:
+        on = mode == "with"
+        cluster = DevCluster(state_dir=workdir / f"dra-{mode}-cluster")
+        cluster.up(scheduler_extender=on, extender=on,
+                   log=lambda m, mode=mode: print(f"[devcluster {mode}] {m}", file=sys.stderr))
+        url = cluster.extender_probe_url
+        extender = Extender(f"{url}/metrics") if on and url else None
+        try:
+            halves[mode] = asyncio.run(run_half(mode, cluster, args.nodes, manifests, args,
+                                                workdir, extender))
+        finally:
+            cluster.down()
+        print(f"[{halves[mode]['pods_with_claims']} of the pods ask for GPUs by claim]")
+        print_half(halves[mode])
+    both = paired(halves)
+    print(f"logs in {workdir}")
+    out = {m: {k: v for k, v in r.items() if not k.startswith("_")} for m, r in halves.items()}
+    print(json.dumps({**out, **both, "decision_cost": cost}))
+    return 0 if all(not r["timed_out"] and r["operator_alive"] and r["agent_alive"]
+                    for r in halves.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
