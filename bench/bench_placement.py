@@ -24,9 +24,12 @@ Apart from the cluster, the in-process filter is timed over 1,000 synthetic node
 of the fixture machines with random allocations already held, published as NodeTopology),
 and the extender's filter and prioritize as the scheduler calls them (JSON in and out,
 reservations and pods in flight counted, nodes publishing late) over the --nodes nodes,
-and a pod shape's first filter over 1,000 and 5,000 synthetic nodes against a baseline in
-the same run (every node decided afresh; the two give the same verdicts). The workload
-is bench/placement_workload.py's, the in-process half bench/placement_inprocess.py's.
+and a pod shape's first filter over 1,000 and 5,000 synthetic nodes (pass or refuse,
+nodes alike sharing one decision: numalign.extender.feasible), the same pod's verdicts
+completed as prioritize asks them (every node's allocation and score: the filter before
+the fast verdict) and a baseline, every node decided afresh, all three in the same run
+and giving the same pass, refusal, reason and message on every node. The workload is
+bench/placement_workload.py's, the in-process half bench/placement_inprocess.py's.
 
     python bench/run.py placement --modes= --synthetic-nodes=0   # only the latter
     python bench/run.py placement --cold-only   # first filter of a shape, 1,000/5,000 nodes
@@ -458,7 +461,9 @@ def main(argv: list[str]) -> int:
         cold = inproc[f"cold_{count}"] = cold_filter(count, args.seed, args.cold_rounds)
         print(f"cold filter over {cold['synthetic_nodes']} synthetic nodes ({cold['cold_calls']}"
               f" first filters of a pod shape): p50 {cold['cold_p50_ms']} ms, p99 "
-              f"{cold['cold_p99_ms']} ms, max {cold['cold_max_ms']} ms; baseline (each "
+              f"{cold['cold_p99_ms']} ms, max {cold['cold_max_ms']} ms; completed as "
+              f"prioritize does p50 {cold['full_p50_ms']} ms, p99 {cold['full_p99_ms']} ms; "
+              f"baseline (each "
               f"node decided afresh) p50 {cold['baseline_p50_ms']} ms, p99 "
               f"{cold['baseline_p99_ms']} ms, max {cold['baseline_max_ms']} ms; "
               f"{cold['speedup_p50']}x at p50, {cold['speedup_p99']}x at p99; "

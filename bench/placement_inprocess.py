@@ -116,13 +116,16 @@ def inprocess_filter(nodes: int, pods: int, seed: int) -> dict[str, Any]:
 
 
 def cold_filter(nodes: int, seed: int, rounds: int = 2) -> dict[str, Any]:
-    """The first filter of a pod shape (no verdict, merge or hint list cached) over
-    ``nodes`` synthetic nodes (:func:`synthetic_fleet`), for a pod of each of the
-    workload's shapes, ``rounds`` times: as the extender decides it, and as a baseline in
-    the same run, each node's decision made afresh (no merge shared between nodes of
-    the same free counts: the per-node decision before it was shared). Reports ms per
-    filter call (all nodes) of both, their ratio, and the nodes whose verdicts differ
-    (none: the shared decision is exact)."""
+    """The first filter of a pod shape (no verdict, group answer, merge or hint list
+    cached) over ``nodes`` synthetic nodes (:func:`synthetic_fleet`), for a pod of each
+    of the workload's shapes, ``rounds`` times: as the extender's filter decides it
+    (``cold``: pass or refuse, nodes alike sharing one decision,
+    :mod:`numalign.extender.feasible`), as prioritize completes it (``full``: every
+    node's allocation and score, merges shared between nodes of the same free counts)
+    and as a baseline in the same run, each node's full decision made afresh (no merge
+    shared). Reports ms per filter call (all nodes) of each, the baseline's ratio to
+    ``cold``, and the nodes whose pass or refusal (reason, message) differ between the
+    three (none: both shortcuts are exact)."""
     from numalign.extender.decide import Decider
     from numalign.topology import admit as engine
     from numalign.topology import demands
@@ -135,20 +138,24 @@ def cold_filter(nodes: int, seed: int, rounds: int = 2) -> dict[str, Any]:
     for p in workload(400, seed + 2):
         pods.setdefault(p["metadata"]["labels"]["shape"], p)
 
-    def cold(d: Decider, pod: dict[str, Any], shared: bool) -> tuple[float, list[Any]]:
+    def cold(d: Decider, pod: dict[str, Any], shared: bool, complete: bool
+             ) -> tuple[float, list[Any]]:
         d._cache.clear()
         d._cached_for.clear()
+        d.fast.clear()
         engine._DECISIONS.clear()
         demands._hint_cache.clear()
         engine.SHARE_DEMAND_MERGES = shared
         try:
             t = time.perf_counter()
-            got = d.filter(pod, names)
-            return time.perf_counter() - t, got
+            got = d.filter(pod, names, complete=complete)
+            return time.perf_counter() - t, [(v.node, v.fits, v.reason, v.message, v.covered)
+                                              for v in got]
         finally:
             engine.SHARE_DEMAND_MERGES = True
 
     fast: list[float] = []
+    full: list[float] = []
     base: list[float] = []
     differ = 0
     # the fleet's objects out of the collector's reach (as a server would after its
@@ -158,15 +165,18 @@ def cold_filter(nodes: int, seed: int, rounds: int = 2) -> dict[str, Any]:
     for r in range(rounds):
         for i, p in enumerate(pods.values()):
             pod = with_resolved(p, f"cold-{r}-{i}")
-            t_base, want = cold(decider, pod, False)
-            t_fast, got = cold(decider, pod, True)
+            t_base, want = cold(decider, pod, False, True)
+            t_full, whole = cold(decider, pod, True, True)
+            t_fast, got = cold(decider, pod, True, False)
             base.append(t_base)
+            full.append(t_full)
             fast.append(t_fast)
-            differ += sum(1 for a, b in zip(want, got, strict=True) if a != b)
+            differ += sum(1 for a, b, c in zip(want, whole, got, strict=True)
+                          if not a == b == c)
     gc.unfreeze()
     out: dict[str, Any] = {"synthetic_nodes": len(names), "setup_s": round(setup, 1),
                            "cold_calls": len(fast), "verdicts_differing": differ}
-    for name, times in (("cold", fast), ("baseline", base)):
+    for name, times in (("cold", fast), ("full", full), ("baseline", base)):
         out.update({f"{name}_p{q}_ms": round(1000 * pct(times, q), 2) for q in (50, 99)})
         out[f"{name}_max_ms"] = round(1000 * max(times, default=0.0), 2)
     out["speedup_p50"] = round(pct(base, 50) / max(pct(fast, 50), 1e-9), 2)

@@ -30,7 +30,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from numalign.api.admission import INVALID_GPU_REASON, InvalidGpuRequest, admit_resolved
@@ -44,13 +44,16 @@ from numalign.api.resolved import Resolved
 from numalign.topology.admit import UNEXPECTED_REASON, ProviderKind
 from numalign.topology.errors import TopologyError
 from numalign.topology.hints import mask_count
-from numalign.topology.ledger import ContainerAllocation, Ledger
+from numalign.topology.ledger import Ledger
 from numalign.topology.machine import Machine
-from numalign.topology.pod import Pod, pod_from_dict
+from numalign.topology.pod import pod_from_dict
 from numalign.topology.resourcefit import DEFAULT_MAX_PODS
 
 from .dra import DraCatalog
+from .dradecide import decide_claims
+from .feasible import FastVerdicts, fast_filter, node_free
 from .score import MAX_SCORE, MIN_SCORE, NEUTRAL_SCORE, SCORE_WEIGHTS, pod_numa, score_admission
+from .verdict import CANDIDATE_UID, OUT_OF_TIME, PodShape, Verdict
 from .view import EntryReader, KeptByIdentity, NodeView, held_key
 
 __all__ = [  # what the extender's server, explain and the benchmarks use
@@ -63,91 +66,11 @@ JSON = dict[str, Any]
 log = logging.getLogger("numalign.extender")
 
 
-CANDIDATE_UID = "numalign.io/extender-candidate"  # the uid a pod is decided under
 UNREADABLE_POD_REASON = "InvalidPod"
-OUT_OF_TIME = "not decided by numalign: this pod's time to decide ran out"
 
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What ``node`` would do with the pod.
-
-    ``fits``: it would admit it. Else ``reason`` and ``message`` are the kubelet's (e.g.
-    ``TopologyAffinityError``, "Resources cannot be allocated with Topology locality");
-    ``resolvable`` False when no change on the node can make it fit (a malformed GPU
-    request). ``score`` 0-10 (:func:`score_admission`; 0 when refused). ``numa_nodes``:
-    the NUMA nodes the pod would get. ``policy``: the effective policy (None when the
-    node is not covered). ``covered`` False: the node has no usable NodeTopology and
-    passes (fail open); ``note`` says why. ``containers``: what the pod would hold there
-    (as the engine's ledger keeps it: a CPU an app container reuses from its init
-    container held once), for a reservation (:meth:`held_by`)."""
-
-    node: str
-    fits: bool
-    reason: str | None = None
-    message: str | None = None
-    score: int = NEUTRAL_SCORE
-    numa_nodes: tuple[int, ...] = ()
-    policy: EffectivePolicy | None = None
-    covered: bool = True
-    resolvable: bool = True
-    note: str | None = None
-    containers: tuple[tuple[str, ContainerAllocation], ...] = field(default=(), repr=False)
-    # its allocation is counts per NUMA node (AdmitResult.room_by_counts)
-    room_by_counts: bool = True
-
-    @property
-    def failure(self) -> str:
-        """The refusal as the scheduler shows it (FailedNodes): reason, the kubelet's
-        message, the policy. Free of the node's name, so the scheduler's event counts
-        nodes refused for the same reason together."""
-        if self.fits:
-            return ""
-        text = f"{self.reason}: {(self.message or '').removeprefix(REJECTED_PREFIX)}"
-        if self.policy is not None:
-            text += f" (numalign: policy {self.policy.name}, scope {self.policy.scope})"
-        return text
-
-    def held_by(self, pod: Mapping[str, Any]) -> HeldPod | None:
-        """What ``pod`` would hold on this node, as a reservation (None: nothing to hold:
-        refused, not covered, or no container holds anything)."""
-        if not self.fits or not self.covered or not self.containers:
-            return None
-        meta = pod.get("metadata") if isinstance(pod, Mapping) else None
-        meta = meta if isinstance(meta, Mapping) else {}
-        ns = str(meta.get("namespace") or "default")
-        name = str(meta.get("name") or "")
-        uid = str(meta.get("uid") or f"{ns}/{name}")
-        return HeldPod(uid, name, ns, self.containers)
-
-    def to_json(self) -> JSON:
-        out: JSON = {"node": self.node, "fits": self.fits, "score": self.score,
-                     "covered": self.covered, "numaNodes": list(self.numa_nodes)}
-        if not self.fits:
-            out.update({"reason": self.reason, "message": self.message,
-                        "resolvable": self.resolvable})
-        if self.policy is not None:
-            out["policy"] = {**self.policy.resolved.to_json(),
-                             "origin": self.policy.origin.value,
-                             "nodeKind": self.policy.node_kind.value}
-        if self.note:
-            out["note"] = self.note
-        return out
 
 
 # ---------------------------------------------------------------- the pod
-
-
-@dataclass(frozen=True)
-class PodShape:
-    """What of a pod its admission depends on (containers' names and resources, init
-    containers' restart policy, the GPU request) as a model decided under
-    :data:`CANDIDATE_UID`, and a key for it; or why the pod cannot be read."""
-
-    key: Hashable
-    model: Pod | None
-    problem: str | None = None
 
 
 def pod_shape(pod: Mapping[str, Any]) -> PodShape:
@@ -266,6 +189,8 @@ def room_left(view: NodeView, reserved: Sequence[HeldPod], flying: Sequence[Held
         return False
     if machine is None or model is None or resolved.options.given or ANN_GPUS in model.annotations:
         return False
+    if any(not h.containers for h in flying):  # approved by a fast verdict: not known
+        return False
     mine = [a for _, a in verdict.containers]
     if resolved.scope != "pod" and sum(1 for a in mine if a.cpus or a.memory or a.devices) > 1:
         return False
@@ -312,6 +237,20 @@ def _free_by_numa(ledger: Ledger) -> tuple[frozenset[int], dict[int, int]]:
 
 # ---------------------------------------------------------------- the fleet
 
+_OWN = "\x00own"  # a cached verdict's node: decided per node (names_holder)
+
+
+def names_holder(verdict: Verdict, view: NodeView, reservations: Sequence[HeldPod]) -> bool:
+    """Whether ``verdict``'s refusal names a pod the node holds (a manager's message
+    naming the holder of a CPU or device): nodes in the same state hold other pods, so
+    such a verdict is kept for its node alone."""
+    text = verdict.message
+    if verdict.fits or not text:
+        return False
+    return any(h.uid in text or f"{h.namespace}/{h.name}" in text
+               for h in (*view.held, *reservations))
+
+
 
 class Decider:
     """The views of a fleet and a cache of verdicts.
@@ -345,6 +284,7 @@ class Decider:
         self._cache: OrderedDict[tuple[Any, ...], Verdict] = OrderedDict()
         self.hits = 0
         self.misses = 0
+        self.fast = FastVerdicts()  # the filter's group answers (.feasible)
 
     def _uses(self, old: NodeView | None, new: NodeView | None) -> None:
         """A node's published view ``old`` is now ``new`` (None: none): the last node of a
@@ -379,8 +319,9 @@ class Decider:
         view = self.views[name] = view.without(gone) if gone else view
         if view.usable:
             # built now, on the watch, rather than in the next filter call (the first
-            # filter over many nodes would build all their ledgers)
-            view.ledger()
+            # filter over many nodes would build all their ledgers), with what the
+            # filter's fast verdicts read of it
+            node_free(view.ledger())
         return view
 
     def release(self, node: str, uid: str) -> bool:
@@ -469,23 +410,28 @@ class Decider:
             claims = (asks[0], self.dra.choices(pod, node, view.machine.numa_ids, asks))
             key = (*key, claims[1].key())  # the claims' state and the node's devices
         hit = self._cache.get(key)
+        own = hit is not None and hit.node == _OWN
+        if own:  # a message naming the node's pods
+            key = (*key, node)
+            hit = self._cache.get(key)
         if hit is not None:
             self.hits += 1
             self._cache.move_to_end(key)
             return hit if hit.node == node else replace(hit, node=node)
         self.misses += 1
         if claims is not None:
-            from .dradecide import decide_claims  # it builds on decide()
-
             def run(choice: Hashable, kind: ProviderKind) -> Verdict:
                 # one device choice's verdict, cached as any: nodes alike share it
                 return self._cached((*key[:-1], "dra-choice", choice), view.machine_key,
                                     lambda: decide(pod, view, reservations, shape=shape,
                                                    eff=eff, devices=[kind]))
 
-            verdict = decide_claims(pod, view, reservations, shape, eff, *claims, run=run)
+            verdict = decide_claims(pod, view, eff, *claims, run=run)
         else:
             verdict = decide(pod, view, reservations, shape=shape, eff=eff)
+        if not own and names_holder(verdict, view, reservations):
+            self._store(key, view.machine_key, Verdict(_OWN, False))
+            key = (*key, node)
         self._store(key, view.machine_key, verdict)
         return verdict
 
@@ -519,16 +465,28 @@ class Decider:
                reservations: Mapping[str, Sequence[HeldPod]] | None = None,
                in_flight: Mapping[str, Sequence[tuple[Mapping[str, Any], HeldPod]]] | None
                = None, *, budget: float | None = None,
-               clock: Callable[[], float] = time.monotonic) -> list[Verdict]:
+               clock: Callable[[], float] = time.monotonic,
+               complete: bool = True) -> list[Verdict]:
         """A verdict for each of ``nodes``, in order (reservations and in-flight pods
         by node, as :meth:`decide` takes them). ``budget``: seconds to spend; the nodes
         not decided by then pass undecided (``covered`` False: fail open, as the
-        scheduler does with an extender that does not answer in time)."""
+        scheduler does with an extender that does not answer in time). ``complete``
+        False: pass or refuse only, exact, nodes alike sharing one decision
+        (:mod:`.feasible`; an admission may come without allocation or score)."""
         shape = pod_shape(pod)
         held = reservations or {}
         flying = in_flight or {}
         memo: dict[str, EffectivePolicy] = {}
         end = None if budget is None else clock() + budget
+        # a pod with DRA claims is decided per device choice: never by group
+        if not complete and not (self.dra is not None and uses_claims(pod)):
+            return fast_filter(
+                self.views, self.fast, list(nodes), shape, held, flying,
+                lambda view: self._effective(pod, view, memo),
+                lambda n: self._verdict(pod, n, held.get(n, ()), shape, flying.get(n, ()),
+                                        memo),
+                lambda n: None if end is None or clock() <= end else Verdict(
+                    n, True, covered=False, note=OUT_OF_TIME))
         out: list[Verdict] = []
         for n in nodes:
             if end is not None and clock() > end:

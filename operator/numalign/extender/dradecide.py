@@ -31,11 +31,10 @@ from typing import Any
 from numalign.api.draasks import ClaimAsk, Placement, PodChoices
 from numalign.api.effective import EffectivePolicy
 from numalign.api.names import DRA_UNSATISFIABLE_REASON, REJECTED_PREFIX
-from numalign.api.nodestatus import HeldPod
 from numalign.topology.managers.dra import DraDevices
 
-from .decide import PodShape, Verdict, decide
 from .score import MIN_SCORE
+from .verdict import Verdict
 from .view import NodeView
 
 HARD = ("single-numa-node", "restricted")
@@ -60,14 +59,13 @@ def _spread(choice: Mapping[tuple[str, str], Placement]) -> tuple[int, int]:
     return len(nodes), sum(u for _, u, _ in choice.values())
 
 
-def decide_claims(pod: Mapping[str, Any], view: NodeView, reservations: Sequence[HeldPod],
-                  shape: PodShape, eff: EffectivePolicy, asks: Sequence[ClaimAsk],
-                  choices: PodChoices,
-                  run: Callable[[Hashable, DraDevices], Verdict] | None = None) -> Verdict:
+def decide_claims(pod: Mapping[str, Any], view: NodeView, eff: EffectivePolicy,
+                  asks: Sequence[ClaimAsk], choices: PodChoices,
+                  run: Callable[[Hashable, DraDevices], Verdict]) -> Verdict:
     """Would ``view``'s node admit ``pod`` whatever devices the allocator gives its
-    claims there (``choices``)? ``run(key, kind)``: the verdict with one choice's
-    devices (the caller's cache; ``key`` names the choice), else :func:`.decide.decide`.
-    Never raises."""
+    claims there (``choices``)? ``run(key, kind)``: the node's verdict with one choice's
+    devices (:func:`.decide.decide` through the caller's cache; ``key`` names the
+    choice). Never raises."""
     node = view.name
     if choices.refusal is not None:
         return Verdict(node, False, DRA_UNSATISFIABLE_REASON,
@@ -83,10 +81,7 @@ def decide_claims(pod: Mapping[str, Any], view: NodeView, reservations: Sequence
     # (an aligned choice where one exists) gives the verdict and its score
     for choice in sorted(choices.choices or [{}], key=_spread):
         kind = DraDevices(choices.devices(pod, asks, choice).requests())
-        if run is not None:
-            v = run(choices.choice_key(choice), kind)
-        else:
-            v = decide(pod, view, reservations, shape=shape, eff=eff, devices=[kind])
+        v = run(choices.choice_key(choice), kind)
         verdicts.append((v, choice))
         if hard != v.fits:
             break

@@ -27,6 +27,8 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from numalign.api.nodestatus import HeldPod
+
 from .decide import Decider, Verdict
 from .pending import slim
 from .reservations import InFlight, Reservation, Reservations
@@ -52,6 +54,17 @@ def pod_node(pod: Mapping[str, Any]) -> str | None:
     spec = pod.get("spec")
     node = spec.get("nodeName") if isinstance(spec, Mapping) else None
     return str(node) if node else None
+
+
+def undecided(pod: Mapping[str, Any], verdict: Verdict) -> HeldPod | None:
+    """The hold of a pod a fast verdict admitted (nothing known of it yet), or None
+    when it was not admitted."""
+    if not verdict.fits or not verdict.covered:
+        return None
+    meta = _meta(pod)
+    ns = str(meta.get("namespace") or "default")
+    name = str(meta.get("name") or "")
+    return HeldPod(str(meta.get("uid") or f"{ns}/{name}"), name, ns, ())
 
 
 def is_finished(pod: Mapping[str, Any]) -> bool:
@@ -182,21 +195,37 @@ class Fleet:
     def filter(self, pod: Mapping[str, Any], nodes: Sequence[str],
                approve: bool = True) -> list[Verdict]:
         """Verdicts for ``pod`` on ``nodes``, counting what is reserved and in flight
-        there; ``approve``: the pod is then in flight on the nodes it fits (filter,
-        not prioritize: its verdicts are those of the pod's last filter when nothing
-        changed since)."""
+        there; ``approve`` (filter): pass or refuse, nodes alike sharing one decision
+        (an admission may come without its allocation and score: :mod:`.feasible`),
+        and the pod is then in flight on the nodes it fits. Else (prioritize): complete
+        verdicts, those of the pod's last filter when nothing changed since; the pod's
+        in-flight holds then name what it would take on those nodes."""
         uid = pod_uid(pod)
         # (claims changing meanwhile leave prioritize's ranking as filter saw it)
         seen = (uid, str(_meta(pod).get("resourceVersion") or ""), self.changes)
+        last: dict[str, Verdict] = {}
         if not approve and self._last is not None and self._last[0] == seen:
             last = self._last[1]
-            if all(n in last for n in nodes):
+            if all(n in last and last[n].complete for n in nodes):
                 return [last[n] for n in nodes]
-        held = {n: self.reservations.on_node(n, exclude=uid) for n in nodes}
-        flying = {n: self.in_flight.on_node(n, exclude=uid) for n in nodes}
-        verdicts = self.decider.filter(pod, nodes, held, flying, budget=self.budget)
+        # prioritize right after filter: only the fast admissions are decided again
+        ask = [n for n in nodes if n not in last or not last[n].complete]
+        held = {n: self.reservations.on_node(n, exclude=uid) for n in ask}
+        flying = {n: self.in_flight.on_node(n, exclude=uid) for n in ask}
+        verdicts = self.decider.filter(pod, ask, held, flying, budget=self.budget,
+                                       complete=not approve)
+        if not approve:
+            self.in_flight.complete(uid, {v.node: h for v in verdicts
+                                          if (h := v.held_by(pod)) is not None})
+            if last:
+                got = {v.node: v for v in verdicts}
+                verdicts = [got[n] if n in got else last[n] for n in nodes]
         if approve:
-            holds = {v.node: h for v in verdicts if (h := v.held_by(pod)) is not None}
+            # a fast admission holds what the node will decide for it: unknown yet
+            # (an empty hold: the next pods decide it on that node first)
+            holds = {v.node: h for v in verdicts
+                     if (h := v.held_by(pod) if v.complete else undecided(pod, v))
+                     is not None}
             # a node passed without deciding (no NodeTopology, or not decided) is no
             # approval: the bind verb leaves such pods to the scheduler
             self.in_flight.approve(pod, uid, holds,

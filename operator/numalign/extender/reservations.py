@@ -135,6 +135,17 @@ class InFlight:
             return None
         return a.pod
 
+    def complete(self, uid: str, holds: Mapping[str, HeldPod]) -> None:
+        """What the approved pod ``uid`` would hold on some of its nodes, now decided in
+        full (its undecided holds there replaced)."""
+        a = self._by_uid.get(uid)
+        if a is None:
+            return
+        for node, held in holds.items():
+            if node in a.holds and not a.holds[node].containers:
+                a.holds[node] = held
+                self._by_node[node][uid] = held
+
     def drop(self, uid: str) -> None:
         entry = self._by_uid.pop(uid, None)
         if entry is None:

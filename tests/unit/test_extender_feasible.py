@@ -1,0 +1,190 @@
+"""The filter's fast verdict (numalign.extender.feasible) is exact: on random fleets
+(many nodes of few machines, with random pods held, so that nodes alike share a group
+answer), every node's pass or refusal, reason and message equal what that node's full
+decision gives, decided afresh; a pod a fast verdict admitted counts in flight on every
+such node; prioritize completes the verdicts it scores."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import pytest
+from test_extender_differential import Node, bound_to, scheduler_fits
+
+import testdata
+from numalign.extender.decide import Decider, Verdict, decide
+from numalign.extender.fleet import Fleet
+from numalign.topology.machine import load_machine
+from random_fleet import (
+    FULL,
+    KUBELET_POLICIES,
+    SCOPES,
+    fixture_machine,
+    random_pod,
+    random_spec,
+    synthetic_machine,
+)
+
+JSON = dict[str, Any]
+
+
+def _answer(v: Verdict) -> tuple[Any, ...]:
+    return (v.node, v.fits, v.reason, v.message, v.covered, v.resolvable)
+
+
+def _fleet(rng: random.Random) -> tuple[list[Node], list[str], list[str]]:
+    """2-3 machines, 4-9 nodes each, holding 0-5 random pods (some nodes alike)."""
+    nodes: list[Node] = []
+    machines = [fixture_machine(rng) if rng.random() < 0.6 else synthetic_machine(rng, i)
+                for i in range(rng.randint(2, 3))]
+    devices = sorted({d.resource for m in machines for d in m.devices})
+    levels = sorted({lvl for m in machines for d in m.devices for lvl, _ in d.groups})
+    index = 0
+    for k, machine in enumerate(machines):
+        spec = random_spec(rng, k + 1, FULL)
+        for i in range(rng.randint(4, 9)):
+            node = Node(f"m{k}-{i}", machine, spec)
+            for _ in range(rng.choice((0, 0, 1, 2, 3, 5))):
+                index += 1
+                pod = bound_to(random_pod(rng, index, devices, levels, False, FULL), node.name)
+                if scheduler_fits(machine, pod, node.requests()):
+                    node.bind(pod)
+            nodes.append(node)
+    return nodes, devices, levels
+
+
+def _policy(rng: random.Random, pod: JSON) -> JSON:
+    """The pod under a random policy and scope of its own (every one reached)."""
+    ann = pod["metadata"]["annotations"]
+    if rng.random() < 0.8:
+        ann["numalign.io/resolved"] = json.dumps({
+            "policy": rng.choice(KUBELET_POLICIES), "scope": rng.choice(SCOPES),
+            "source": "TopologyPolicy/t"})
+    return pod
+
+
+# 95 and 112: a pod asking for a hugepage size its node lacks; 283 and 350: a node
+# with no memory free for the pod (the memory manager then has no preference)
+@pytest.mark.parametrize("seed", [*range(60), 95, 112, 283, 350])
+def test_fast_verdicts_equal_the_full_decision(seed: int) -> None:
+    rng = random.Random(seed)
+    nodes, devices, levels = _fleet(rng)
+    decider = Decider()
+    for n in nodes:
+        decider.update(n.published())
+    names = [n.name for n in nodes]
+    shared = 0
+    for i in range(12):
+        pod = _policy(rng, random_pod(rng, 1000 + i, devices, levels, False, FULL))
+        before = decider.fast.shared
+        fast = decider.filter(pod, names, complete=False)
+        shared += decider.fast.shared - before
+        full = decider.filter(pod, names)
+        fresh = [decide(pod, decider.views[n]) for n in names]
+        where = f"seed {seed} pod {json.dumps(pod, sort_keys=True)}"
+        assert [_answer(v) for v in fast] == [_answer(v) for v in fresh], where
+        assert [_answer(v) for v in full] == [_answer(v) for v in fresh], where
+        for v, w in zip(fast, fresh, strict=True):
+            # an admission given in full is the full one; a shared one has no allocation
+            assert v == w if v.complete else (v.fits and not v.containers), where
+
+
+def test_the_random_fleets_share_answers() -> None:
+    """The fleets above do share group answers, admissions and refusals both (so the
+    comparison covers the shared path, not only nodes decided in full)."""
+    decider = Decider()
+    fits = refused = 0
+    for seed in range(20):
+        rng = random.Random(seed)
+        nodes, devices, levels = _fleet(rng)
+        for n in nodes:
+            decider.update(n.published())
+        for i in range(12):
+            pod = _policy(rng, random_pod(rng, 1000 + i, devices, levels, False, FULL))
+            for v in decider.filter(pod, [n.name for n in nodes], complete=False):
+                if not v.complete:
+                    fits += 1
+                elif not v.fits and v.node not in {n.name for n in nodes[:1]}:
+                    refused += 1
+    assert decider.fast.shared > 500 and fits > 200 and refused > 50, (
+        decider.fast.shared, fits, refused)
+
+
+def _snn_pod(name: str, cpus: str) -> JSON:
+    res = {"cpu": cpus, "memory": "1Gi"}
+    return {"metadata": {"name": name, "namespace": "a", "uid": f"uid-{name}",
+                         "annotations": {"numalign.io/resolved": json.dumps(
+                             {"policy": "single-numa-node", "scope": "pod",
+                              "source": "TopologyPolicy/t"})}},
+            "spec": {"containers": [{"name": "c", "resources": {"requests": res,
+                                                                "limits": res}}]}}
+
+
+def _empty_fleet(count: int) -> Fleet:
+    machine = load_machine(testdata.MACHINES / "seed-figure1.yaml")
+    fleet = Fleet()
+    fleet.load_nodetopologies([Node(f"n{i}", machine, {}).published() for i in range(count)])
+    return fleet
+
+
+def test_a_pod_a_fast_verdict_admitted_counts_in_flight() -> None:
+    """Two single-numa-node pods each filling one NUMA node of seed-figure1, approved on
+    twenty empty nodes (all but the first by a shared answer) and not bound yet: a
+    third is refused on every node, as either may land there first."""
+    fleet = _empty_fleet(20)
+    names = [f"n{i}" for i in range(20)]
+    first = fleet.filter(_snn_pod("p0", "4"), names)
+    assert all(v.fits for v in first) and sum(not v.complete for v in first) == 19
+    assert all(v.fits for v in fleet.filter(_snn_pod("p1", "4"), names))
+    third = fleet.filter(_snn_pod("p2", "4"), names)
+    assert [v.fits for v in third] == [False] * 20, third
+
+
+def test_prioritize_completes_the_verdicts_and_the_holds() -> None:
+    """Prioritize (approve False) answers with every node's score and NUMA nodes, and the
+    pod's in-flight holds there then name the CPUs it would take."""
+    fleet = _empty_fleet(6)
+    names = [f"n{i}" for i in range(6)]
+    pod = _snn_pod("p0", "2")
+    assert any(not v.complete for v in fleet.filter(pod, names))
+    scored = fleet.filter(pod, names, approve=False)
+    assert all(v.complete and v.fits and len(v.numa_nodes) == 1 for v in scored), scored
+    held = [h for n in names for _, h in fleet.in_flight.on_node(n)]
+    assert len(held) == 6 and all(
+        sum(len(a.cpus) for _, a in h.containers) == 2 for h in held), held
+
+
+def test_a_refusal_naming_a_holder_names_this_nodes_holder(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two nodes of one machine in the same state (one pod each, holding the same CPUs,
+    under other names): a refusal whose message names the pod holding a CPU (as a
+    manager's allocation failure words it) names each node's own pod, not the pod of
+    the node decided first."""
+    from numalign.extender import decide as module
+    from numalign.topology.admit import UNEXPECTED_REASON
+
+    real = module.decide
+
+    def naming(pod: JSON, view: Any, reservations: Any = (), **kw: Any) -> Verdict:
+        v = real(pod, view, reservations, **kw)
+        holder = view.held[0]
+        return Verdict(v.node, False, UNEXPECTED_REASON,
+                       f"Allocate failed due to cpu 0 is already held by {holder.uid}/c",
+                       policy=v.policy)
+
+    monkeypatch.setattr(module, "decide", naming)
+    machine = load_machine(testdata.MACHINES / "seed-figure1.yaml")
+    nodes = [Node(f"n{i}", machine, {}) for i in range(3)]
+    for i, node in enumerate(nodes):
+        pod = _snn_pod(f"held{i}", "2")
+        assert node.bind(bound_to(pod, node.name)).admit
+    decider = Decider()
+    for node in nodes:
+        decider.update(node.published())
+    assert len({(v.machine_key, v.held_key) for v in decider.views.values()}) == 1
+    for complete in (True, False):
+        got = decider.filter(_snn_pod("p", "1"), ["n0", "n1", "n2"], complete=complete)
+        assert [v.message.rsplit(" ", 1)[1] for v in got if v.message] == [
+            "uid-held0/c", "uid-held1/c", "uid-held2/c"], got
