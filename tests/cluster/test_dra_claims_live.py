@@ -320,3 +320,71 @@ def test_redeploy_of_pods_with_claims(
             assert not after["metadata"].get("deletionTimestamp")
     finally:
         delete_policy(k8s_client, name)
+
+
+def claims_seen(lines: str) -> list[dict[str, Any]]:
+    """The claims in ``kubectl get -w -o json`` output (JSON documents one after
+    another)."""
+    dec, out, i = json.JSONDecoder(), [], 0
+    while True:
+        while i < len(lines) and lines[i].isspace():
+            i += 1
+        if i >= len(lines):
+            return out
+        doc, i = dec.raw_decode(lines, i)
+        out.append(doc)
+
+
+def test_single_numa_node_pod_rejected_then_redeployed_without_the_extender(
+        start_agent: StartAgent, kubectl: Kubectl, namespace: str, k8s_client: Any,
+        kubeconfig: Path, tmp_path: Path, wait: Callable[..., Any], classes: None) -> None:
+    """No extender: the scheduler's allocator gives the pod its GPUs, the node (playing
+    the kubelet) refuses the pod under single-numa-node (20 CPUs: more than any NUMA node
+    holds), the redeploy replaces it with a fresh claim, and the operator's
+    numa-constraint webhook has put each claim's devices on one NUMA node (the claims of
+    a pod that failed are deleted: they are read from a watch)."""
+    ns, node = namespace, start_agent(MACHINE, "--dra").node
+    name = f"dra-snn-{ns}"[:60]
+    policy(k8s_client, name, {"policy": "single-numa-node", "scope": "pod",
+                              "namespaces": [ns], "redeploy": FAST})
+    seen = tmp_path / "claims.json"
+    try:
+        with operator(kubeconfig, k8s_client, tmp_path / "op.log"), seen.open("w") as out:
+            watch = subprocess.Popen(
+                ["kubectl", "--kubeconfig", str(kubeconfig), "get", "resourceclaims", "-n", ns,
+                 "--watch", "-o", "json"], stdout=out, stderr=subprocess.DEVNULL)
+            try:
+                template(kubectl, ns, "pair", {"devices": {"requests": [
+                    gpu_request("a"), gpu_request("b")]}})
+                create(kubectl, ns, pod("wide", node, template="pair", cpus=20))
+                p = decided(kubectl, ns, "wide", wait)
+                assert (p["status"]["phase"], p["status"]["reason"]) == (
+                    "Failed", REJECT_REASON)
+                assert "Topology locality" in p["status"]["message"]
+                wait(lambda: _get(kubectl, "pod", "-n", ns, "wide-r1"), 60,
+                     "the replacement wide-r1")
+                r1 = decided(kubectl, ns, "wide-r1", wait)
+                assert r1["spec"]["resourceClaims"] == [
+                    {"name": "gpus", "resourceClaimTemplateName": "pair"}]
+                fresh = generated_claim(r1)
+                assert fresh != generated_claim(p)
+            finally:
+                watch.terminate()
+                watch.wait(10)
+        numa = {d["name"]: d["attributes"]["resource.kubernetes.io/numaNode"]["int"]
+                for sl in (_get(kubectl, "resourceslices") or {}).get("items", [])
+                if sl["spec"].get("nodeName") == node
+                for d in sl["spec"].get("devices") or []}
+        allocated = {}
+        for c in claims_seen(seen.read_text()):
+            assert c["spec"]["devices"]["constraints"] == [
+                {"requests": ["a", "b"], "matchAttribute": "resource.kubernetes.io/numaNode"}]
+            got = ((c.get("status") or {}).get("allocation") or {}).get("devices")
+            if got:
+                allocated[c["metadata"]["name"]] = got["results"]
+        assert {generated_claim(p), fresh} <= set(allocated)
+        for results in allocated.values():  # the allocator kept to the constraint
+            assert len(results) == 2
+            assert len({numa[r["device"]] for r in results}) == 1, results
+    finally:
+        delete_policy(k8s_client, name)
