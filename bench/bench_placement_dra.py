@@ -61,11 +61,11 @@ from placement_workload import (
     NS_BE,
     NS_RESTRICTED,
     NS_SNN,
-    PAUSE,
     SAMPLES,
     Shape,
     policies,
 )
+from placement_workload import pod_manifest as placement_pod
 
 # GPU machines (DRA GPUs) are 45 % of the nodes
 DRA_WEIGHTS = {"fragmented-8numa": 30, "dual-16core": 25, "group4-gpu": 15,
@@ -117,20 +117,13 @@ def templates() -> list[dict[str, Any]]:
 
 
 def pod_manifest(index: int, s: DraShape) -> dict[str, Any]:
-    shape = s.shape
-    res = {"cpu": shape.cpu, "memory": shape.memory}
-    resources: dict[str, Any] = ({"requests": res, "limits": res} if shape.guaranteed
-                                 else {"requests": res})
-    meta: dict[str, Any] = {"name": f"pl-{index:05d}", "namespace": shape.namespace,
-                            "labels": {LABEL: "placement", "shape": shape.name}}
-    if shape.overrides:
-        meta["annotations"] = dict(shape.overrides)
-    spec: dict[str, Any] = {"terminationGracePeriodSeconds": 0, "containers": [
-        {"name": "main", "image": PAUSE, "resources": resources}]}
+    """The placement bench's pod of the shape, its one claim (if any) from its template."""
+    pod = placement_pod(index, s.shape)
     if s.template:
-        spec["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": s.template}]
-        resources["claims"] = [{"name": "gpus"}]
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+        pod["spec"]["resourceClaims"] = [{"name": "gpus",
+                                          "resourceClaimTemplateName": s.template}]
+        pod["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpus"}]
+    return pod
 
 
 def workload(pods: int, seed: int) -> list[dict[str, Any]]:
