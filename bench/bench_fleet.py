@@ -70,9 +70,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_agent import agent_argv, stop, wait_nodes
-from bench_operator import _free_port, _webhook_ready
-from bench_placement import Extender, wait_nodetopologies
+from bench_agent import agent_argv, stop
+from bench_operator import _free_port
+from bench_placement import Extender, add_run_args, chosen_modes, prepare_cluster
 from fleet_measure import (
     audit_flags,
     get_metrics,
@@ -204,18 +204,9 @@ async def run_mode(mode: str, cluster: Any, audit: Path, args: argparse.Namespac
              "kube-apiserver": cluster.process("kube-apiserver").pid,
              "kube-scheduler": cluster.process("kube-scheduler").pid}
     try:
-        t0 = time.monotonic()
-        await wait_nodes(kube, names, 600)
-        await wait_nodetopologies(kube, names, 600)
-        await _webhook_ready(kube, 300)
-        if extender is not None:
-            await extender.ready(kube, 180)
-        r["setup_s"] = round(time.monotonic() - t0, 1)
-        for ns in NAMESPACES:
-            with contextlib.suppress(ApiError):
-                await kube.create("/api/v1/namespaces", {"metadata": {"name": ns}})
-        for tp in policies():
-            await kube.create("/apis/numalign.io/v1alpha1/topologypolicies", tp)
+        r["setup_s"] = await prepare_cluster(kube, names, extender, namespaces=NAMESPACES,
+                                             policies=policies(), nodes_timeout=600,
+                                             webhook_timeout=300)
         await asyncio.sleep(3.0)  # the operator's caches and webhook see the policies
         before = {k: proc_stats(pid) for k, pid in procs.items()}
         r["idle_rss_mib"] = {k: v.get("rss_mib") for k, v in before.items()}
@@ -310,13 +301,8 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="bench_fleet")
     p.add_argument("--nodes", type=int, default=500)
     p.add_argument("--pods", type=int, default=10000)
-    p.add_argument("--burst", type=int, default=500, help="pods per burst")
-    p.add_argument("--gap", type=float, default=5.0, help="seconds between bursts")
-    p.add_argument("--settle", type=float, default=30.0,
-                   help="the end: this long without a pod change")
-    p.add_argument("--seed", type=int, default=18)
-    p.add_argument("--modes", default="with",
-                   help="comma-separated: with (numalign's extender), without, noop")
+    add_run_args(p, burst=500, gap=5.0, seed=18, modes="with",
+                 modes_help="comma-separated: with (numalign's extender), without, noop")
     p.add_argument("--timeout", type=float, default=1800.0, help="per mode, after creation")
     p.add_argument("--no-finish-round", dest="finish_round", action="store_false",
                    help="skip finishing and deleting the finished pods at the end")
@@ -324,9 +310,7 @@ def main(argv: list[str]) -> int:
                    help="run the operator from this source tree (the folder holding "
                         "the numalign package): a before/after comparison")
     args, _ = p.parse_known_args(argv)
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if bad := [m for m in modes if m not in MODES]:
-        p.error(f"--modes: unknown {bad}; known: {', '.join(MODES)}")
+    modes = chosen_modes(p, args.modes, MODES)
     workdir = Path(tempfile.mkdtemp(prefix="numalign-bench-fleet-"))
     results: dict[str, dict[str, Any]] = {}
 

@@ -56,7 +56,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -187,40 +187,61 @@ async def nodetopology_rejected(kube: Kube) -> int:
     return sum(int((i.get("status") or {}).get("rejected") or 0) for i in items)
 
 
+async def prepare_cluster(kube: Kube, names: set[str], extender: Extender | None, *,
+                          namespaces: Iterable[str], policies: Iterable[dict[str, Any]],
+                          nodes_timeout: float = 300.0,
+                          webhook_timeout: float = 180.0) -> float:
+    """Wait for every node, its NodeTopology, the operator's webhook and the extender (if
+    any), then create the namespaces (kept if there) and the TopologyPolicies. Returns the
+    seconds the wait took."""
+    t0 = time.monotonic()
+    await wait_nodes(kube, names, nodes_timeout)
+    await wait_nodetopologies(kube, names, nodes_timeout)
+    await _webhook_ready(kube, webhook_timeout)
+    if extender is not None:
+        await extender.ready(kube, 180)
+    setup_s = round(time.monotonic() - t0, 1)
+    for ns in namespaces:
+        with contextlib.suppress(ApiError):
+            await kube.create("/api/v1/namespaces", {"metadata": {"name": ns}})
+    for tp in policies:
+        await kube.create("/apis/numalign.io/v1alpha1/topologypolicies", tp)
+    return setup_s
+
+
 async def run_half(mode: str, kubeconfig: str, nodes: int, manifests: list[dict[str, Any]],
-                   args: argparse.Namespace, workdir: Path,
-                   extender: Extender | None) -> dict[str, Any]:
-    mix = node_mix(nodes)
+                   args: argparse.Namespace, workdir: Path, extender: Extender | None, *,
+                   mix: list[tuple[Path, int]] | None = None, log_prefix: str = "",
+                   agent_flags: Sequence[str] = (),
+                   after_policies: Callable[[Kube], Awaitable[None]] | None = None
+                   ) -> dict[str, Any]:
+    """One half: the agent (emulating MIX, by default the workload's mix of NODES nodes;
+    AGENT_FLAGS added) and the operator, the namespaces and policies (then AFTER_POLICIES'
+    objects), the pods in bursts, watched until they settle. Logs and certificates in
+    WORKDIR, named LOG_PREFIX + MODE."""
+    mix = node_mix(nodes) if mix is None else mix
     names = {f"{load_machine(f).name}-{i}" for f, c in mix for i in range(c)}
     logs: list[Any] = []
 
     def start(name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
-        out = (workdir / f"{mode}-{name}.log").open("ab")
+        out = (workdir / f"{log_prefix}{mode}-{name}.log").open("ab")
         logs.append(out)
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
 
-    agent = start("agent", agent_argv(kubeconfig, mix, "WARNING"))
+    agent = start("agent", [*agent_argv(kubeconfig, mix, "WARNING"), *agent_flags])
     operator = start("operator", [
         sys.executable, "-m", "numalign.cli", "operator", "--kubeconfig", kubeconfig,
         "--metrics-port", "0", "--recreate-bare-pods", "--webhook-port", str(_free_port()),
-        "--cert-dir", str(workdir / f"{mode}-certs")])
+        "--cert-dir", str(workdir / f"{log_prefix}{mode}-certs")])
     kube = Kube(load_config(kubeconfig), max_connections=24)
     await kube.open()
     result: dict[str, Any] = {"mode": mode, "nodes": nodes, "pods": len(manifests),
                               "machines": {load_machine(f).name: c for f, c in mix}}
     try:
-        t0 = time.monotonic()
-        await wait_nodes(kube, names, 300)
-        await wait_nodetopologies(kube, names, 300)
-        await _webhook_ready(kube, 180)
-        if extender is not None:
-            await extender.ready(kube, 180)
-        result["setup_s"] = round(time.monotonic() - t0, 1)
-        for ns in NAMESPACES:
-            with contextlib.suppress(ApiError):
-                await kube.create("/api/v1/namespaces", {"metadata": {"name": ns}})
-        for tp in policies():
-            await kube.create("/apis/numalign.io/v1alpha1/topologypolicies", tp)
+        result["setup_s"] = await prepare_cluster(kube, names, extender,
+                                                  namespaces=NAMESPACES, policies=policies())
+        if after_policies is not None:
+            await after_policies(kube)
         await asyncio.sleep(2.0)  # the operator's caches and webhook see the policies
         seen = Observed()
         _, rv = await kube.list_all("/api/v1/pods", {"labelSelector": LABEL})
@@ -418,6 +439,36 @@ def print_half(r: dict[str, Any]) -> None:
         print(f"  extender refusals      {r['extender_refusals']} (nodes refused, by reason)")
 
 
+def add_run_args(p: argparse.ArgumentParser, *, burst: int, gap: float, seed: int,
+                 modes: str, modes_help: str = "which halves, comma-separated: without, with"
+                 ) -> None:
+    """The options of a cluster run: bursts, its end, the workload's seed, the modes."""
+    p.add_argument("--burst", type=int, default=burst, help="pods per burst")
+    p.add_argument("--gap", type=float, default=gap, help="seconds between bursts")
+    p.add_argument("--settle", type=float, default=30.0,
+                   help="the end: this long without a pod change")
+    p.add_argument("--seed", type=int, default=seed)
+    p.add_argument("--modes", default=modes, help=modes_help)
+
+
+def chosen_modes(p: argparse.ArgumentParser, text: str, known: Sequence[str]) -> list[str]:
+    """--modes' comma-separated list; an unknown mode is a usage error."""
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    if bad := [m for m in modes if m not in known]:
+        p.error(f"--modes: unknown {bad}; known: {', '.join(known)}")
+    return modes
+
+
+def report(halves: dict[str, dict[str, Any]], workdir: Path, extra: dict[str, Any]) -> int:
+    """Where the logs are, the halves (their private keys left out) and EXTRA as one JSON
+    line; 0 when every half settled with its operator and agent alive."""
+    print(f"logs in {workdir}")
+    out = {m: {k: v for k, v in r.items() if not k.startswith("_")} for m, r in halves.items()}
+    print(json.dumps({**out, **extra}))
+    return 0 if all(not r["timed_out"] and r["operator_alive"] and r["agent_alive"]
+                    for r in halves.values()) else 1
+
+
 def main(argv: list[str]) -> int:
     if "--dra" in argv:  # the DRA workload: bench/bench_placement_dra.py
         from bench_placement_dra import main as dra_main
@@ -427,13 +478,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--quick", action="store_true", help="12 nodes, 200 pods")
     p.add_argument("--nodes", type=int)
     p.add_argument("--pods", type=int)
-    p.add_argument("--burst", type=int, default=200, help="pods per burst")
-    p.add_argument("--gap", type=float, default=3.0, help="seconds between bursts")
-    p.add_argument("--settle", type=float, default=30.0,
-                   help="the end: this long without a pod change")
-    p.add_argument("--seed", type=int, default=18)
-    p.add_argument("--modes", default="without,with",
-                   help="which halves, comma-separated: without, with")
+    add_run_args(p, burst=200, gap=3.0, seed=18, modes="without,with")
     p.add_argument("--synthetic-nodes", type=int, default=1000,
                    help="nodes of the in-process filter timing (0: skip it)")
     p.add_argument("--filter-pods", type=int, default=2000,
@@ -452,9 +497,7 @@ def main(argv: list[str]) -> int:
     args, _ = p.parse_known_args(argv)
     nodes = args.nodes or (12 if args.quick else 100)
     pods = args.pods or (200 if args.quick else 2000)
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if bad := [m for m in modes if m not in MODES]:
-        p.error(f"--modes: unknown {bad}; known: {', '.join(MODES)}")
+    modes = chosen_modes(p, args.modes, MODES)
     manifests = workload(pods, args.seed)
     inproc: dict[str, Any] = {}
     for count in [int(c) for c in args.cold_nodes.split(",") if c.strip()]:
@@ -514,11 +557,7 @@ def main(argv: list[str]) -> int:
               f"without p50 {both['paired_without_p50_s']} s, p99 "
               f"{both['paired_without_p99_s']} s; with p50 {both['paired_with_p50_s']} s, "
               f"p99 {both['paired_with_p99_s']} s")
-    print(f"logs in {workdir}")
-    out = {m: {k: v for k, v in r.items() if not k.startswith("_")} for m, r in halves.items()}
-    print(json.dumps({**out, **both, "inprocess": inproc}))
-    return 0 if all(not r["timed_out"] and r["operator_alive"] and r["agent_alive"]
-                    for r in halves.values()) else 1
+    return report(halves, workdir, {**both, "inprocess": inproc})
 
 
 if __name__ == "__main__":

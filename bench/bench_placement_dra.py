@@ -24,11 +24,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import copy
-import json
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,36 +33,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench_agent import agent_argv, pct, stop, wait_nodes
-from bench_operator import _free_port, _webhook_ready
+from bench_agent import pct
 from bench_placement import (
     MODES,
     Extender,
-    Observed,
-    create_in_bursts,
-    nodetopology_rejected,
+    add_run_args,
+    chosen_modes,
     paired,
     print_half,
-    summarize,
-    wait_nodetopologies,
-    watch_all_pods,
+    report,
 )
+from bench_placement import run_half as placement_half
 from numalign.api import draemulated as de
-from numalign.api.kube import ApiError, Kube, load_config
+from numalign.api.kube import Kube
 from numalign.api.names import ANN_POLICY, ANN_RESOLVED, ANN_SCOPE
 from numalign.api.resolved import Resolved
 from numalign.topology.machine import load_machine
 from placement_workload import (
-    LABEL,
     NAMESPACES,
     NS_BE,
     NS_RESTRICTED,
     NS_SNN,
-    PAUSE,
     SAMPLES,
     Shape,
-    policies,
 )
+from placement_workload import pod_manifest as placement_pod
 
 # GPU machines (DRA GPUs) are 45 % of the nodes
 DRA_WEIGHTS = {"fragmented-8numa": 30, "dual-16core": 25, "group4-gpu": 15,
@@ -117,20 +109,13 @@ def templates() -> list[dict[str, Any]]:
 
 
 def pod_manifest(index: int, s: DraShape) -> dict[str, Any]:
-    shape = s.shape
-    res = {"cpu": shape.cpu, "memory": shape.memory}
-    resources: dict[str, Any] = ({"requests": res, "limits": res} if shape.guaranteed
-                                 else {"requests": res})
-    meta: dict[str, Any] = {"name": f"pl-{index:05d}", "namespace": shape.namespace,
-                            "labels": {LABEL: "placement", "shape": shape.name}}
-    if shape.overrides:
-        meta["annotations"] = dict(shape.overrides)
-    spec: dict[str, Any] = {"terminationGracePeriodSeconds": 0, "containers": [
-        {"name": "main", "image": PAUSE, "resources": resources}]}
+    """The placement bench's pod of the shape, its one claim (if any) from its template."""
+    pod = placement_pod(index, s.shape)
     if s.template:
-        spec["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": s.template}]
-        resources["claims"] = [{"name": "gpus"}]
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+        pod["spec"]["resourceClaims"] = [{"name": "gpus",
+                                          "resourceClaimTemplateName": s.template}]
+        pod["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpus"}]
+    return pod
 
 
 def workload(pods: int, seed: int) -> list[dict[str, Any]]:
@@ -238,82 +223,40 @@ def decision_cost(nodes: int, pods: int, seed: int) -> dict[str, Any]:
     return out
 
 
+def describe_cost(cost: dict[str, Any]) -> str:
+    """decision_cost's figures in one line."""
+    def side(key: str) -> str:
+        return (f"p50 {cost[key + '_p50_ms']} ms, p99 {cost[key + '_p99_ms']} ms "
+                f"({cost[key + '_per_node_us']} us per node)")
+
+    return (f"in-process cold filter over {cost['nodes']} DRA nodes, "
+            f"{cost['pods_with_claims']} pods with claims: {side('with_claims')}; the same "
+            f"pods without claims: {side('without_claims')}; {cost['ratio_p50']}x at p50")
+
+
 # ---------------------------------------------------------------- the cluster
 
 
 async def run_half(mode: str, cluster: Any, nodes: int, manifests: list[dict[str, Any]],
                    args: argparse.Namespace, workdir: Path,
                    extender: Extender | None) -> dict[str, Any]:
+    """The placement bench's half (bench_placement.run_half) on DRA nodes: their
+    DeviceClasses first, the agent publishing ResourceSlices, the ResourceClaimTemplates
+    after the policies."""
     from numalign.devcluster.dra import install_device_classes
 
-    kubeconfig = str(cluster.kubeconfig)
     mix = node_mix(nodes)
-    names = {f"{load_machine(f).name}-{i}" for f, c in mix for i in range(c)}
     install_device_classes(cluster.kube(), [f for f, _ in mix], lambda m: None)
-    logs: list[Any] = []
 
-    def start(name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
-        out = (workdir / f"dra-{mode}-{name}.log").open("ab")
-        logs.append(out)
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-
-    agent = start("agent", [*agent_argv(kubeconfig, mix, "WARNING"), "--dra"])
-    operator = start("operator", [
-        sys.executable, "-m", "numalign.cli", "operator", "--kubeconfig", kubeconfig,
-        "--metrics-port", "0", "--recreate-bare-pods", "--webhook-port", str(_free_port()),
-        "--cert-dir", str(workdir / f"dra-{mode}-certs")])
-    kube = Kube(load_config(kubeconfig), max_connections=24)
-    await kube.open()
-    result: dict[str, Any] = {"mode": mode, "nodes": nodes, "pods": len(manifests),
-                              "machines": {load_machine(f).name: c for f, c in mix},
-                              "pods_with_claims": sum(1 for m in manifests
-                                                      if m["spec"].get("resourceClaims"))}
-    try:
-        t0 = time.monotonic()
-        await wait_nodes(kube, names, 300)
-        await wait_nodetopologies(kube, names, 300)
-        await _webhook_ready(kube, 180)
-        if extender is not None:
-            await extender.ready(kube, 180)
-        result["setup_s"] = round(time.monotonic() - t0, 1)
-        for ns in NAMESPACES:
-            with contextlib.suppress(ApiError):
-                await kube.create("/api/v1/namespaces", {"metadata": {"name": ns}})
-        for tp in policies():
-            await kube.create("/apis/numalign.io/v1alpha1/topologypolicies", tp)
+    async def create_templates(kube: Kube) -> None:
         for t in templates():
             await kube.create(f"/apis/resource.k8s.io/v1/namespaces/"
                               f"{t['metadata']['namespace']}/resourceclaimtemplates", t)
-        await asyncio.sleep(2.0)
-        seen = Observed()
-        _, rv = await kube.list_all("/api/v1/pods", {"labelSelector": LABEL})
-        finished = asyncio.Event()
-        watcher = asyncio.create_task(watch_all_pods(kube, rv, seen.on_pod, finished.is_set))
-        start_t = time.monotonic()
-        await create_in_bursts(kube, manifests, args.burst, args.gap, seen)
-        result["create_s"] = round(time.monotonic() - start_t, 1)
-        seen.last_event = time.monotonic()
-        deadline = start_t + args.timeout
-        while not seen.settled(args.settle) and time.monotonic() < deadline:
-            await asyncio.sleep(1.0)
-        result["timed_out"] = not seen.settled(args.settle)
-        result["settled_s"] = round(time.monotonic() - start_t, 1)
-        finished.set()
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
-        result.update(summarize(seen, len(manifests)))
-        result["nodetopology_rejected"] = await nodetopology_rejected(kube)
-        if extender is not None:
-            result.update(await extender.latency())
-        result["operator_alive"] = operator.poll() is None
-        result["agent_alive"] = agent.poll() is None
-    finally:
-        await kube.close()
-        for proc in (operator, agent):
-            stop(proc)
-        for out in logs:
-            out.close()
+
+    result = await placement_half(mode, str(cluster.kubeconfig), nodes, manifests, args,
+                                  workdir, extender, mix=mix, log_prefix="dra-",
+                                  agent_flags=("--dra",), after_policies=create_templates)
+    result["pods_with_claims"] = sum(1 for m in manifests if m["spec"].get("resourceClaims"))
     return result
 
 
@@ -322,28 +265,16 @@ def main(argv: list[str]) -> int:
     p.add_argument("--dra", action="store_true", help="(bench/run.py placement --dra)")
     p.add_argument("--nodes", type=int, default=100)
     p.add_argument("--pods", type=int, default=1000)
-    p.add_argument("--burst", type=int, default=100)
-    p.add_argument("--gap", type=float, default=3.0)
-    p.add_argument("--settle", type=float, default=30.0)
-    p.add_argument("--seed", type=int, default=28)
-    p.add_argument("--modes", default="without,with")
+    add_run_args(p, burst=100, gap=3.0, seed=28, modes="without,with")
     p.add_argument("--cost-pods", type=int, default=200,
                    help="pods with claims of the in-process decision cost (0: skip it)")
     p.add_argument("--timeout", type=float, default=900.0)
     args, _ = p.parse_known_args(argv)
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if bad := [m for m in modes if m not in MODES]:
-        p.error(f"--modes: unknown {bad}; known: {', '.join(MODES)}")
+    modes = chosen_modes(p, args.modes, MODES)
     cost: dict[str, Any] = {}
     if args.cost_pods:
         cost = decision_cost(args.nodes, args.cost_pods, args.seed)
-        print(f"in-process cold filter over {cost['nodes']} DRA nodes, "
-              f"{cost['pods_with_claims']} pods with claims: p50 {cost['with_claims_p50_ms']} "
-              f"ms, p99 {cost['with_claims_p99_ms']} ms ({cost['with_claims_per_node_us']} "
-              f"us per node); the same pods without claims: p50 "
-              f"{cost['without_claims_p50_ms']} ms, p99 {cost['without_claims_p99_ms']} ms "
-              f"({cost['without_claims_per_node_us']} us per node); {cost['ratio_p50']}x "
-              f"at p50", flush=True)
+        print(describe_cost(cost), flush=True)
     manifests = workload(args.pods, args.seed)
     workdir = Path(tempfile.mkdtemp(prefix="numalign-bench-placement-dra-"))
     halves: dict[str, dict[str, Any]] = {}
@@ -364,11 +295,7 @@ def main(argv: list[str]) -> int:
         print(f"[{halves[mode]['pods_with_claims']} of the pods ask for GPUs by claim]")
         print_half(halves[mode])
     both = paired(halves)
-    print(f"logs in {workdir}")
-    out = {m: {k: v for k, v in r.items() if not k.startswith("_")} for m, r in halves.items()}
-    print(json.dumps({**out, **both, "decision_cost": cost}))
-    return 0 if all(not r["timed_out"] and r["operator_alive"] and r["agent_alive"]
-                    for r in halves.values()) else 1
+    return report(halves, workdir, {**both, "decision_cost": cost})
 
 
 if __name__ == "__main__":

@@ -14,10 +14,12 @@ from placement_workload import (
     NS_BE,
     NS_RESTRICTED,
     NS_SNN,
+    OVERRIDES,
     PAUSE,
-    REDEPLOY,
     SHAPES,
     Shape,
+    container_resources,
+    topology_policy,
 )
 
 LABEL = "numalign.io/bench"
@@ -37,20 +39,15 @@ JOB_PARALLELISM = (4, 8, 16)
 
 
 def policies() -> list[dict[str, Any]]:
-    def tp(name: str, spec: dict[str, Any], redeploy: dict[str, Any]) -> dict[str, Any]:
-        return {"apiVersion": "numalign.io/v1alpha1", "kind": "TopologyPolicy",
-                "metadata": {"name": name}, "spec": {**spec, "redeploy": redeploy}}
-
-    overrides = {"allowed": True,
-                 "policies": ["none", "best-effort", "restricted", "single-numa-node"]}
+    tp = topology_policy
     return [
         tp("fleet-snn", {"policy": "single-numa-node", "scope": "pod",
                          "namespaces": ["fleet-snn"], "priority": 10,
-                         "podOverrides": overrides}, REDEPLOY),
+                         "podOverrides": OVERRIDES}),
         tp("fleet-restricted", {"policy": "restricted", "scope": "container",
-                                "namespaces": ["fleet-restricted"], "priority": 10}, REDEPLOY),
+                                "namespaces": ["fleet-restricted"], "priority": 10}),
         tp("fleet-be", {"policy": "best-effort", "namespaces": ["fleet-be"], "priority": 10,
-                        "podOverrides": overrides}, REDEPLOY),
+                        "podOverrides": OVERRIDES}),
         tp("fleet-batch", {"policy": "single-numa-node", "scope": "pod",
                            "namespaces": [NS_BATCH], "priority": 10},
            {"enabled": False}),
@@ -99,12 +96,9 @@ class Unit:
 
 
 def pod_spec(shape: Shape, restart: str) -> dict[str, Any]:
-    res: dict[str, str] = {"cpu": shape.cpu, "memory": shape.memory}
-    res.update({r: str(n) for r, n in shape.devices})
-    resources: dict[str, Any] = ({"requests": res, "limits": res} if shape.guaranteed
-                                 else {"requests": res})
     return {"terminationGracePeriodSeconds": 0, "restartPolicy": restart,
-            "containers": [{"name": "main", "image": PAUSE, "resources": resources}]}
+            "containers": [{"name": "main", "image": PAUSE,
+                            "resources": container_resources(shape)}]}
 
 
 def units(pods: int, seed: int) -> list[Unit]:

@@ -42,21 +42,29 @@ def node_mix(nodes: int) -> list[tuple[Path, int]]:
     return [(SAMPLES / f"{k}.yaml", c) for k, c in counts.items() if c]
 
 
-def policies() -> list[dict[str, Any]]:
-    def tp(name: str, spec: dict[str, Any]) -> dict[str, Any]:
-        return {"apiVersion": "numalign.io/v1alpha1", "kind": "TopologyPolicy",
-                "metadata": {"name": name}, "spec": {**spec, "redeploy": REDEPLOY}}
+# Every bench policy allows these pod overrides where it allows any.
+OVERRIDES = {"allowed": True,
+             "policies": ["none", "best-effort", "restricted", "single-numa-node"]}
 
-    overrides = {"allowed": True,
-                 "policies": ["none", "best-effort", "restricted", "single-numa-node"]}
+
+def topology_policy(name: str, spec: dict[str, Any],
+                    redeploy: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A TopologyPolicy NAME of SPEC, redeploying as REDEPLOY (by default the bench's)."""
+    return {"apiVersion": "numalign.io/v1alpha1", "kind": "TopologyPolicy",
+            "metadata": {"name": name},
+            "spec": {**spec, "redeploy": REDEPLOY if redeploy is None else redeploy}}
+
+
+def policies() -> list[dict[str, Any]]:
     return [
-        tp("placement-snn", {"policy": "single-numa-node", "scope": "pod",
-                             "namespaces": [NS_SNN], "priority": 10,
-                             "podOverrides": overrides}),
-        tp("placement-restricted", {"policy": "restricted", "scope": "container",
-                                    "namespaces": [NS_RESTRICTED], "priority": 10}),
-        tp("placement-be", {"policy": "best-effort", "namespaces": [NS_BE], "priority": 10,
-                            "podOverrides": overrides}),
+        topology_policy("placement-snn", {"policy": "single-numa-node", "scope": "pod",
+                                          "namespaces": [NS_SNN], "priority": 10,
+                                          "podOverrides": OVERRIDES}),
+        topology_policy("placement-restricted", {"policy": "restricted", "scope": "container",
+                                                 "namespaces": [NS_RESTRICTED],
+                                                 "priority": 10}),
+        topology_policy("placement-be", {"policy": "best-effort", "namespaces": [NS_BE],
+                                         "priority": 10, "podOverrides": OVERRIDES}),
     ]
 
 
@@ -95,18 +103,22 @@ SHAPES = (
 )
 
 
-def pod_manifest(index: int, shape: Shape) -> dict[str, Any]:
+def container_resources(shape: Shape) -> dict[str, Any]:
+    """The container's requests (and limits, for a Guaranteed shape) of SHAPE."""
     res: dict[str, str] = {"cpu": shape.cpu, "memory": shape.memory}
     res.update({r: str(n) for r, n in shape.devices})
-    resources: dict[str, Any] = ({"requests": res, "limits": res} if shape.guaranteed
-                                 else {"requests": res})
+    return {"requests": res, "limits": res} if shape.guaranteed else {"requests": res}
+
+
+def pod_manifest(index: int, shape: Shape) -> dict[str, Any]:
+    """Bare pod ``pl-INDEX`` of SHAPE, labelled for the bench's pod watch."""
     meta: dict[str, Any] = {"name": f"pl-{index:05d}", "namespace": shape.namespace,
                             "labels": {LABEL: "placement", "shape": shape.name}}
     if shape.overrides:
         meta["annotations"] = dict(shape.overrides)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
-            "spec": {"terminationGracePeriodSeconds": 0,
-                     "containers": [{"name": "main", "image": PAUSE, "resources": resources}]}}
+            "spec": {"terminationGracePeriodSeconds": 0, "containers": [
+                {"name": "main", "image": PAUSE, "resources": container_resources(shape)}]}}
 
 
 def workload(pods: int, seed: int) -> list[dict[str, Any]]:
