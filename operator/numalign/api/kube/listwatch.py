@@ -61,6 +61,10 @@ async def list_watch(kube: Kube, path: str, on_list: OnList, on_event: OnEvent, 
                         m = meta if isinstance(meta, Mapping) else {}
                         log.exception("watch %s: %s event of %s/%s not handled; skipped",
                                       path, typ, m.get("namespace"), m.get("name"))
+                # one event at a time: a chunk of the stream can hold hundreds, and
+                # whoever shares the loop (the extender's verbs, inside a pod's
+                # scheduling cycle) must not wait for all of them
+                await asyncio.sleep(0)
             continue
         except asyncio.CancelledError:
             raise
