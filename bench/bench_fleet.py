@@ -275,6 +275,11 @@ def print_mode(r: dict[str, Any]) -> None:
               f"{r['extender_filter_p99_ms']} ms ({r['extender_filter_calls']} calls); "
               f"prioritize p50 {r['extender_prioritize_p50_ms']} ms, p99 "
               f"{r['extender_prioritize_p99_ms']} ms")
+        print(f"  extender decision p50 {r['extender_filter_decide_p50_ms']} ms, p99 "
+              f"{r['extender_filter_decide_p99_ms']} ms, prioritize p50 "
+              f"{r['extender_prioritize_decide_p50_ms']} ms, p99 "
+              f"{r['extender_prioritize_decide_p99_ms']} ms (the rest of a call: its body, "
+              f"the pod, {r['extender_pod_reads']} read from the API server, the event loop)")
     for name, st in r["process"].items():
         print(f"  {name:<17} RSS {st.get('rss_mib')} MiB (peak {st.get('peak_rss_mib')}), "
               f"CPU {st.get('cpu_s')} s over the run")

@@ -94,6 +94,8 @@ class Observed:
     other_failed: dict[str, str] = field(default_factory=dict)  # uid -> reason
     policies: dict[str, str] = field(default_factory=dict)  # uid -> resolved policy
     placed: dict[str, str] = field(default_factory=dict)  # uid -> node
+    # uid -> the pod as first seen rejected (written beside the logs, for a look)
+    rejected_pods: dict[str, dict[str, Any]] = field(default_factory=dict)
     last_event: float = field(default_factory=time.monotonic)
 
     def on_pod(self, obj: dict[str, Any], now: float) -> None:
@@ -122,6 +124,7 @@ class Observed:
             if status.get("reason") == REJECT_REASON:
                 self.rejected.add(uid)
                 self.rejected_chains.add(chain)
+                self.rejected_pods.setdefault(uid, obj)
             else:
                 self.other_failed[uid] = str(status.get("reason"))
 
@@ -261,6 +264,8 @@ async def run_half(mode: str, kubeconfig: str, nodes: int, manifests: list[dict[
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
         result.update(summarize(seen, len(manifests)))
+        (workdir / f"{log_prefix}{mode}-rejected.json").write_text(
+            json.dumps(list(seen.rejected_pods.values()), indent=1))
         result["nodetopology_rejected"] = await nodetopology_rejected(kube)
         if extender is not None:
             result.update(await extender.latency())
@@ -336,6 +341,15 @@ class Extender:
             out[f"extender_{verb}_mean_ms"] = round(1000 * total / calls, 2) if calls else None
             for p in (50, 99):
                 out[f"extender_{verb}_p{p}_ms"] = round(1000 * bucket_quantile(buckets, p), 2)
+            decide = histogram(samples, DECIDE_METRIC, {"verb": verb})
+            for p in (50, 99):  # the decision alone, within the call
+                out[f"extender_{verb}_decide_p{p}_ms"] = round(
+                    1000 * bucket_quantile(decide, p), 2)
+        out["extender_pod_reads"] = int(sum(
+            s.value for s in samples if s.name == "numalign_extender_pod_reads"))
+        out["extender_binds"] = {
+            s.labels["outcome"]: int(s.value) for s in samples
+            if s.name == "numalign_extender_binds_total"}
         out["extender_refusals"] = {
             s.labels["reason"]: int(s.value) for s in samples
             if s.name == "numalign_extender_refusals_total"}
@@ -344,6 +358,7 @@ class Extender:
 
 FILTER_METRIC = "numalign_extender_filter_duration_seconds"
 PRIORITIZE_METRIC = "numalign_extender_prioritize_duration_seconds"
+DECIDE_METRIC = "numalign_extender_decide_duration_seconds"
 
 
 def _http_get(url: str) -> str:
@@ -353,12 +368,14 @@ def _http_get(url: str) -> str:
         return str(resp.read().decode())
 
 
-def histogram(samples: list[Sample], metric: str) -> list[tuple[float, float]]:
+def histogram(samples: list[Sample], metric: str,
+              labels: dict[str, str] | None = None) -> list[tuple[float, float]]:
     """The cumulative buckets (upper bound, count) of a Prometheus histogram, summed over
-    its label sets."""
+    its label sets (those with ``labels``, when given)."""
     acc: dict[float, float] = {}
     for s in samples:
-        if s.name == f"{metric}_bucket":
+        if s.name == f"{metric}_bucket" and all(
+                s.labels.get(k) == v for k, v in (labels or {}).items()):
             le = float(s.labels["le"])  # "+Inf" reads as inf
             acc[le] = acc.get(le, 0.0) + s.value
     return sorted(acc.items())
@@ -436,7 +453,13 @@ def print_half(r: dict[str, Any]) -> None:
               f"({r['extender_filter_calls']} calls; from its histogram); "
               f"prioritize p50 {r['extender_prioritize_p50_ms']} ms, p99 "
               f"{r['extender_prioritize_p99_ms']} ms")
-        print(f"  extender refusals      {r['extender_refusals']} (nodes refused, by reason)")
+        print(f"  extender decision      filter p50 {r['extender_filter_decide_p50_ms']} ms, p99 "
+              f"{r['extender_filter_decide_p99_ms']} ms, prioritize p50 "
+              f"{r['extender_prioritize_decide_p50_ms']} ms, p99 "
+              f"{r['extender_prioritize_decide_p99_ms']} ms (the rest of a call: its body, "
+              f"the pod, {r['extender_pod_reads']} read from the API server, the event loop)")
+        print(f"  extender refusals      {r['extender_refusals']} (nodes refused, by reason); "
+              f"binds {r['extender_binds']}")
 
 
 def add_run_args(p: argparse.ArgumentParser, *, burst: int, gap: float, seed: int,

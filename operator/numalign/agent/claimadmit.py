@@ -32,6 +32,7 @@ from numalign.api.draclaims import (
     emulated_kind_of,
     pod_claims,
     pod_dra_devices,
+    uses_claims,
 )
 from numalign.api.kube import ApiError, Kube, q
 from numalign.topology.admit import ProviderKind
@@ -113,12 +114,38 @@ async def verdict(kube: Kube, st: NodeState, pod: Mapping[str, Any], *,
     return Verdict([dra_kind(got)], warning=device_problem_message(got), devices=got)
 
 
+ORDER_WAIT = 2.0  # how long a node's later pods wait for a pod's claims to be read
+
+
+class Queue:
+    """A node's pods waiting to be decided, in the order they were bound."""
+
+    def __init__(self) -> None:
+        self.pods: dict[str, Mapping[str, Any]] = {}  # uid -> pod, in order
+        self.since: dict[str, float] = {}
+        self.timer = False
+
+    @property
+    def uids(self) -> Collection[str]:
+        return self.pods.keys()
+
+    def add(self, uid: str, pod: Mapping[str, Any]) -> None:
+        self.pods[uid] = pod
+        self.since[uid] = asyncio.get_running_loop().time()
+
+    def remove(self, uid: str) -> None:
+        self.pods.pop(uid, None)
+        self.since.pop(uid, None)
+
+
 class ClaimAdmission:
     """The emulator's part for pods with claims (mixed into
     :class:`numalign.agent.emulate.Emulator`, which gives what is declared here)."""
 
     kube: Kube
     _claims_reading: set[str]  # pods whose claims are being read
+    _order: dict[str, Queue]  # node -> its pods deciding in bind order
+    _claim_verdicts: dict[str, Verdict]  # pods whose claims were read, not decided yet
     _finalizing: set[str]
     _seen: dict[str, float]
     publisher: Any
@@ -138,13 +165,73 @@ class ClaimAdmission:
                 devices: Sequence[ProviderKind] = ()) -> None:
         raise NotImplementedError
 
-    async def _admit_with_claims(self, st: NodeState, pod: Mapping[str, Any]) -> None:
-        """Read the bound pod's claims, then admit it with their devices (or refuse it)."""
+    # A pod with claims is decided once its claims are read (a GET, usually a few ms;
+    # up to WAIT_SECONDS when they are not allocated yet). The pods bound to the node
+    # after it wait for it (ORDER_WAIT at most): the node decides its pods in the order
+    # they were bound, as the kubelet admits them one after another, and as the
+    # scheduler extender counted them (each pod's hold decided with those bound before
+    # it). Deciding a later pod first could give it the CPUs the earlier pod was counted
+    # on, next to that pod's device, and refuse the earlier pod (the DRA placement bench
+    # saw that).
+
+    def _admit_in_order(self, st: NodeState, pod: Mapping[str, Any]) -> None:
+        """Queue ``pod`` (bound to ``st``'s node) behind the pods bound before it that
+        are not decided yet; read its claims when it has any."""
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        q = self._order.setdefault(st.name, Queue())
+        if uid in q.uids:
+            return
+        q.add(uid, pod)
+        if uses_claims(pod) and uid not in self._claims_reading:
+            self._claims_reading.add(uid)
+            self._spawn(self._read_then_drain(st, pod))
+        self._drain(st)
+
+    async def _read_then_drain(self, st: NodeState, pod: Mapping[str, Any]) -> None:
         uid = str((pod.get("metadata") or {}).get("uid") or "")
         try:
-            v = await verdict(self.kube, st, pod)
+            self._claim_verdicts[uid] = await verdict(self.kube, st, pod)
         finally:
             self._claims_reading.discard(uid)
+            self._drain(st)
+
+    def _drain(self, st: NodeState) -> None:
+        """Decide the node's queued pods in order, up to the first whose claims are
+        still being read (past it, once it has waited ORDER_WAIT: a claim that is slow
+        to read holds the node's other pods up no longer)."""
+        q = self._order.get(st.name)
+        if q is None:
+            return
+        loop = asyncio.get_running_loop()
+        for uid, pod in list(q.pods.items()):
+            if uses_claims(pod) and uid not in self._claim_verdicts:
+                if uid not in self._claims_reading:  # the read failed: nothing to decide
+                    q.remove(uid)
+                    continue
+                if loop.time() - q.since[uid] < ORDER_WAIT:
+                    if not q.timer:
+                        q.timer = True
+                        loop.call_later(ORDER_WAIT, self._redrain, st)
+                    return
+                continue  # decided on its own once read
+            q.remove(uid)
+            v = self._claim_verdicts.pop(uid, None)
+            if v is not None:
+                self._admit_with_claims(st, pod, v)
+            elif uid not in st.decided and uid not in self._finalizing and uid in self._seen:
+                self._decide(st, pod)
+        if not q.pods:
+            del self._order[st.name]
+
+    def _redrain(self, st: NodeState) -> None:
+        q = self._order.get(st.name)
+        if q is not None:
+            q.timer = False
+            self._drain(st)
+
+    def _admit_with_claims(self, st: NodeState, pod: Mapping[str, Any], v: Verdict) -> None:
+        """Admit the bound pod with its claims' devices (or refuse it)."""
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
         if uid in st.decided or uid in self._finalizing or uid not in self._seen:
             return  # decided, deleted or gone meanwhile
         if v.warning:

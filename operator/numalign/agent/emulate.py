@@ -124,6 +124,8 @@ class Emulator(claimadmit.ClaimAdmission):
         self.ips = PodIps()
         self._finalizing: set[str] = set()
         self._claims_reading: set[str] = set()  # pods whose claims are read (claimadmit)
+        self._order: dict[str, claimadmit.Queue] = {}  # nodes deciding in bind order
+        self._claim_verdicts: dict[str, claimadmit.Verdict] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._seen: dict[str, float] = {}
         self.stats = Stats()
@@ -472,10 +474,8 @@ class Emulator(claimadmit.ClaimAdmission):
                 self.publisher.mark(node)
             return
         self._seen.setdefault(uid, time.monotonic())
-        if uses_claims(pod):  # decided once its claims are read (claimadmit.py)
-            if uid not in self._claims_reading:
-                self._claims_reading.add(uid)
-                self._spawn(self._admit_with_claims(st, pod))
+        if uses_claims(pod) or st.name in self._order:  # in bind order (claimadmit.py)
+            self._admit_in_order(st, pod)
             return
         self._decide(st, pod)
 

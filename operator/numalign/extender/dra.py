@@ -29,6 +29,7 @@ from numalign.api.draasks import (
     pod_claim_asks,
     selectors_of,
 )
+from numalign.api.draclaims import pod_claims
 
 JSON = dict[str, Any]
 BASE = "/apis/resource.k8s.io/v1"
@@ -236,6 +237,14 @@ class DraCatalog:
         mine = self.generated.get(uid) if uid else None
         return pod_claim_asks(pod, self.claims.get(ns, {}), self.templates.get(ns, {}), mine)
 
+    def claim_names(self, pod: Mapping[str, Any]) -> list[str]:
+        """The names of the pod's ResourceClaims as known now: shared by name, or
+        generated from a template (the pod's status, else the claim's owner)."""
+        meta = _map(pod.get("metadata"))
+        mine = self.generated.get(str(meta.get("uid") or ""), {})
+        refs, _ = pod_claims(pod)
+        return [n for n in (r.claim or mine.get(r.name) for r in refs) if n]
+
     def class_selectors(self, names: Iterable[str]) -> dict[str, list[Selector] | None]:
         return {n: self.classes.get(n) for n in names}
 
@@ -250,4 +259,4 @@ class DraCatalog:
                            self.class_selectors(names), problems)
 
 
-__all__ = ["KINDS", "PATHS", "DraCatalog"]
+__all__ = ["BASE", "KINDS", "PATHS", "DraCatalog"]

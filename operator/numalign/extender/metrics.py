@@ -2,6 +2,11 @@
 
 - ``numalign_extender_filter_duration_seconds``: filter latency (histogram);
 - ``numalign_extender_prioritize_duration_seconds``: prioritize latency (histogram);
+- ``numalign_extender_decide_duration_seconds{verb}``: of a filter or prioritize call,
+  the decision alone (the rest of the call: reading the body, finding the pod, waiting
+  for the event loop);
+- ``numalign_extender_pod_reads``: pods a call named that the pod watch had not shown
+  yet, read from the API server since the start (gauge, rising);
 - ``numalign_extender_bind_duration_seconds``: bind latency, the API call included
   (histogram);
 - ``numalign_extender_binds_total{outcome}``: bind calls: ``bound``, ``not-approved``
@@ -37,6 +42,13 @@ class Metrics:
             "numalign_extender_prioritize_duration_seconds",
             "Time the extender takes to answer a prioritize call", buckets=BUCKETS,
             registry=self.registry)
+        self.decide_seconds = Histogram(
+            "numalign_extender_decide_duration_seconds",
+            "Of a filter or prioritize call, the time the decision alone takes", ["verb"],
+            buckets=BUCKETS, registry=self.registry)
+        self.pod_reads = Gauge(
+            "numalign_extender_pod_reads", "Pods a call named that the pod watch had not "
+            "shown yet, read from the API server since the start", registry=self.registry)
         self.bind_seconds = Histogram(
             "numalign_extender_bind_duration_seconds",
             "Time the extender takes to answer a bind call (the binding created)",

@@ -27,14 +27,17 @@ import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import aiohttp
 from aiohttp import web
 
+from numalign.api.draclaims import uses_claims
 from numalign.api.kube import NT_BASE, ApiError, Kube, KubeConfig
 from numalign.api.kube.listwatch import list_watch
 
 from .decide import Decider
+from .dra import BASE as DRA_BASE
 from .dra import KINDS, PATHS, DraCatalog
 from .fleet import Fleet, pod_uid
 from .guard import DEFAULT_MAX_BODY, BodyRefused, GuardedSite, Limits
@@ -60,6 +63,7 @@ DEFAULT_PROBE_PORT = 8891
 BOUND_PODS = {"fieldSelector": "spec.nodeName!="}
 EXPIRE_EVERY = 5.0
 BIND_TIMEOUT = 4.0  # below the scheduler's httpTimeout (5s): it then binds without us
+MAX_CLAIM_READS = 16  # a pod's claims read at bind (more: as the watch has them)
 LANDED_TIMEOUT = 0.8  # after a failed binding, the read of whether it landed anyway
 DECIDE_BUDGET = 2.0  # seconds one pod's filter may decide; below the httpTimeout (5s)
 
@@ -106,6 +110,7 @@ class ExtenderServer:
         self.metrics = metrics if metrics is not None else Metrics()
         self.metrics.reservations.set_function(lambda: len(self.fleet.reservations))
         self.metrics.pending.set_function(lambda: len(self.pending))
+        self.metrics.pod_reads.set_function(lambda: self.pending.looked_up)
         limits = limits if limits is not None else Limits()
         if max_body is not None:
             limits = replace(limits, max_body=max_body)
@@ -177,11 +182,14 @@ class ExtenderServer:
         pod = await self._pod(request, args)
         if isinstance(pod, web.Response):
             return pod
+        t1 = time.perf_counter()
         try:
             verdicts = self.fleet.filter(pod, args.node_names, approve=filtering)
         except Exception as e:  # never take the scheduler down with us: it goes on
             log.exception("%s %s", request.path, args.pod_name)
             return web.json_response(error_result(f"numalign extender: {e}"), status=500)
+        self.metrics.decide_seconds.labels(
+            verb="filter" if filtering else "prioritize").observe(time.perf_counter() - t1)
         if not filtering:
             self.metrics.prioritize_seconds.observe(time.perf_counter() - t0)
             return web.json_response(priority_list(verdicts))
@@ -234,6 +242,7 @@ class ExtenderServer:
             self.metrics.binds.labels(outcome="not-approved").inc()
             log.info("bind %s to %s: %s; left to the scheduler", args.pod_name, args.node, why)
             return web.json_response(binding_result(why))
+        await self._read_claims(approved)
         self.fleet.bound_to(approved, args.node)  # counts as bound there from now on
         path = f"/api/v1/namespaces/{args.namespace}/pods/{args.name}/binding"
         try:
@@ -253,6 +262,29 @@ class ExtenderServer:
         self.metrics.binds.labels(outcome="bound").inc()
         self.metrics.bind_seconds.observe(time.perf_counter() - t0)
         return web.json_response(binding_result())
+
+    async def _read_claims(self, pod: Mapping[str, Any]) -> None:
+        """A pod with claims: read them from the API server before the pod holds its
+        room on the node. The scheduler wrote their allocation before asking to bind,
+        but the claims' watch may not show it yet; the pod's hold must count the CPUs
+        and memory it will get next to the devices it got, not next to any device the
+        allocator might have given (the next pods are decided against that hold). A
+        claim that cannot be read is left as the watch has it."""
+        dra = self.fleet.decider.dra
+        if dra is None or self.kube is None or not uses_claims(pod):
+            return
+        ns = str((pod.get("metadata") or {}).get("namespace") or "default")
+        for name in dra.claim_names(pod)[:MAX_CLAIM_READS]:
+            try:
+                got = await self.kube.request(
+                    "GET", f"{DRA_BASE}/namespaces/{quote(ns, safe='')}/resourceclaims/"
+                    f"{quote(name, safe='')}", timeout=LANDED_TIMEOUT)
+            except (ApiError, TimeoutError, aiohttp.ClientError) as e:
+                log.info("bind %s/%s: claim %s not read (%s); as the watch has it",
+                         ns, (pod.get("metadata") or {}).get("name"), name, e)
+                continue
+            if isinstance(got, Mapping):
+                dra.event("resourceclaims", "MODIFIED", got)
 
     async def _landed(self, args: BindingArgs, error: Exception) -> bool:
         """Whether a binding that failed here is there all the same: the API server
