@@ -33,112 +33,35 @@ which CPUs it was given, not only on how many.
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from numalign.api.effective import EffectivePolicy
-from numalign.api.names import ANN_GPUS, REJECT_REASON
+from numalign.api.names import REJECT_REASON
 from numalign.api.nodestatus import HeldPod
 from numalign.topology.admit import UNEXPECTED_REASON
-from numalign.topology.demands import GroupRule, guaranteed_cpus
-from numalign.topology.ledger import MEMORY, Ledger
+from numalign.topology.ledger import MEMORY
 from numalign.topology.machine import Machine
 from numalign.topology.merge import REJECT_MESSAGE
-from numalign.topology.pod import HUGEPAGES_PREFIX, QOS_GUARANTEED, Pod
+from numalign.topology.pod import HUGEPAGES_PREFIX
 from numalign.topology.policyconfig import (
     POLICY_BEST_EFFORT,
     POLICY_RESTRICTED,
     POLICY_SINGLE_NUMA_NODE,
     SCOPE_POD,
 )
-from numalign.topology.resourcefit import CPU, DEFAULT_MAX_PODS, PODS, allocatable, fit_requests
+from numalign.topology.resourcefit import DEFAULT_MAX_PODS, PODS, allocatable
 
+from .nodefree import NodeFree, PodAsk, node_free, pod_ask
+from .preferred import ANYWHERE, REFUSES, Rules, outcome, rules_for
 from .verdict import PodShape, Verdict
 from .view import NodeView
 
 __all__ = ["FastVerdicts", "NodeFree", "PodAsk", "group_key", "node_free", "pod_ask"]
 
 Flying = Sequence[tuple[Mapping[str, Any], HeldPod]]
-
-
-@dataclass(frozen=True)
-class NodeFree:
-    """What one node's ledger has free, per NUMA node of its machine (in
-    ``machine.numa_ids`` order): CPUs, bytes of each memory kind, devices of each
-    resource (those without a NUMA node apart); its memory grouping rule; the pods it
-    holds and their requests summed (the resource fit's view)."""
-
-    numa_ids: tuple[int, ...]
-    cpus: tuple[int, ...]
-    memory: Mapping[str, tuple[int, ...]]
-    devices: Mapping[str, tuple[tuple[int, ...], int]]
-    rule: GroupRule
-    pods: int
-    used: Mapping[str, int]
-
-
-def node_free(ledger: Ledger) -> NodeFree:
-    """:class:`NodeFree` of ``ledger``, made once per state of the ledger."""
-    return ledger.derived("extender-node-free", lambda: _node_free(ledger))
-
-
-def _node_free(ledger: Ledger) -> NodeFree:
-    machine = ledger.machine
-    ids = machine.numa_ids
-    at = {n: i for i, n in enumerate(ids)}
-    cpus = [0] * len(ids)
-    for c in ledger.free_cpus():
-        cpus[at[machine.cpus[c].numa]] += 1
-    kinds = [MEMORY, *(HUGEPAGES_PREFIX + s for s in machine.hugepage_sizes)]
-    memory = {k: tuple(ledger.free_memory(n, k) for n in ids) for k in kinds}
-    devices: dict[str, tuple[tuple[int, ...], int]] = {}
-    for res in machine.device_resources:
-        per = [0] * len(ids)
-        loose = 0
-        for d in machine.devices_of(res):
-            if (res, d.id) in ledger.device_owner:
-                continue
-            if d.numa_node is None or d.numa_node not in at:
-                loose += 1
-            else:
-                per[at[d.numa_node]] += 1
-        devices[res] = (tuple(per), loose)
-    pods, used = ledger.requested()
-    return NodeFree(tuple(ids), tuple(cpus), memory, devices, GroupRule.of(ledger), pods,
-                    used)
-
-
-@dataclass(frozen=True)
-class PodAsk:
-    """What a simple pod asks, as the caps of :func:`group_key`: whole CPUs, bytes per
-    memory kind, devices per resource (all containers summed), and its resource-fit
-    requests. ``simple`` False: the pod takes the full decision."""
-
-    simple: bool
-    single: bool = False  # one container: one decision under either scope
-    cpus: int = 0
-    memory: tuple[tuple[str, int], ...] = ()
-    devices: tuple[tuple[str, int], ...] = ()
-    fit: tuple[tuple[str, int], ...] = ()
-
-
-def pod_ask(model: Pod | None) -> PodAsk:
-    """The caps of ``model`` (exclusive CPUs and NUMA-bound memory only for a
-    Guaranteed pod, as the CPU and memory managers give them)."""
-    if model is None or model.init_containers or ANN_GPUS in model.annotations:
-        return PodAsk(False)
-    want = model.effective_requests()
-    guaranteed = model.qos == QOS_GUARANTEED
-    cpus = sum(guaranteed_cpus(model, c) for c in model.containers)
-    memory = tuple((k, math.ceil(q)) for k, q in sorted(want.items())
-                   if guaranteed and (k == MEMORY or k.startswith(HUGEPAGES_PREFIX)))
-    devices = tuple((k, math.ceil(q)) for k, q in sorted(want.items())
-                    if k not in (CPU, MEMORY) and not k.startswith(HUGEPAGES_PREFIX))
-    return PodAsk(True, len(model.containers) == 1, cpus, memory, devices,
-                  tuple(sorted(fit_requests(model).items())))
 
 
 def _capped(values: tuple[int, ...], top: int) -> tuple[int, ...]:
@@ -176,13 +99,17 @@ class _Plan:
     single_numa: bool
     kinds: tuple[tuple[str, int], ...]
     devices: tuple[tuple[str, int, bool], ...]  # (resource, asked, on NUMA nodes)
+    rules: Rules | None  # the merge's outcome from the free amounts (.preferred)
+    # the capped free amounts -> their outcome (None: decide in full)
+    outcomes: dict[Hashable, Hashable | None] = field(default_factory=dict)
 
 
-_PLANS: dict[tuple[int, PodAsk, str], tuple[Machine, _Plan]] = {}
+_PLANS: dict[tuple[int, PodAsk, str, bool], tuple[Machine, _Plan]] = {}
+_MISSING = object()
 
 
-def _plan(machine: Machine, ask: PodAsk, policy: str) -> _Plan:
-    key = (id(machine), ask, policy)
+def _plan(machine: Machine, ask: PodAsk, policy: str, plain: bool) -> _Plan:
+    key = (id(machine), ask, policy, plain)
     hit = _PLANS.get(key)
     if hit is not None and hit[0] is machine:
         return hit[1]
@@ -199,7 +126,7 @@ def _plan(machine: Machine, ask: PodAsk, policy: str) -> _Plan:
                     for r, q in ask.devices if r in have)
     plan = _Plan(alloc[PODS], fit, coarse, policy == POLICY_RESTRICTED,
                  _narrow(machine, ask, devices), policy == POLICY_SINGLE_NUMA_NODE,
-                 ask.memory, devices)
+                 ask.memory, devices, rules_for(machine, ask, policy, plain))
     if len(_PLANS) > 1024:
         _PLANS.clear()
     _PLANS[key] = (machine, plan)
@@ -271,7 +198,8 @@ def _memory_hinted(plan: _Plan, free: NodeFree) -> bool:
     return False
 
 
-def group_key(machine: Machine, free: NodeFree, ask: PodAsk, policy: str = "") -> Hashable:
+def group_key(machine: Machine, free: NodeFree, ask: PodAsk, policy: str = "",
+              plain: bool = True) -> Hashable:
     """What of a node the simple pod ``ask`` depends on (with the machine, the policy
     and the pod's shape, which the caller adds): the free amounts capped at the pod's
     request, the grouping rule, the room the resource fit sees, capped likewise.
@@ -284,12 +212,31 @@ def group_key(machine: Machine, free: NodeFree, ask: PodAsk, policy: str = "") -
     restricted, the others refuse where the CPU or device manager has no hint at all
     (:func:`_short`), or where every manager's preferred hints are one NUMA node wide
     (:func:`_narrow`) and the memory manager has one (:func:`_memory_hinted`)."""
-    plan = _plan(machine, ask, policy)
+    plan = _plan(machine, ask, policy, plain)
     used = free.used
     room = (min(plan.pods - free.pods, 1),
             *(-1 if cap < 0 else min(cap - used.get(res, 0), q)
               for (res, _), (cap, q) in zip(ask.fit, plan.fit, strict=True)))
-    if plan.coarse:
+    if plan.rules is not None:
+        capped = (_capped(free.cpus, ask.cpus),
+                  tuple(_capped(free.memory.get(k, ()), q) for k, q in plan.kinds),
+                  tuple((_capped(free.devices[r][0], q), min(free.devices[r][1], q))
+                        for r, q, _ in plan.devices),
+                  free.rule if plan.kinds else None)
+        got = plan.outcomes.get(capped, _MISSING)
+        if got is _MISSING:
+            if len(plan.outcomes) > 4096:
+                plan.outcomes.clear()
+            got = plan.outcomes[capped] = outcome(plan.rules, free)
+        if isinstance(got, tuple):  # an allocation's failure, before the fit
+            return (ANYWHERE, got)
+        if got == REFUSES and plan.rules.anywhere:  # the merge's, before the fit
+            return (ANYWHERE, got)
+        if got is not None:
+            return (got, room)
+        if not plan.single_numa:
+            return (*capped, room)
+    elif plan.coarse:
         if _one_numa(plan, free, ask.cpus):
             return ("one", room)
         # restricted admits only a preferred hint: none where a manager has no hint
@@ -396,8 +343,10 @@ def fast_filter(views: Mapping[str, NodeView], cache: FastVerdicts, nodes: Seque
             out.append(full(n))
             continue
         free = node_free(view.ledger())
-        key: Hashable = (view.machine_key, eff.key, view.policy.kind, shape.key,
-                         group_key(view.machine, free, ask, eff.policy.name))
+        group = group_key(view.machine, free, ask, eff.policy.name, not eff.options.given)
+        anywhere = isinstance(group, tuple) and group[0] == ANYWHERE
+        key: Hashable = (None if anywhere else view.machine_key, eff.key, view.policy.kind,
+                         shape.key, group)
         got = cache.get(key)
         counted = got is _TOTALS
         if counted:
@@ -408,7 +357,9 @@ def fast_filter(views: Mapping[str, NodeView], cache: FastVerdicts, nodes: Seque
             cache.decided += 1
             answer = shared_answer(v)
             if answer is _TOTALS:
-                if not counted:
+                if anywhere:
+                    pass  # the group's key counts what the message does
+                elif not counted:
                     cache.put(key, _TOTALS)
                     key = (key, totals_key(free))
                 answer = v

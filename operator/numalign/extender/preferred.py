@@ -1,0 +1,257 @@
+"""What the Topology Manager's merge gives a simple pod on a node (:mod:`.feasible`), read
+from the node's free amounts per NUMA node, without hint lists or a merge.
+
+The kubelet's merged hint is preferred only when the hint each resource gives in the
+combination is preferred and all their masks are equal (a resource without preference,
+a nil hint, goes with any mask). A manager's hint is preferred when it is as wide as
+the manager's minAffinitySize: the narrowest width whose *capacity* holds the request,
+a property of the machine. So a preferred merged hint is a mask ``M`` as wide as every
+constraining manager's minAffinitySize (one width ``w`` for all of them, else there is
+none; under single-numa-node ``w`` must be 1, its only hints kept), inside each one's
+NUMA nodes (the CPU manager's: those with CPUs; the device manager's: those with
+devices of the resource), where each has enough free (CPUs, bytes of each memory kind,
+devices on ``M``'s NUMA nodes) and the memory manager's grouping rule lets ``M`` hold
+memory. Where one exists (:data:`ADMITS`), the merge's hint is preferred, every policy
+admits it, and each manager allocates inside it (devices without a NUMA node anywhere:
+they must be free enough). Where none exists (:data:`REFUSES`), restricted and
+single-numa-node refuse with the kubelet's fixed message.
+
+Two exceptions keep the full decision: the memory manager gives *no* hint when no mask
+can hold the memory (it then goes with any mask and its allocation fails), and memory
+over-committed on a NUMA node (the manager's sums differ). Under best-effort, which
+admits any merged hint, the managers' allocation decides: the CPU manager fails when
+fewer CPUs are free than asked (:data:`SHORT`: its message counts the CPUs free and
+those inside the merged hint, which is then the memory manager's narrowest hint, the
+lowest NUMA node alone holding the memory); it succeeds inside or outside the hint
+otherwise, as the device manager does, and the memory manager always finds room where
+no NUMA node holds memory assignments and the machine's free memory holds the pod's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+from itertools import combinations
+
+from numalign.topology.demands import Demand
+from numalign.topology.hintgen import FULL_LIMIT
+from numalign.topology.ledger import MEMORY
+from numalign.topology.machine import Machine
+from numalign.topology.pod import HUGEPAGES_PREFIX
+from numalign.topology.policyconfig import (
+    POLICY_BEST_EFFORT,
+    POLICY_RESTRICTED,
+    POLICY_SINGLE_NUMA_NODE,
+    PolicyOptions,
+)
+
+from .nodefree import NodeFree, PodAsk
+
+__all__ = ["ADMITS", "ANYWHERE", "REFUSES", "SHORT", "Rules", "outcome", "rules_for"]
+
+ADMITS = "admits"  # a preferred merged hint, every manager allocates
+REFUSES = "refuses"  # no preferred merged hint (restricted, single-numa-node)
+SHORT = "cpus-short"  # best-effort: the CPU manager's allocation fails
+# (ANYWHERE, answer): a refusal that is the same on every machine (:attr:`Rules.anywhere`)
+ANYWHERE = "anywhere"
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What :func:`outcome` reads of a machine for one pod and policy, made once: the
+    candidate preferred masks (mask, positions in ``machine.numa_ids``), the request per
+    manager, the memory capacity per kind and NUMA node."""
+
+    policy: str
+    # no policy options given (they choose between merged hints, or refuse the machine)
+    # and no more NUMA nodes than the default limit: a refusal names nothing of the
+    # machine (:data:`ANYWHERE`)
+    anywhere: bool
+    ids: tuple[int, ...]
+    anything: bool  # no manager constrains the hint: every NUMA node, preferred
+    cands: tuple[tuple[int, tuple[int, ...]], ...]
+    cpus: int
+    kinds: tuple[str, ...]
+    need: tuple[int, ...]  # bytes per kind
+    caps: tuple[tuple[int, ...], ...]  # per kind, per NUMA node
+    bound: tuple[tuple[str, int], ...]  # device resources with NUMA nodes: (resource, asked)
+    loose: tuple[tuple[str, int], ...]  # device resources with none: no preference
+    cpu_domain: int  # the CPU manager's NUMA nodes (mask)
+    bound_domains: tuple[int, ...]  # the device manager's, per resource of ``bound``
+
+
+def _capacity(machine: Machine, kind: str) -> tuple[int, ...]:
+    size = kind.removeprefix(HUGEPAGES_PREFIX)
+    return tuple(n.memory if kind == MEMORY else n.hugepages.get(size, 0)
+                 for n in machine.numa_nodes)
+
+
+def rules_for(machine: Machine, ask: PodAsk, policy: str, plain: bool) -> Rules | None:
+    """The rules of ``machine`` for ``ask`` under ``policy``; None where they do not
+    apply (another policy, a memory kind the machine lacks, a machine wider than the
+    kubelet's full hint walk)."""
+    if policy not in (POLICY_RESTRICTED, POLICY_BEST_EFFORT, POLICY_SINGLE_NUMA_NODE):
+        return None
+    ids = tuple(machine.numa_ids)
+    if len(ids) > FULL_LIMIT or [n.id for n in machine.numa_nodes] != list(ids):
+        return None
+    have = {MEMORY, *(HUGEPAGES_PREFIX + s for s in machine.hugepage_sizes)}
+    if any(k not in have for k, q in ask.memory if q > 0):
+        return None
+    at = {n: i for i, n in enumerate(ids)}
+    # each constraining manager: (its NUMA nodes as a mask, its minAffinitySize)
+    limits: list[tuple[int, int]] = []
+
+    def limit(name: str, domain: list[int], cap: list[tuple[int, ...]],
+              request: tuple[int, ...]) -> None:
+        d = Demand(name, (name,), request, tuple(domain), {},
+                   {n: cap[at[n]] for n in domain})
+        limits.append((sum(1 << n for n in domain), d.min_width()))
+
+    if ask.cpus:
+        per = [0] * len(ids)
+        for c in machine.cpus.values():
+            if c.numa in at:
+                per[at[c.numa]] += 1
+        limit("cpu", sorted({c.numa for c in machine.cpus.values()} & set(ids)),
+              [(v,) for v in per], (ask.cpus,))
+    kinds = tuple(k for k, q in ask.memory if q > 0)
+    need = tuple(q for _, q in ask.memory if q > 0)
+    caps = tuple(_capacity(machine, k) for k in kinds)
+    if kinds:
+        limit("memory", sorted(ids), list(zip(*caps, strict=True)), need)
+    bound: list[tuple[str, int]] = []
+    loose: list[tuple[str, int]] = []
+    for res, q in ask.devices:
+        devices = machine.devices_of(res)
+        if res not in machine.device_resources or q <= 0:
+            continue
+        if not any(d.numa_node is not None for d in devices):
+            loose.append((res, q))
+            continue
+        bound.append((res, q))
+        per = [0] * len(ids)
+        for d in devices:
+            if d.numa_node in at:
+                per[at[d.numa_node]] += 1
+        limit(res, sorted({d.numa_node for d in devices if d.numa_node in at}),
+              [(v,) for v in per], (q,))
+    widths = {w for _, w in limits}
+    cands: list[tuple[int, tuple[int, ...]]] = []
+    if len(widths) == 1 and not (policy == POLICY_SINGLE_NUMA_NODE and widths != {1}):
+        (w,) = widths
+        for pos in combinations(range(len(ids)), w):
+            mask = sum(1 << ids[i] for i in pos)
+            if all(not mask & ~dom for dom, _ in limits) and all(
+                    sum(cap[i] for i in pos) >= q for cap, q in zip(caps, need, strict=True)):
+                cands.append((mask, pos))
+    domains = [dom for dom, _ in limits]
+    cpu_domain = domains.pop(0) if ask.cpus else 0
+    if kinds:
+        domains.pop(0)
+    anywhere = plain and len(ids) <= PolicyOptions().max_allowable_numa_nodes
+    return Rules(policy, anywhere, ids, not limits, tuple(sorted(cands)), ask.cpus, kinds, need,
+                 caps, tuple(bound), tuple(loose), cpu_domain, tuple(domains))
+
+
+def _holds(r: Rules, free: NodeFree, pos: tuple[int, ...]) -> bool:
+    fc = free.cpus
+    if r.cpus and sum(fc[i] for i in pos) < r.cpus:
+        return False
+    for k, q in zip(r.kinds, r.need, strict=True):
+        per = free.memory[k]
+        if sum(per[i] for i in pos) < q:
+            return False
+    for res, q in r.bound:
+        per = free.devices[res][0]
+        if sum(per[i] for i in pos) < q:
+            return False
+    return True
+
+
+def _memory_holds(r: Rules, free: NodeFree, mask: int) -> bool:
+    pos = [i for i, n in enumerate(r.ids) if mask >> n & 1]
+    return all(sum(free.memory[k][i] for i in pos) >= q and sum(cap[i] for i in pos) >= q
+               for k, q, cap in zip(r.kinds, r.need, r.caps, strict=True))
+
+
+def _memory_hints(r: Rules, free: NodeFree) -> tuple[list[int], bool]:
+    """The memory manager's hints one NUMA node wide (the nodes' masks), and whether
+    it has any wider: masks its grouping rule lets hold memory where the request fits,
+    by free and by allocatable amounts. Sums only grow with the mask, so the widest
+    such masks decide: all NUMA nodes without memory assignments together, each
+    multi-node group as it is."""
+    rule = free.rule
+    bits = [1 << n for n in r.ids]
+    alone = [b for b in bits if rule.valid(b) and _memory_holds(r, free, b)]
+    wide = [g for g in sorted({g for _, g in rule.groups}) if rule.valid(g)]
+    spare = sum(bits) & ~rule.assigned
+    if spare.bit_count() >= 2:
+        wide.append(spare)
+    return alone, any(_memory_holds(r, free, m) for m in wide)
+
+
+def outcome(r: Rules, free: NodeFree) -> Hashable | None:
+    """What decides the pod on a node with ``free``: :data:`ADMITS` (the Topology
+    Manager admits and every manager allocates: the resource fit decides),
+    :data:`REFUSES` (``TopologyAffinityError``), (:data:`SHORT`, CPUs free, CPUs free
+    inside the merged hint) under best-effort, or None: decide in full. Depends on
+    ``free``'s amounts only up to the pod's request (they may come capped)."""
+    if any(min(free.memory[k], default=0) < 0 for k in r.kinds):
+        return None
+    totals = [(sum(free.devices[res][0]) + free.devices[res][1], q)
+              for res, q in (*r.bound, *r.loose)]
+    loose_short = any(sum(free.devices[res][0]) + free.devices[res][1] < q
+                      for res, q in r.loose)
+    found = r.anything
+    if not found:
+        rule = free.rule
+        for mask, pos in r.cands:
+            if _holds(r, free, pos) and (not r.kinds or rule.valid(mask)):
+                found = True
+                break
+    if found:
+        return None if loose_short else ADMITS
+    alone, wide = _memory_hints(r, free) if r.kinds else ([], False)
+    if r.kinds and not alone and not wide:
+        return None  # the memory manager goes with any mask, its allocation fails
+    if r.policy != POLICY_BEST_EFFORT:
+        return REFUSES
+    # best-effort admits whichever hint the merge gives: the allocation decides
+    if any(t < q for t, q in totals):
+        return None  # the device manager fails first, its message counting devices
+    total = sum(free.cpus)
+    if total < r.cpus:
+        if not r.anywhere or totals:
+            return None
+        inside = total  # no memory asked: the merged hint is every NUMA node
+        if r.kinds:
+            # the CPU manager has no hint: the merge takes the memory manager's
+            # narrowest hint, the lowest mask of that width
+            if not alone:
+                return None
+            inside = free.cpus[r.ids.index(min(alone).bit_length() - 1)]
+        return (SHORT, total, min(inside, r.cpus))
+    if not r.kinds:
+        return ADMITS
+    if not free.rule.assigned and _memory_holds(r, free, sum(1 << n for n in r.ids)):
+        return ADMITS
+    if not wide and _joins(r, free, alone):
+        return ADMITS
+    return None
+
+
+def _joins(r: Rules, free: NodeFree, alone: list[int]) -> bool:
+    """Best-effort, no preferred merged hint, the memory manager's hints all one NUMA
+    node wide (``alone``): each merged hint lies inside one of the memory manager's,
+    which is a NUMA node alone, where its free memory holds the pod's; so its
+    allocation succeeds wherever some merged hint is not empty (else the merge gives
+    every NUMA node). One is not empty where some node of ``alone`` is in every
+    constraining manager's whole span of NUMA nodes, which is a hint of each (enough
+    free there: the CPUs, and the devices on NUMA nodes, where that resource has a
+    hint list at all)."""
+    span = r.cpu_domain if r.cpus else -1
+    for (res, q), dom in zip(r.bound, r.bound_domains, strict=True):
+        if sum(free.devices[res][0]) >= q:
+            span &= dom
+    return any(b & span for b in alone)
