@@ -78,6 +78,8 @@ class Rules:
     loose: tuple[tuple[str, int], ...]  # device resources with none: no preference
     cpu_domain: int  # the CPU manager's NUMA nodes (mask)
     bound_domains: tuple[int, ...]  # the device manager's, per resource of ``bound``
+    cap_alone: tuple[bool, ...]  # per NUMA node: its allocatable memory holds the pod's
+    all_nodes: int  # the machine's NUMA nodes (mask)
 
 
 def _capacity(machine: Machine, kind: str) -> tuple[int, ...]:
@@ -151,7 +153,10 @@ def rules_for(machine: Machine, ask: PodAsk, policy: str, plain: bool) -> Rules 
         domains.pop(0)
     anywhere = plain and len(ids) <= PolicyOptions().max_allowable_numa_nodes
     return Rules(policy, anywhere, ids, not limits, tuple(sorted(cands)), ask.cpus, kinds, need,
-                 caps, tuple(bound), tuple(loose), cpu_domain, tuple(domains))
+                 caps, tuple(bound), tuple(loose), cpu_domain, tuple(domains),
+                 tuple(all(cap[i] >= q for cap, q in zip(caps, need, strict=True))
+                       for i in range(len(ids))),
+                 sum(1 << n for n in ids))
 
 
 def _holds(r: Rules, free: NodeFree, pos: tuple[int, ...]) -> bool:
@@ -175,20 +180,26 @@ def _memory_holds(r: Rules, free: NodeFree, mask: int) -> bool:
                for k, q, cap in zip(r.kinds, r.need, r.caps, strict=True))
 
 
-def _memory_hints(r: Rules, free: NodeFree) -> tuple[list[int], bool]:
-    """The memory manager's hints one NUMA node wide (the nodes' masks), and whether
-    it has any wider: masks its grouping rule lets hold memory where the request fits,
-    by free and by allocatable amounts. Sums only grow with the mask, so the widest
-    such masks decide: all NUMA nodes without memory assignments together, each
-    multi-node group as it is."""
+def _alone(r: Rules, free: NodeFree) -> list[int]:
+    """The memory manager's hints one NUMA node wide (their masks): NUMA nodes its
+    grouping rule lets hold memory alone, where the request fits, by free and by
+    allocatable amounts."""
+    valid = free.rule.valid
+    mem = [free.memory[k] for k in r.kinds]
+    return [1 << n for i, n in enumerate(r.ids) if r.cap_alone[i] and all(
+        per[i] >= q for per, q in zip(mem, r.need, strict=True)) and valid(1 << n)]
+
+
+def _wide(r: Rules, free: NodeFree) -> bool:
+    """The memory manager has hints wider than one NUMA node: sums only grow with the
+    mask, so the widest masks its grouping rule lets hold memory decide: all NUMA
+    nodes without memory assignments together, each multi-node group as it is."""
     rule = free.rule
-    bits = [1 << n for n in r.ids]
-    alone = [b for b in bits if rule.valid(b) and _memory_holds(r, free, b)]
-    wide = [g for g in sorted({g for _, g in rule.groups}) if rule.valid(g)]
-    spare = sum(bits) & ~rule.assigned
+    wide = [g for g in {g for _, g in rule.groups} if rule.valid(g)]
+    spare = r.all_nodes & ~rule.assigned
     if spare.bit_count() >= 2:
         wide.append(spare)
-    return alone, any(_memory_holds(r, free, m) for m in wide)
+    return any(_memory_holds(r, free, m) for m in wide)
 
 
 def outcome(r: Rules, free: NodeFree) -> Hashable | None:
@@ -212,8 +223,8 @@ def outcome(r: Rules, free: NodeFree) -> Hashable | None:
                 break
     if found:
         return None if loose_short else ADMITS
-    alone, wide = _memory_hints(r, free) if r.kinds else ([], False)
-    if r.kinds and not alone and not wide:
+    alone = _alone(r, free) if r.kinds else []
+    if r.kinds and not alone and not _wide(r, free):
         return None  # the memory manager goes with any mask, its allocation fails
     if r.policy != POLICY_BEST_EFFORT:
         return REFUSES
@@ -234,9 +245,9 @@ def outcome(r: Rules, free: NodeFree) -> Hashable | None:
         return (SHORT, total, min(inside, r.cpus))
     if not r.kinds:
         return ADMITS
-    if not free.rule.assigned and _memory_holds(r, free, sum(1 << n for n in r.ids)):
+    if not free.rule.assigned and _memory_holds(r, free, r.all_nodes):
         return ADMITS
-    if not wide and _joins(r, free, alone):
+    if not _wide(r, free) and _joins(r, free, alone):
         return ADMITS
     return None
 
