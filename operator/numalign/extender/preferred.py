@@ -67,6 +67,7 @@ class Rules:
     # and no more NUMA nodes than the default limit: a refusal names nothing of the
     # machine (:data:`ANYWHERE`)
     anywhere: bool
+    single: bool  # one container: the managers allocate the decision's request at once
     ids: tuple[int, ...]
     anything: bool  # no manager constrains the hint: every NUMA node, preferred
     cands: tuple[tuple[int, tuple[int, ...]], ...]
@@ -152,7 +153,8 @@ def rules_for(machine: Machine, ask: PodAsk, policy: str, plain: bool) -> Rules 
     if kinds:
         domains.pop(0)
     anywhere = plain and len(ids) <= PolicyOptions().max_allowable_numa_nodes
-    return Rules(policy, anywhere, ids, not limits, tuple(sorted(cands)), ask.cpus, kinds, need,
+    return Rules(policy, anywhere, ask.single, ids, not limits, tuple(sorted(cands)), ask.cpus,
+                 kinds, need,
                  caps, tuple(bound), tuple(loose), cpu_domain, tuple(domains),
                  tuple(all(cap[i] >= q for cap, q in zip(caps, need, strict=True))
                        for i in range(len(ids))),
@@ -228,8 +230,10 @@ def outcome(r: Rules, free: NodeFree) -> Hashable | None:
         return None  # the memory manager goes with any mask, its allocation fails
     if r.policy != POLICY_BEST_EFFORT:
         return REFUSES
-    # best-effort admits whichever hint the merge gives: the allocation decides
-    if any(t < q for t, q in totals):
+    # best-effort admits whichever hint the merge gives: the allocation decides (one
+    # container's: under pod scope each container allocates inside the pod's hint in
+    # turn, and the memory a container takes binds its NUMA nodes for the next one)
+    if not r.single or any(t < q for t, q in totals):
         return None  # the device manager fails first, its message counting devices
     total = sum(free.cpus)
     if total < r.cpus:
