@@ -21,7 +21,13 @@ request, and grouping rule are equal (:func:`group_key`) decide the pod alike: t
 first of them is decided in full (:meth:`Decider.decide`), and the others of its group
 share its answer, when that answer names nothing of the node: an admission, or a
 ``TopologyAffinityError`` (the merge refused; its message is the kubelet's fixed one).
-An ``UnexpectedAdmissionError`` (counts in its message), a resource-fit refusal (the
+Under restricted, best-effort and single-numa-node the groups are coarser
+(:mod:`.preferred`, which reads the merge's outcome from the free amounts): nodes where
+some mask is a preferred hint of every manager (the fit decides), nodes where none is
+(restricted and single-numa-node refuse: one group over every machine), and under
+best-effort nodes with fewer CPUs free than asked (the CPU manager's failure, whose
+counts the key holds: one group per count over every machine). Any other
+``UnexpectedAdmissionError`` (counts in its message), a resource-fit refusal (the
 node's used amounts in it) or anything else is decided node by node. A fast admission
 carries no allocation and no score (:attr:`Verdict.complete` False): prioritize
 completes it, bind decides in full.
@@ -130,6 +136,14 @@ def group_key(machine: Machine, free: NodeFree, ask: PodAsk, policy: str = "",
     return _group(_plan(machine, ask, policy, plain), free)
 
 
+def _capped_free(plan: _Plan, free: NodeFree) -> tuple[Any, ...]:
+    return (_capped(free.cpus, plan.cpus),
+            tuple([_capped(free.memory.get(k, ()), q) for k, q in plan.kinds]),
+            tuple([(_capped(free.devices[r][0], q), min(free.devices[r][1], q))
+                   for r, q in plan.devices]),
+            free.rule if plan.kinds else None)
+
+
 def _group(plan: _Plan, free: NodeFree) -> tuple[Any, ...]:
     """The free amounts capped at the pod's request, the grouping rule, the room the
     resource fit sees, capped likewise.
@@ -147,16 +161,16 @@ def _group(plan: _Plan, free: NodeFree) -> tuple[Any, ...]:
             *[-1 if cap < 0 else min(cap - used.get(res, 0), q) for res, cap, q in plan.fit])
     rules = plan.rules
     if rules is not None:
-        capped = (_capped(free.cpus, plan.cpus),
-                  tuple([_capped(free.memory.get(k, ()), q) for k, q in plan.kinds]),
-                  tuple([(_capped(free.devices[r][0], q), min(free.devices[r][1], q))
-                         for r, q in plan.devices]),
-                  free.rule if plan.kinds else None)
-        got = plan.outcomes.get(capped, _MISSING)
-        if got is _MISSING:
-            if len(plan.outcomes) > 4096:
-                plan.outcomes.clear()
-            got = plan.outcomes[capped] = outcome(rules, free)
+        capped: tuple[Any, ...] | None = None
+        if rules.cheap:
+            got = outcome(rules, free)
+        else:  # sums over masks: kept by the capped amounts they depend on
+            capped = _capped_free(plan, free)
+            got = plan.outcomes.get(capped, _MISSING)
+            if got is _MISSING:
+                if len(plan.outcomes) > 4096:
+                    plan.outcomes.clear()
+                got = plan.outcomes[capped] = outcome(rules, free)
         if isinstance(got, tuple):  # an allocation's failure, before the fit
             return (ANYWHERE, got)
         if got == REFUSES and rules.anywhere:  # the merge's, before the fit
@@ -164,7 +178,7 @@ def _group(plan: _Plan, free: NodeFree) -> tuple[Any, ...]:
         if got is not None:
             return (got, room)
         if not plan.single_numa:
-            return (*capped, room)
+            return (*(capped or _capped_free(plan, free)), room)
     cut: Callable[[tuple[int, ...], int], tuple[Any, ...]] = (
         _enough if plan.single_numa else _capped)
     memory = tuple(cut(free.memory.get(k, ()), q) for k, q in plan.kinds)
@@ -206,7 +220,10 @@ class FastVerdicts:
         self.decided = 0  # verdicts decided in full
 
     def clear(self) -> None:
+        """Forget every group answer, and the plans' outcomes (shared by every
+        decider) with them."""
         self._kept.clear()
+        _PLANS.clear()
 
     def get(self, key: Hashable) -> Any:
         got = self._kept.get(key)

@@ -5,8 +5,9 @@ ledger) and a simple pod's request (:class:`PodAsk`)."""
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from numalign.api.names import ANN_GPUS
 from numalign.topology.demands import GroupRule, guaranteed_cpus
@@ -22,7 +23,12 @@ class NodeFree:
     """What one node's ledger has free, per NUMA node of its machine (in
     ``machine.numa_ids`` order): CPUs, bytes of each memory kind, devices of each
     resource (those without a NUMA node apart); its memory grouping rule; the pods it
-    holds and their requests summed (the resource fit's view)."""
+    holds and their requests summed (the resource fit's view).
+
+    Read by every filter: the NUMA nodes (bit ``i``: the ``i``-th of ``numa_ids``)
+    holding at least so much of each are kept too, see :meth:`cpus_at_least`,
+    :meth:`memory_at_least`, :meth:`devices_at_least`; ``alone``: those the grouping
+    rule lets hold memory alone."""
 
     numa_ids: tuple[int, ...]
     cpus: tuple[int, ...]
@@ -31,6 +37,37 @@ class NodeFree:
     rule: GroupRule
     pods: int
     used: Mapping[str, int]
+    alone: int = 0
+    _cpus_ge: tuple[int, ...] = ()  # [t]: NUMA nodes with t CPUs free or more
+    _devices_ge: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    # per memory kind: the amounts sorted, and [i]: NUMA nodes holding the i-th or more
+    _memory_ge: Mapping[str, tuple[tuple[int, ...], tuple[int, ...]]] = field(
+        default_factory=dict)
+
+    def cpus_at_least(self, count: int) -> int:
+        ge = self._cpus_ge
+        return ge[count] if count < len(ge) else 0
+
+    def devices_at_least(self, resource: str, count: int) -> int:
+        ge = self._devices_ge[resource]
+        return ge[count] if count < len(ge) else 0
+
+    def memory_at_least(self, kind: str, size: int) -> int:
+        amounts, masks = self._memory_ge[kind]
+        return masks[bisect_left(amounts, size)]
+
+
+def _at_least(values: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(sum(1 << i for i, v in enumerate(values) if v >= t)
+                 for t in range(max(values, default=0) + 1))
+
+
+def _sorted_masks(values: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    masks = [0] * (len(order) + 1)
+    for j in range(len(order) - 1, -1, -1):
+        masks[j] = masks[j + 1] | 1 << order[j]
+    return tuple(values[i] for i in order), tuple(masks)
 
 
 def node_free(ledger: Ledger) -> NodeFree:
@@ -60,8 +97,12 @@ def _node_free(ledger: Ledger) -> NodeFree:
                 per[at[d.numa_node]] += 1
         devices[res] = (tuple(per), loose)
     pods, used = ledger.requested()
-    return NodeFree(tuple(ids), tuple(cpus), memory, devices, GroupRule.of(ledger), pods,
-                    used)
+    rule = GroupRule.of(ledger)
+    return NodeFree(tuple(ids), tuple(cpus), memory, devices, rule, pods, used,
+                    sum(1 << i for i, n in enumerate(ids) if rule.valid(1 << n)),
+                    _at_least(tuple(cpus)),
+                    {r: _at_least(per) for r, (per, _) in devices.items()},
+                    {k: _sorted_masks(v) for k, v in memory.items()})
 
 
 @dataclass(frozen=True)

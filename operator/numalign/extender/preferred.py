@@ -77,10 +77,19 @@ class Rules:
     caps: tuple[tuple[int, ...], ...]  # per kind, per NUMA node
     bound: tuple[tuple[str, int], ...]  # device resources with NUMA nodes: (resource, asked)
     loose: tuple[tuple[str, int], ...]  # device resources with none: no preference
-    cpu_domain: int  # the CPU manager's NUMA nodes (mask)
-    bound_domains: tuple[int, ...]  # the device manager's, per resource of ``bound``
-    cap_alone: tuple[bool, ...]  # per NUMA node: its allocatable memory holds the pod's
     all_nodes: int  # the machine's NUMA nodes (mask)
+    # the same as bits by position in ``ids`` (:class:`NodeFree`'s):
+    singles: int | None  # the candidates, where they are one NUMA node wide
+    cpu_span: int  # the CPU manager's NUMA nodes
+    bound_spans: tuple[int, ...]  # the device manager's, per resource of ``bound``
+    cap_alone: int  # NUMA nodes whose allocatable memory holds the pod's
+    every: int
+
+    @property
+    def cheap(self) -> bool:
+        """:func:`outcome` reads ``free`` by its masks alone (no sums over masks, but
+        where no NUMA node alone holds the memory)."""
+        return self.anything or self.singles is not None or not self.cands
 
 
 def _capacity(machine: Machine, kind: str) -> tuple[int, ...]:
@@ -96,7 +105,8 @@ def rules_for(machine: Machine, ask: PodAsk, policy: str, plain: bool) -> Rules 
     if policy not in (POLICY_RESTRICTED, POLICY_BEST_EFFORT, POLICY_SINGLE_NUMA_NODE):
         return None
     ids = tuple(machine.numa_ids)
-    if len(ids) > FULL_LIMIT or [n.id for n in machine.numa_nodes] != list(ids):
+    if (len(ids) > FULL_LIMIT or [n.id for n in machine.numa_nodes] != list(ids)
+            or list(ids) != sorted(ids)):
         return None
     have = {MEMORY, *(HUGEPAGES_PREFIX + s for s in machine.hugepage_sizes)}
     if any(k not in have for k, q in ask.memory if q > 0):
@@ -148,17 +158,22 @@ def rules_for(machine: Machine, ask: PodAsk, policy: str, plain: bool) -> Rules 
             if all(not mask & ~dom for dom, _ in limits) and all(
                     sum(cap[i] for i in pos) >= q for cap, q in zip(caps, need, strict=True)):
                 cands.append((mask, pos))
-    domains = [dom for dom, _ in limits]
-    cpu_domain = domains.pop(0) if ask.cpus else 0
+    def place(mask: int) -> int:  # NUMA node ids -> positions
+        return sum(1 << i for i, n in enumerate(ids) if mask >> n & 1)
+
+    spans = [place(dom) for dom, _ in limits]
+    cpu_span = spans.pop(0) if ask.cpus else 0
     if kinds:
-        domains.pop(0)
+        spans.pop(0)
     anywhere = plain and len(ids) <= PolicyOptions().max_allowable_numa_nodes
-    return Rules(policy, anywhere, ask.single, ids, not limits, tuple(sorted(cands)), ask.cpus,
-                 kinds, need,
-                 caps, tuple(bound), tuple(loose), cpu_domain, tuple(domains),
-                 tuple(all(cap[i] >= q for cap, q in zip(caps, need, strict=True))
-                       for i in range(len(ids))),
-                 sum(1 << n for n in ids))
+    singles = (sum(1 << pos[0] for _, pos in cands)
+               if cands and len(cands[0][1]) == 1 else None)
+    cap_alone = sum(1 << i for i in range(len(ids))
+                    if all(cap[i] >= q for cap, q in zip(caps, need, strict=True)))
+    return Rules(policy, anywhere, ask.single, ids, not limits, tuple(sorted(cands)),
+                 ask.cpus, kinds, need, caps, tuple(bound), tuple(loose),
+                 sum(1 << n for n in ids), singles, cpu_span, tuple(spans), cap_alone,
+                 (1 << len(ids)) - 1)
 
 
 def _holds(r: Rules, free: NodeFree, pos: tuple[int, ...]) -> bool:
@@ -182,14 +197,14 @@ def _memory_holds(r: Rules, free: NodeFree, mask: int) -> bool:
                for k, q, cap in zip(r.kinds, r.need, r.caps, strict=True))
 
 
-def _alone(r: Rules, free: NodeFree) -> list[int]:
-    """The memory manager's hints one NUMA node wide (their masks): NUMA nodes its
+def _alone(r: Rules, free: NodeFree) -> int:
+    """The memory manager's hints one NUMA node wide (bits by position): NUMA nodes its
     grouping rule lets hold memory alone, where the request fits, by free and by
     allocatable amounts."""
-    valid = free.rule.valid
-    mem = [free.memory[k] for k in r.kinds]
-    return [1 << n for i, n in enumerate(r.ids) if r.cap_alone[i] and all(
-        per[i] >= q for per, q in zip(mem, r.need, strict=True)) and valid(1 << n)]
+    got = r.cap_alone & free.alone
+    for k, q in zip(r.kinds, r.need, strict=True):
+        got &= free.memory_at_least(k, q)
+    return got
 
 
 def _wide(r: Rules, free: NodeFree) -> bool:
@@ -204,28 +219,41 @@ def _wide(r: Rules, free: NodeFree) -> bool:
     return any(_memory_holds(r, free, m) for m in wide)
 
 
+def _preferred(r: Rules, free: NodeFree) -> bool:
+    """Some candidate mask is a preferred hint of every constraining manager."""
+    if r.anything:
+        return True
+    if r.singles is not None:
+        found = r.singles
+        if r.cpus:
+            found &= free.cpus_at_least(r.cpus)
+        for k, q in zip(r.kinds, r.need, strict=True):
+            found &= free.memory_at_least(k, q)
+        for res, q in r.bound:
+            found &= free.devices_at_least(res, q)
+        if r.kinds:
+            found &= free.alone
+        return found != 0
+    rule = free.rule
+    return any(_holds(r, free, pos) and (not r.kinds or rule.valid(mask))
+               for mask, pos in r.cands)
+
+
 def outcome(r: Rules, free: NodeFree) -> Hashable | None:
     """What decides the pod on a node with ``free``: :data:`ADMITS` (the Topology
     Manager admits and every manager allocates: the resource fit decides),
     :data:`REFUSES` (``TopologyAffinityError``), (:data:`SHORT`, CPUs free, CPUs free
     inside the merged hint) under best-effort, or None: decide in full. Depends on
     ``free``'s amounts only up to the pod's request (they may come capped)."""
-    if any(min(free.memory[k], default=0) < 0 for k in r.kinds):
-        return None
+    if any(free.memory_at_least(k, 0) != r.every for k in r.kinds):
+        return None  # memory over-committed somewhere
     totals = [(sum(free.devices[res][0]) + free.devices[res][1], q)
               for res, q in (*r.bound, *r.loose)]
-    loose_short = any(sum(free.devices[res][0]) + free.devices[res][1] < q
-                      for res, q in r.loose)
-    found = r.anything
-    if not found:
-        rule = free.rule
-        for mask, pos in r.cands:
-            if _holds(r, free, pos) and (not r.kinds or rule.valid(mask)):
-                found = True
-                break
-    if found:
-        return None if loose_short else ADMITS
-    alone = _alone(r, free) if r.kinds else []
+    if _preferred(r, free):
+        if any(t < q for t, q in totals[len(r.bound):]):
+            return None  # devices without a NUMA node, allocated anywhere: too few
+        return ADMITS
+    alone = _alone(r, free) if r.kinds else 0
     if r.kinds and not alone and not _wide(r, free):
         return None  # the memory manager goes with any mask, its allocation fails
     if r.policy != POLICY_BEST_EFFORT:
@@ -242,21 +270,21 @@ def outcome(r: Rules, free: NodeFree) -> Hashable | None:
         inside = total  # no memory asked: the merged hint is every NUMA node
         if r.kinds:
             # the CPU manager has no hint: the merge takes the memory manager's
-            # narrowest hint, the lowest mask of that width
+            # narrowest hint, the lowest mask of that width (NUMA ids ascending)
             if not alone:
                 return None
-            inside = free.cpus[r.ids.index(min(alone).bit_length() - 1)]
+            inside = free.cpus[(alone & -alone).bit_length() - 1]
         return (SHORT, total, min(inside, r.cpus))
     if not r.kinds:
         return ADMITS
     if not free.rule.assigned and _memory_holds(r, free, r.all_nodes):
         return ADMITS
-    if not _wide(r, free) and _joins(r, free, alone):
+    if _joins(r, free, alone) and not _wide(r, free):
         return ADMITS
     return None
 
 
-def _joins(r: Rules, free: NodeFree, alone: list[int]) -> bool:
+def _joins(r: Rules, free: NodeFree, alone: int) -> bool:
     """Best-effort, no preferred merged hint, the memory manager's hints all one NUMA
     node wide (``alone``): each merged hint lies inside one of the memory manager's,
     which is a NUMA node alone, where its free memory holds the pod's; so its
@@ -265,8 +293,8 @@ def _joins(r: Rules, free: NodeFree, alone: list[int]) -> bool:
     constraining manager's whole span of NUMA nodes, which is a hint of each (enough
     free there: the CPUs, and the devices on NUMA nodes, where that resource has a
     hint list at all)."""
-    span = r.cpu_domain if r.cpus else -1
-    for (res, q), dom in zip(r.bound, r.bound_domains, strict=True):
+    span = r.cpu_span if r.cpus else r.every
+    for (res, q), dom in zip(r.bound, r.bound_spans, strict=True):
         if sum(free.devices[res][0]) >= q:
             span &= dom
-    return any(b & span for b in alone)
+    return bool(alone & span)
