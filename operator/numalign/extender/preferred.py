@@ -177,6 +177,7 @@ def rules_for(machine: Machine, ask: PodAsk, policy: str, plain: bool) -> Rules 
 
 
 def _holds(r: Rules, free: NodeFree, pos: tuple[int, ...]) -> bool:
+    """The NUMA nodes at ``pos`` together have enough free for every manager."""
     fc = free.cpus
     if r.cpus and sum(fc[i] for i in pos) < r.cpus:
         return False
@@ -192,6 +193,7 @@ def _holds(r: Rules, free: NodeFree, pos: tuple[int, ...]) -> bool:
 
 
 def _memory_holds(r: Rules, free: NodeFree, mask: int) -> bool:
+    """The NUMA nodes of ``mask`` (ids) hold the pod's memory, free and allocatable."""
     pos = [i for i, n in enumerate(r.ids) if mask >> n & 1]
     return all(sum(free.memory[k][i] for i in pos) >= q and sum(cap[i] for i in pos) >= q
                for k, q, cap in zip(r.kinds, r.need, r.caps, strict=True))
@@ -286,7 +288,7 @@ def outcome(r: Rules, free: NodeFree) -> Hashable | None:
 
 def _joins(r: Rules, free: NodeFree, alone: int) -> bool:
     """Best-effort, no preferred merged hint, the memory manager's hints all one NUMA
-    node wide (``alone``): each merged hint lies inside one of the memory manager's,
+    node wide (``alone``, bits by position): each merged hint lies inside one of the memory manager's,
     which is a NUMA node alone, where its free memory holds the pod's; so its
     allocation succeeds wherever some merged hint is not empty (else the merge gives
     every NUMA node). One is not empty where some node of ``alone`` is in every
