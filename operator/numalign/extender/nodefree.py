@@ -38,6 +38,7 @@ class NodeFree:
     pods: int
     used: Mapping[str, int]
     alone: int = 0
+    overcommitted: frozenset[str] = frozenset()  # memory kinds used past a NUMA node's
     _cpus_ge: tuple[int, ...] = ()  # [t]: NUMA nodes with t CPUs free or more
     _devices_ge: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     # per memory kind: the amounts sorted, and [i]: NUMA nodes holding the i-th or more
@@ -100,6 +101,7 @@ def _node_free(ledger: Ledger) -> NodeFree:
     rule = GroupRule.of(ledger)
     return NodeFree(tuple(ids), tuple(cpus), memory, devices, rule, pods, used,
                     sum(1 << i for i, n in enumerate(ids) if rule.valid(1 << n)),
+                    frozenset(k for k, v in memory.items() if min(v, default=0) < 0),
                     _at_least(tuple(cpus)),
                     {r: _at_least(per) for r, (per, _) in devices.items()},
                     {k: _sorted_masks(v) for k, v in memory.items()})

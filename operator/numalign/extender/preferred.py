@@ -84,12 +84,9 @@ class Rules:
     bound_spans: tuple[int, ...]  # the device manager's, per resource of ``bound``
     cap_alone: int  # NUMA nodes whose allocatable memory holds the pod's
     every: int
-
-    @property
-    def cheap(self) -> bool:
-        """:func:`outcome` reads ``free`` by its masks alone (no sums over masks, but
-        where no NUMA node alone holds the memory)."""
-        return self.anything or self.singles is not None or not self.cands
+    # :func:`outcome` reads ``free`` by its masks (no sums over masks, but where no NUMA
+    # node alone holds the memory)
+    cheap: bool
 
 
 def _capacity(machine: Machine, kind: str) -> tuple[int, ...]:
@@ -173,7 +170,7 @@ def rules_for(machine: Machine, ask: PodAsk, policy: str, plain: bool) -> Rules 
     return Rules(policy, anywhere, ask.single, ids, not limits, tuple(sorted(cands)),
                  ask.cpus, kinds, need, caps, tuple(bound), tuple(loose),
                  sum(1 << n for n in ids), singles, cpu_span, tuple(spans), cap_alone,
-                 (1 << len(ids)) - 1)
+                 (1 << len(ids)) - 1, not limits or singles is not None or not cands)
 
 
 def _holds(r: Rules, free: NodeFree, pos: tuple[int, ...]) -> bool:
@@ -247,12 +244,12 @@ def outcome(r: Rules, free: NodeFree) -> Hashable | None:
     :data:`REFUSES` (``TopologyAffinityError``), (:data:`SHORT`, CPUs free, CPUs free
     inside the merged hint) under best-effort, or None: decide in full. Depends on
     ``free``'s amounts only up to the pod's request (they may come capped)."""
-    if any(free.memory_at_least(k, 0) != r.every for k in r.kinds):
-        return None  # memory over-committed somewhere
+    if free.overcommitted and any(k in free.overcommitted for k in r.kinds):
+        return None  # the memory manager's sums differ
     totals = [(sum(free.devices[res][0]) + free.devices[res][1], q)
-              for res, q in (*r.bound, *r.loose)]
+              for res, q in (*r.bound, *r.loose)] if r.bound or r.loose else []
     if _preferred(r, free):
-        if any(t < q for t, q in totals[len(r.bound):]):
+        if r.loose and any(t < q for t, q in totals[len(r.bound):]):
             return None  # devices without a NUMA node, allocated anywhere: too few
         return ADMITS
     alone = _alone(r, free) if r.kinds else 0
@@ -288,13 +285,13 @@ def outcome(r: Rules, free: NodeFree) -> Hashable | None:
 
 def _joins(r: Rules, free: NodeFree, alone: int) -> bool:
     """Best-effort, no preferred merged hint, the memory manager's hints all one NUMA
-    node wide (``alone``, bits by position): each merged hint lies inside one of the memory manager's,
-    which is a NUMA node alone, where its free memory holds the pod's; so its
-    allocation succeeds wherever some merged hint is not empty (else the merge gives
-    every NUMA node). One is not empty where some node of ``alone`` is in every
-    constraining manager's whole span of NUMA nodes, which is a hint of each (enough
-    free there: the CPUs, and the devices on NUMA nodes, where that resource has a
-    hint list at all)."""
+    node wide (``alone``, bits by position): each merged hint lies inside one of the
+    memory manager's, which is a NUMA node alone, where its free memory holds the
+    pod's; so its allocation succeeds wherever some merged hint is not empty (else the
+    merge gives every NUMA node). One is not empty where some node of ``alone`` is in
+    every constraining manager's whole span of NUMA nodes, which is a hint of each
+    (enough free there: the CPUs, and the devices on NUMA nodes, where that resource
+    has a hint list at all)."""
     span = r.cpu_span if r.cpus else r.every
     for (res, q), dom in zip(r.bound, r.bound_spans, strict=True):
         if sum(free.devices[res][0]) >= q:
