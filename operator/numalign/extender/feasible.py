@@ -263,15 +263,16 @@ def fast_filter(views: Mapping[str, NodeView], cache: FastVerdicts, nodes: Seque
     ask = pod_ask(shape.model)
     out: list[Verdict] = []
     # per (machine, node policy): the pod's effective policy, the plan (None: decide
-    # in full), the cache key's head and the fast admission's verdict
+    # in full), the cache key's head (on this machine, on any) and the fast admission
     sites: dict[tuple[str, str], tuple[EffectivePolicy, _Plan | None, tuple[Any, ...],
-                                       Verdict]] = {}
+                                       tuple[Any, ...], Verdict]] = {}
+    views_get, sites_get, cache_get = views.get, sites.get, cache.get
     for n in nodes:
         late = out_of_time(n)
         if late is not None:
             out.append(late)
             continue
-        view = views.get(n)
+        view = views_get(n)
         if not ask.simple or view is None or view.machine is None:
             out.append(full(n))
             continue
@@ -280,23 +281,24 @@ def fast_filter(views: Mapping[str, NodeView], cache: FastVerdicts, nodes: Seque
                 or (fly and any(not view.lists(h) for _, h in fly))):
             out.append(full(n))
             continue
-        site = sites.get((view.machine_key, view.policy_id))
+        site = sites_get((view.machine_key, view.policy_id))
         if site is None:
             eff = effective(view)
             plan = (None if eff.scope != SCOPE_POD and not ask.single else
                     _plan(view.machine, ask, eff.policy.name, not eff.options.given))
             site = sites[(view.machine_key, view.policy_id)] = (
                 eff, plan, (view.machine_key, eff.key, view.policy.kind, shape.key),
+                (None, eff.key, view.policy.kind, shape.key),
                 Verdict("", True, policy=eff, complete=False))
-        eff, plan, head, fits = site
+        eff, plan, head, anyhead, fits = site
         if plan is None:
             out.append(full(n))
             continue
         free = node_free(view.ledger())
         group = _group(plan, free)
         anywhere = group[0] == ANYWHERE  # the same answer on every machine
-        key: Hashable = ((None, *head[1:]) if anywhere else head, group)
-        got = cache.get(key)
+        key: Hashable = (anyhead if anywhere else head, group)
+        got = cache_get(key)
         counted = got is _TOTALS
         if counted:
             key = (key, totals_key(free))
