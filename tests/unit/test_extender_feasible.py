@@ -228,7 +228,7 @@ def _tight_fleet(rng: random.Random) -> tuple[list[Node], list[str], list[str]]:
     """2-3 machines (fixtures with small NUMA nodes, or synthetic ones), 5-12 nodes
     each, filled with 0-12 such pods (memory held alone and across NUMA nodes)."""
     names = ("fragmented-8numa", "seed-figure1", "dual-16core", "group4-gpu",
-             "sample-devices-2numa", "dgx1-like")
+             "sample-devices-2numa", "dgx1-like", "gb200-like-34numa")
     machines = [load_machine(testdata.MACHINES / f"{rng.choice(names)}.yaml")
                 if rng.random() < 0.5 else synthetic_machine(rng, i)
                 for i in range(rng.randint(2, 3))]

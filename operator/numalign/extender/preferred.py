@@ -87,6 +87,10 @@ class Rules:
     # :func:`outcome` reads ``free`` by its masks (no sums over masks, but where no NUMA
     # node alone holds the memory)
     cheap: bool
+    wide: bool  # more NUMA nodes than the kubelet's full hint walk (:data:`FULL_LIMIT`)
+    # a machine past the kubelet's full hint walk (:data:`FULL_LIMIT` NUMA nodes) whose
+    # managers' preferred hints are not all one NUMA node wide: no candidates read
+    blind: bool
 
 
 def _capacity(machine: Machine, kind: str) -> tuple[int, ...]:
@@ -102,8 +106,7 @@ def rules_for(machine: Machine, ask: PodAsk, policy: str, plain: bool) -> Rules 
     if policy not in (POLICY_RESTRICTED, POLICY_BEST_EFFORT, POLICY_SINGLE_NUMA_NODE):
         return None
     ids = tuple(machine.numa_ids)
-    if (len(ids) > FULL_LIMIT or [n.id for n in machine.numa_nodes] != list(ids)
-            or list(ids) != sorted(ids)):
+    if [n.id for n in machine.numa_nodes] != list(ids) or list(ids) != sorted(ids):
         return None
     have = {MEMORY, *(HUGEPAGES_PREFIX + s for s in machine.hugepage_sizes)}
     if any(k not in have for k, q in ask.memory if q > 0):
@@ -148,7 +151,12 @@ def rules_for(machine: Machine, ask: PodAsk, policy: str, plain: bool) -> Rules 
               [(v,) for v in per], (q,))
     widths = {w for _, w in limits}
     cands: list[tuple[int, tuple[int, ...]]] = []
-    if len(widths) == 1 and not (policy == POLICY_SINGLE_NUMA_NODE and widths != {1}):
+    # past the kubelet's full hint walk only the hints one NUMA node wide are read
+    wide = len(ids) > FULL_LIMIT
+    blind = wide and widths != {1}
+    if blind:
+        pass
+    elif len(widths) == 1 and not (policy == POLICY_SINGLE_NUMA_NODE and widths != {1}):
         (w,) = widths
         for pos in combinations(range(len(ids)), w):
             mask = sum(1 << ids[i] for i in pos)
@@ -170,7 +178,8 @@ def rules_for(machine: Machine, ask: PodAsk, policy: str, plain: bool) -> Rules 
     return Rules(policy, anywhere, ask.single, ids, not limits, tuple(sorted(cands)),
                  ask.cpus, kinds, need, caps, tuple(bound), tuple(loose),
                  sum(1 << n for n in ids), singles, cpu_span, tuple(spans), cap_alone,
-                 (1 << len(ids)) - 1, not limits or singles is not None or not cands)
+                 (1 << len(ids)) - 1, not limits or singles is not None or not cands, wide,
+                 blind)
 
 
 def _holds(r: Rules, free: NodeFree, pos: tuple[int, ...]) -> bool:
@@ -252,6 +261,11 @@ def outcome(r: Rules, free: NodeFree) -> Hashable | None:
         if r.loose and any(t < q for t, q in totals[len(r.bound):]):
             return None  # devices without a NUMA node, allocated anywhere: too few
         return ADMITS
+    if r.policy != POLICY_BEST_EFFORT and (
+            sum(free.cpus) < r.cpus or any(t < q for t, q in totals[:len(r.bound)])):
+        return REFUSES  # that manager has no hint at all: none is preferred
+    if r.blind:
+        return None
     alone = _alone(r, free) if r.kinds else 0
     if r.kinds and not alone and not _wide(r, free):
         return None  # the memory manager goes with any mask, its allocation fails
@@ -260,8 +274,8 @@ def outcome(r: Rules, free: NodeFree) -> Hashable | None:
     # best-effort admits whichever hint the merge gives: the allocation decides (one
     # container's: under pod scope each container allocates inside the pod's hint in
     # turn, and the memory a container takes binds its NUMA nodes for the next one)
-    if not r.single or any(t < q for t, q in totals):
-        return None  # the device manager fails first, its message counting devices
+    if not r.single or r.wide or any(t < q for t, q in totals):
+        return None  # (a device manager failing first counts devices in its message)
     total = sum(free.cpus)
     if total < r.cpus:
         if not r.anywhere or totals:
