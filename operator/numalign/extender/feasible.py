@@ -156,9 +156,6 @@ def _group(plan: _Plan, free: NodeFree) -> tuple[Any, ...]:
     Otherwise under single-numa-node only which NUMA nodes alone hold each request
     (and which the grouping rule lets the memory use alone) count: it admits only a
     hint of one NUMA node, preferred by every manager, inside which each allocates."""
-    used = free.used
-    room = (min(plan.pods - free.pods, 1),
-            *[-1 if cap < 0 else min(cap - used.get(res, 0), q) for res, cap, q in plan.fit])
     rules = plan.rules
     if rules is not None:
         capped: tuple[Any, ...] | None = None
@@ -176,9 +173,9 @@ def _group(plan: _Plan, free: NodeFree) -> tuple[Any, ...]:
         if got == REFUSES and rules.anywhere:  # the merge's, before the fit
             return (ANYWHERE, got)
         if got is not None:
-            return (got, room)
+            return (got, _room(plan, free))
         if not plan.single_numa:
-            return (*(capped or _capped_free(plan, free)), room)
+            return (*(capped or _capped_free(plan, free)), _room(plan, free))
     cut: Callable[[tuple[int, ...], int], tuple[Any, ...]] = (
         _enough if plan.single_numa else _capped)
     memory = tuple(cut(free.memory.get(k, ()), q) for k, q in plan.kinds)
@@ -188,7 +185,15 @@ def _group(plan: _Plan, free: NodeFree) -> tuple[Any, ...]:
     if memory:
         rule = (tuple(free.rule.valid(1 << n) for n in free.numa_ids)
                 if plan.single_numa else free.rule)
-    return (cut(free.cpus, plan.cpus), memory, devices, rule, room)
+    return (cut(free.cpus, plan.cpus), memory, devices, rule, _room(plan, free))
+
+
+def _room(plan: _Plan, free: NodeFree) -> tuple[int, ...]:
+    """The room the resource fit sees: pods, and each resource asked, capped at the
+    pod's ask."""
+    used = free.used
+    return (min(plan.pods - free.pods, 1),
+            *[-1 if cap < 0 else min(cap - used.get(res, 0), q) for res, cap, q in plan.fit])
 
 
 def totals_key(free: NodeFree) -> Hashable:
