@@ -18,13 +18,18 @@ single-numa-node refuse with the kubelet's fixed message.
 
 Two exceptions keep the full decision: the memory manager gives *no* hint when no mask
 can hold the memory (it then goes with any mask and its allocation fails), and memory
-over-committed on a NUMA node (the manager's sums differ). Under best-effort, which
-admits any merged hint, the managers' allocation decides: the CPU manager fails when
-fewer CPUs are free than asked (:data:`SHORT`: its message counts the CPUs free and
-those inside the merged hint, which is then the memory manager's narrowest hint, the
-lowest NUMA node alone holding the memory); it succeeds inside or outside the hint
-otherwise, as the device manager does, and the memory manager always finds room where
-no NUMA node holds memory assignments and the machine's free memory holds the pod's.
+over-committed on a NUMA node (the manager's sums differ). Where the CPU manager or
+a device resource has too few free for any hint, restricted and single-numa-node refuse
+at once. Under best-effort, which admits any merged hint, the managers' allocation
+decides (read here for a pod of one container on a machine within the full hint walk):
+the CPU manager fails when fewer CPUs are free than asked (:data:`SHORT`: its message
+counts the CPUs free and those inside the merged hint, which is then the memory
+manager's narrowest hint, the lowest NUMA node alone holding the memory); it succeeds
+inside or outside the hint otherwise, as the device manager does, and the memory
+manager finds room where no NUMA node holds memory assignments and the machine's free
+memory holds the pod's, or where its hints are all one NUMA node wide and the merge's
+hint lies inside one of them (:func:`_joins`). On a machine past the full hint walk
+only hints one NUMA node wide are read (:attr:`Rules.blind` otherwise).
 """
 
 from __future__ import annotations
