@@ -39,6 +39,7 @@ class NodeFree:
     used: Mapping[str, int]
     alone: int = 0
     overcommitted: frozenset[str] = frozenset()  # memory kinds used past a NUMA node's
+    device_totals: Mapping[str, int] = field(default_factory=dict)  # free, per resource
     _cpus_ge: tuple[int, ...] = ()  # [t]: NUMA nodes with t CPUs free or more
     _devices_ge: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     # per memory kind: the amounts sorted, and [i]: NUMA nodes holding the i-th or more
@@ -102,6 +103,7 @@ def _node_free(ledger: Ledger) -> NodeFree:
     return NodeFree(tuple(ids), tuple(cpus), memory, devices, rule, pods, used,
                     sum(1 << i for i, n in enumerate(ids) if rule.valid(1 << n)),
                     frozenset(k for k, v in memory.items() if min(v, default=0) < 0),
+                    {r: sum(per) + loose for r, (per, loose) in devices.items()},
                     _at_least(tuple(cpus)),
                     {r: _at_least(per) for r, (per, _) in devices.items()},
                     {k: _sorted_masks(v) for k, v in memory.items()})

@@ -260,7 +260,7 @@ def outcome(r: Rules, free: NodeFree) -> Hashable | None:
     ``free``'s amounts only up to the pod's request (they may come capped)."""
     if free.overcommitted and any(k in free.overcommitted for k in r.kinds):
         return None  # the memory manager's sums differ
-    totals = [(sum(free.devices[res][0]) + free.devices[res][1], q)
+    totals = [(free.device_totals[res], q)
               for res, q in (*r.bound, *r.loose)] if r.bound or r.loose else []
     if _preferred(r, free):
         if r.loose and any(t < q for t, q in totals[len(r.bound):]):
