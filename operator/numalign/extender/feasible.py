@@ -271,7 +271,9 @@ def fast_filter(views: Mapping[str, NodeView], cache: FastVerdicts, nodes: Seque
     # in full), the cache key's head (on this machine, on any) and the fast admission
     sites: dict[tuple[str, str], tuple[EffectivePolicy, _Plan | None, tuple[Any, ...],
                                        tuple[Any, ...], Verdict]] = {}
-    views_get, sites_get, cache_get = views.get, sites.get, cache.get
+    views_get, sites_get = views.get, sites.get
+    answers: dict[Hashable, Any] = {}  # this call's group answers, read first
+    shared = 0
     for n in nodes:
         late = out_of_time(n)
         if late is not None:
@@ -303,7 +305,11 @@ def fast_filter(views: Mapping[str, NodeView], cache: FastVerdicts, nodes: Seque
         group = _group(plan, free)
         anywhere = group[0] == ANYWHERE  # the same answer on every machine
         key: Hashable = (anyhead if anywhere else head, group)
-        got = cache_get(key)
+        got = answers.get(key)
+        if got is None:
+            got = cache.get(key)
+            if got is not None:
+                answers[key] = got
         counted = got is _TOTALS
         if counted:
             key = (key, totals_key(free))
@@ -317,19 +323,22 @@ def fast_filter(views: Mapping[str, NodeView], cache: FastVerdicts, nodes: Seque
                     pass  # the group's key counts what the message does
                 elif not counted:
                     cache.put(key, _TOTALS)
+                    answers[key] = _TOTALS
                     key = (key, totals_key(free))
                 answer = v
             elif counted:  # not as the group's first node failed: decide each
                 answer = _EACH
             cache.put(key, answer)
+            answers[key] = answer
             out.append(v)
         elif got is _FIT:
-            cache.shared += 1
+            shared += 1
             out.append(fits.moved(n, eff))
         elif got is _EACH:
             cache.decided += 1
             out.append(full(n))
         else:
-            cache.shared += 1
+            shared += 1
             out.append(got.moved(n, eff))
+    cache.shared += shared
     return out
