@@ -292,3 +292,35 @@ def test_the_tight_fleets_reach_every_rule() -> None:
     kinds = [o[0] if isinstance(o, tuple) else o for o in _TIGHT_OUTCOMES]
     assert {ADMITS, REFUSES, SHORT} <= set(kinds), set(kinds)
     assert kinds.count(None) < len(kinds) / 4, (kinds.count(None), len(kinds))
+
+
+def _pod_under(policy: str, name: str, cpus: str) -> JSON:
+    pod = _snn_pod(name, cpus)
+    pod["metadata"]["annotations"]["numalign.io/resolved"] = json.dumps(
+        {"policy": policy, "scope": "container", "source": "TopologyPolicy/t"})
+    return pod
+
+
+@pytest.mark.parametrize(("policy", "cpus", "decided"), [
+    # 4 CPUs per NUMA node: the CPU manager prefers two nodes, the memory manager one
+    ("restricted", "6", 1),
+    ("single-numa-node", "6", 1),
+    # more CPUs than either machine has: one failure per count of CPUs free
+    ("best-effort", "40", 2)])
+def test_a_refusal_the_same_on_every_machine_is_decided_once(
+        policy: str, cpus: str, decided: int) -> None:
+    """Empty nodes of two machines (fragmented-8numa, seed-figure1): a pod no merged
+    hint can prefer is refused on all of them after one full decision; under
+    best-effort the CPU manager's failure, whose message counts the CPUs free, after
+    one per count. Each verdict is the node's own full decision."""
+    nodes = [Node(f"{m}-{i}", load_machine(testdata.MACHINES / f"{m}.yaml"), {})
+             for m in ("fragmented-8numa", "seed-figure1") for i in range(6)]
+    decider = Decider()
+    for n in nodes:
+        decider.update(n.published())
+    names = [n.name for n in nodes]
+    pod = _pod_under(policy, "p", cpus)
+    fast = decider.filter(pod, names, complete=False)
+    fresh = [decide(pod, decider.views[n]) for n in names]
+    assert [_answer(v) for v in fast] == [_answer(v) for v in fresh]
+    assert not any(v.fits for v in fast) and decider.fast.decided == decided, fast
