@@ -122,7 +122,7 @@ def _plan(machine: Machine, ask: PodAsk, policy: str, plain: bool) -> _Plan:
     plan = _Plan(alloc[PODS], fit, policy == POLICY_SINGLE_NUMA_NODE, ask.cpus, ask.memory,
                  tuple((r, q) for r, q in ask.devices if r in have),
                  rules_for(machine, ask, policy, plain))
-    if len(_PLANS) > 1024:
+    if len(_PLANS) > 256:
         _PLANS.clear()
     _PLANS[key] = (machine, plan)
     return plan
@@ -165,7 +165,7 @@ def _group(plan: _Plan, free: NodeFree) -> tuple[Any, ...]:
             capped = _capped_free(plan, free)
             got = plan.outcomes.get(capped, _MISSING)
             if got is _MISSING:
-                if len(plan.outcomes) > 4096:
+                if len(plan.outcomes) > 1024:
                     plan.outcomes.clear()
                 got = plan.outcomes[capped] = outcome(rules, free)
         if isinstance(got, tuple):  # an allocation's failure, before the fit
