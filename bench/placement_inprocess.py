@@ -123,7 +123,8 @@ def cold_filter(nodes: int, seed: int, rounds: int = 2) -> dict[str, Any]:
     :mod:`numalign.extender.feasible`), as prioritize completes it (``full``: every
     node's allocation and score, merges shared between nodes of the same free counts)
     and as a baseline in the same run, each node's full decision made afresh (no merge
-    shared). Reports ms per filter call (all nodes) of each, the baseline's ratio to
+    shared); the collector paced between the calls as the server paces it. Reports ms
+    per filter call (all nodes) of each, the baseline's ratio to
     ``cold``, and the nodes whose pass or refusal (reason, message) differ between the
     three (none: both shortcuts are exact)."""
     from numalign.extender.decide import Decider
@@ -146,6 +147,11 @@ def cold_filter(nodes: int, seed: int, rounds: int = 2) -> dict[str, Any]:
         engine._DECISIONS.clear()
         demands._hint_cache.clear()
         engine.SHARE_DEMAND_MERGES = shared
+        # between requests the server's GC pacer collects the young generations and
+        # freezes the survivors (numalign.extender.server.GcPacer): without it, a full
+        # collection over what the previous timings left lands in this one
+        gc.collect(1)
+        gc.freeze()
         try:
             t = time.perf_counter()
             got = d.filter(pod, names, complete=complete)

@@ -188,3 +188,139 @@ def test_a_refusal_naming_a_holder_names_this_nodes_holder(
         got = decider.filter(_snn_pod("p", "1"), ["n0", "n1", "n2"], complete=complete)
         assert [v.message.rsplit(" ", 1)[1] for v in got if v.message] == [
             "uid-held0/c", "uid-held1/c", "uid-held2/c"], got
+
+
+# ---------------------------------------------------------------- the merge's rules
+# (numalign.extender.preferred): tight fleets, where pods span NUMA nodes
+
+
+def _tight_pod(rng: random.Random, index: int, devices: list[str], kinds: list[str]) -> JSON:
+    """A simple pod (one container, or two under pod scope) of a size that often
+    spans NUMA nodes, under restricted, best-effort or single-numa-node, mostly
+    without policy options; Guaranteed mostly, with hugepages or devices at times."""
+    guaranteed = rng.random() < 0.85
+    scope = rng.choice(SCOPES)
+    count = 2 if scope == "pod" and rng.random() < 0.3 else 1
+    containers = []
+    for i in range(count):
+        res = {"cpu": str(rng.choice((1, 2, 3, 4, 5, 6, 8, 10, 12))),
+               "memory": f"{rng.choice((256, 1024, 3072, 6144, 12288))}Mi"}
+        if not guaranteed:
+            res["cpu"] = rng.choice(("100m", "1"))
+        if kinds and rng.random() < 0.15:
+            res[rng.choice(kinds)] = f"{rng.choice((2, 128, 512))}Mi"
+        if devices and rng.random() < 0.3:
+            res[rng.choice(devices)] = str(rng.choice((1, 1, 2, 3)))
+        containers.append({"name": f"c{i}", "image": "pause", "resources": {
+            "requests": res, **({"limits": res} if guaranteed else {})}})
+    options: JSON = {}
+    if rng.random() < 0.1:
+        options = {"preferClosestNumaNodes": True}
+    resolved = {"policy": rng.choice(("restricted", "best-effort", "single-numa-node")),
+                "scope": scope, "options": options, "source": "TopologyPolicy/t"}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"p{index}", "namespace": "a", "uid": f"uid-{index}",
+                         "annotations": {"numalign.io/resolved": json.dumps(resolved)}},
+            "spec": {"containers": containers}}
+
+
+def _tight_fleet(rng: random.Random) -> tuple[list[Node], list[str], list[str]]:
+    """2-3 machines (fixtures with small NUMA nodes, or synthetic ones), 5-12 nodes
+    each, filled with 0-12 such pods (memory held alone and across NUMA nodes)."""
+    names = ("fragmented-8numa", "seed-figure1", "dual-16core", "group4-gpu",
+             "sample-devices-2numa", "dgx1-like", "gb200-like-34numa")
+    machines = [load_machine(testdata.MACHINES / f"{rng.choice(names)}.yaml")
+                if rng.random() < 0.5 else synthetic_machine(rng, i)
+                for i in range(rng.randint(2, 3))]
+    devices = sorted({d.resource for m in machines for d in m.devices})
+    kinds = sorted({f"hugepages-{s}" for m in machines for s in m.hugepage_sizes})
+    nodes: list[Node] = []
+    index = 0
+    for k, machine in enumerate(machines):
+        spec = {"policy": "best-effort", "scope": "container"}
+        for i in range(rng.randint(5, 12)):
+            node = Node(f"m{k}-{i}", machine, spec)
+            for _ in range(rng.randint(0, 12)):
+                index += 1
+                pod = bound_to(_tight_pod(rng, index, devices, kinds), node.name)
+                if scheduler_fits(machine, pod, node.requests()):
+                    node.bind(pod)
+            nodes.append(node)
+    return nodes, devices, kinds
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_fast_verdicts_on_tight_fleets_equal_the_full_decision(
+        seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pods spanning NUMA nodes on nodes whose free CPUs, memory and devices are
+    scattered: every fast verdict (admissions where some mask is preferred by every
+    manager, refusals where none is, best-effort's CPU failures, shared across
+    machines) equals the node's full decision."""
+    from numalign.extender import feasible
+
+    real = feasible.outcome
+    seen: list[Any] = []
+    monkeypatch.setattr(feasible, "outcome", lambda r, free: seen.append(
+        got := real(r, free)) or got)
+    rng = random.Random(seed)
+    nodes, devices, kinds = _tight_fleet(rng)
+    decider = Decider()
+    for n in nodes:
+        decider.update(n.published())
+    names = [n.name for n in nodes]
+    for i in range(15):
+        pod = _tight_pod(rng, 5000 + i, devices, kinds)
+        fast = decider.filter(pod, names, complete=False)
+        fresh = [decide(pod, decider.views[n]) for n in names]
+        where = f"seed {seed} pod {json.dumps(pod, sort_keys=True)}"
+        assert [_answer(v) for v in fast] == [_answer(v) for v in fresh], where
+    _TIGHT_OUTCOMES.extend(seen)
+
+
+_TIGHT_OUTCOMES: list[Any] = []
+
+
+def test_the_tight_fleets_reach_every_rule() -> None:
+    """The tight fleets above reach each of the rules' answers (so their comparison
+    covers them), and most nodes get one: few take the full decision."""
+    from numalign.extender.preferred import ADMITS, REFUSES, SHORT
+
+    if not _TIGHT_OUTCOMES:
+        for seed in range(40):
+            test_fast_verdicts_on_tight_fleets_equal_the_full_decision(
+                seed, pytest.MonkeyPatch())
+    kinds = [o[0] if isinstance(o, tuple) else o for o in _TIGHT_OUTCOMES]
+    assert {ADMITS, REFUSES, SHORT} <= set(kinds), set(kinds)
+    assert kinds.count(None) < len(kinds) / 4, (kinds.count(None), len(kinds))
+
+
+def _pod_under(policy: str, name: str, cpus: str) -> JSON:
+    pod = _snn_pod(name, cpus)
+    pod["metadata"]["annotations"]["numalign.io/resolved"] = json.dumps(
+        {"policy": policy, "scope": "container", "source": "TopologyPolicy/t"})
+    return pod
+
+
+@pytest.mark.parametrize(("policy", "cpus", "decided"), [
+    # 4 CPUs per NUMA node: the CPU manager prefers two nodes, the memory manager one
+    ("restricted", "6", 1),
+    ("single-numa-node", "6", 1),
+    # more CPUs than either machine has: one failure per count of CPUs free
+    ("best-effort", "40", 2)])
+def test_a_refusal_the_same_on_every_machine_is_decided_once(
+        policy: str, cpus: str, decided: int) -> None:
+    """Empty nodes of two machines (fragmented-8numa, seed-figure1): a pod no merged
+    hint can prefer is refused on all of them after one full decision; under
+    best-effort the CPU manager's failure, whose message counts the CPUs free, after
+    one per count. Each verdict is the node's own full decision."""
+    nodes = [Node(f"{m}-{i}", load_machine(testdata.MACHINES / f"{m}.yaml"), {})
+             for m in ("fragmented-8numa", "seed-figure1") for i in range(6)]
+    decider = Decider()
+    for n in nodes:
+        decider.update(n.published())
+    names = [n.name for n in nodes]
+    pod = _pod_under(policy, "p", cpus)
+    fast = decider.filter(pod, names, complete=False)
+    fresh = [decide(pod, decider.views[n]) for n in names]
+    assert [_answer(v) for v in fast] == [_answer(v) for v in fresh]
+    assert not any(v.fits for v in fast) and decider.fast.decided == decided, fast

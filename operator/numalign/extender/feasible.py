@@ -21,7 +21,13 @@ request, and grouping rule are equal (:func:`group_key`) decide the pod alike: t
 first of them is decided in full (:meth:`Decider.decide`), and the others of its group
 share its answer, when that answer names nothing of the node: an admission, or a
 ``TopologyAffinityError`` (the merge refused; its message is the kubelet's fixed one).
-An ``UnexpectedAdmissionError`` (counts in its message), a resource-fit refusal (the
+Under restricted, best-effort and single-numa-node the groups are coarser
+(:mod:`.preferred`, which reads the merge's outcome from the free amounts): nodes where
+some mask is a preferred hint of every manager (the fit decides), nodes where none is
+(restricted and single-numa-node refuse: one group over every machine), and under
+best-effort nodes with fewer CPUs free than asked (the CPU manager's failure, whose
+counts the key holds: one group per count over every machine). Any other
+``UnexpectedAdmissionError`` (counts in its message), a resource-fit refusal (the
 node's used amounts in it) or anything else is decided node by node. A fast admission
 carries no allocation and no score (:attr:`Verdict.complete` False): prioritize
 completes it, bind decides in full.
@@ -33,29 +39,25 @@ which CPUs it was given, not only on how many.
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from numalign.api.effective import EffectivePolicy
-from numalign.api.names import ANN_GPUS, REJECT_REASON
+from numalign.api.names import REJECT_REASON
 from numalign.api.nodestatus import HeldPod
 from numalign.topology.admit import UNEXPECTED_REASON
-from numalign.topology.demands import GroupRule, guaranteed_cpus
-from numalign.topology.ledger import MEMORY, Ledger
 from numalign.topology.machine import Machine
 from numalign.topology.merge import REJECT_MESSAGE
-from numalign.topology.pod import HUGEPAGES_PREFIX, QOS_GUARANTEED, Pod
 from numalign.topology.policyconfig import (
-    POLICY_BEST_EFFORT,
-    POLICY_RESTRICTED,
     POLICY_SINGLE_NUMA_NODE,
     SCOPE_POD,
 )
-from numalign.topology.resourcefit import CPU, DEFAULT_MAX_PODS, PODS, allocatable, fit_requests
+from numalign.topology.resourcefit import DEFAULT_MAX_PODS, PODS, allocatable
 
+from .nodefree import NodeFree, PodAsk, node_free, pod_ask
+from .preferred import ANYWHERE, REFUSES, Rules, outcome, rules_for
 from .verdict import PodShape, Verdict
 from .view import NodeView
 
@@ -64,85 +66,12 @@ __all__ = ["FastVerdicts", "NodeFree", "PodAsk", "group_key", "node_free", "pod_
 Flying = Sequence[tuple[Mapping[str, Any], HeldPod]]
 
 
-@dataclass(frozen=True)
-class NodeFree:
-    """What one node's ledger has free, per NUMA node of its machine (in
-    ``machine.numa_ids`` order): CPUs, bytes of each memory kind, devices of each
-    resource (those without a NUMA node apart); its memory grouping rule; the pods it
-    holds and their requests summed (the resource fit's view)."""
-
-    numa_ids: tuple[int, ...]
-    cpus: tuple[int, ...]
-    memory: Mapping[str, tuple[int, ...]]
-    devices: Mapping[str, tuple[tuple[int, ...], int]]
-    rule: GroupRule
-    pods: int
-    used: Mapping[str, int]
-
-
-def node_free(ledger: Ledger) -> NodeFree:
-    """:class:`NodeFree` of ``ledger``, made once per state of the ledger."""
-    return ledger.derived("extender-node-free", lambda: _node_free(ledger))
-
-
-def _node_free(ledger: Ledger) -> NodeFree:
-    machine = ledger.machine
-    ids = machine.numa_ids
-    at = {n: i for i, n in enumerate(ids)}
-    cpus = [0] * len(ids)
-    for c in ledger.free_cpus():
-        cpus[at[machine.cpus[c].numa]] += 1
-    kinds = [MEMORY, *(HUGEPAGES_PREFIX + s for s in machine.hugepage_sizes)]
-    memory = {k: tuple(ledger.free_memory(n, k) for n in ids) for k in kinds}
-    devices: dict[str, tuple[tuple[int, ...], int]] = {}
-    for res in machine.device_resources:
-        per = [0] * len(ids)
-        loose = 0
-        for d in machine.devices_of(res):
-            if (res, d.id) in ledger.device_owner:
-                continue
-            if d.numa_node is None or d.numa_node not in at:
-                loose += 1
-            else:
-                per[at[d.numa_node]] += 1
-        devices[res] = (tuple(per), loose)
-    pods, used = ledger.requested()
-    return NodeFree(tuple(ids), tuple(cpus), memory, devices, GroupRule.of(ledger), pods,
-                    used)
-
-
-@dataclass(frozen=True)
-class PodAsk:
-    """What a simple pod asks, as the caps of :func:`group_key`: whole CPUs, bytes per
-    memory kind, devices per resource (all containers summed), and its resource-fit
-    requests. ``simple`` False: the pod takes the full decision."""
-
-    simple: bool
-    single: bool = False  # one container: one decision under either scope
-    cpus: int = 0
-    memory: tuple[tuple[str, int], ...] = ()
-    devices: tuple[tuple[str, int], ...] = ()
-    fit: tuple[tuple[str, int], ...] = ()
-
-
-def pod_ask(model: Pod | None) -> PodAsk:
-    """The caps of ``model`` (exclusive CPUs and NUMA-bound memory only for a
-    Guaranteed pod, as the CPU and memory managers give them)."""
-    if model is None or model.init_containers or ANN_GPUS in model.annotations:
-        return PodAsk(False)
-    want = model.effective_requests()
-    guaranteed = model.qos == QOS_GUARANTEED
-    cpus = sum(guaranteed_cpus(model, c) for c in model.containers)
-    memory = tuple((k, math.ceil(q)) for k, q in sorted(want.items())
-                   if guaranteed and (k == MEMORY or k.startswith(HUGEPAGES_PREFIX)))
-    devices = tuple((k, math.ceil(q)) for k, q in sorted(want.items())
-                    if k not in (CPU, MEMORY) and not k.startswith(HUGEPAGES_PREFIX))
-    return PodAsk(True, len(model.containers) == 1, cpus, memory, devices,
-                  tuple(sorted(fit_requests(model).items())))
-
-
 def _capped(values: tuple[int, ...], top: int) -> tuple[int, ...]:
-    return tuple(v if v < top else top for v in values)
+    return tuple([v if v < top else top for v in values])
+
+
+def _enough(values: tuple[int, ...], top: int) -> tuple[bool, ...]:
+    return tuple([v >= top for v in values])
 
 
 _ALLOCATABLE: dict[int, tuple[Machine, Mapping[str, int]]] = {}
@@ -157,159 +86,114 @@ def _allocatable(machine: Machine) -> Mapping[str, int]:
     return hit[1]
 
 
-def _enough(values: tuple[int, ...], top: int) -> tuple[bool, ...]:
-    return tuple(v >= top for v in values)
-
-
 @dataclass(frozen=True)
 class _Plan:
     """What :func:`group_key` reads of a machine for one pod and policy, made once:
-    the fit's allocatable per resource asked (-1: not on the machine), the coarse
-    classes' ask (the device resources the machine has) and which of its device
-    resources have devices on NUMA nodes."""
+    the fit's allocatable per resource asked (-1: not on the machine), the pod's ask
+    (the device resources the machine has), the rules of :mod:`.preferred` and the
+    outcomes they gave."""
 
     pods: int
-    fit: tuple[tuple[int, int], ...]  # (allocatable, asked)
-    coarse: bool
-    restricted: bool
-    narrow: bool  # every manager's preferred hints are one NUMA node wide
+    fit: tuple[tuple[str, int, int], ...]  # (resource, allocatable, asked)
     single_numa: bool
+    cpus: int
     kinds: tuple[tuple[str, int], ...]
-    devices: tuple[tuple[str, int, bool], ...]  # (resource, asked, on NUMA nodes)
+    devices: tuple[tuple[str, int], ...]
+    rules: Rules | None
+    # the capped free amounts -> their outcome (None: decide in full)
+    outcomes: dict[Hashable, Hashable | None] = field(default_factory=dict)
 
 
-_PLANS: dict[tuple[int, PodAsk, str], tuple[Machine, _Plan]] = {}
+_PLANS: dict[tuple[int, PodAsk, str, bool], tuple[Machine, _Plan]] = {}
+_MISSING = object()
 
 
-def _plan(machine: Machine, ask: PodAsk, policy: str) -> _Plan:
-    key = (id(machine), ask, policy)
+def _plan(machine: Machine, ask: PodAsk, policy: str, plain: bool) -> _Plan:
+    key = (id(machine), ask, policy, plain)
     hit = _PLANS.get(key)
     if hit is not None and hit[0] is machine:
         return hit[1]
     alloc = _allocatable(machine)
-    fit = tuple((-1 if (cap := alloc.get(res)) is None else cap, q) for res, q in ask.fit)
-    have = set(machine.device_resources)
+    fit = tuple((res, -1 if (cap := alloc.get(res)) is None else cap, q) for res, q in ask.fit)
     # a memory kind the machine lacks: its manager fails as it allocates (decided by
     # the capped amounts); a device resource it lacks takes no part (no device
     # manager's hint for it, no fit check of it)
-    kinds = {MEMORY, *(HUGEPAGES_PREFIX + s for s in machine.hugepage_sizes)}
-    coarse = policy in (POLICY_RESTRICTED, POLICY_BEST_EFFORT) and all(
-        k in kinds for k, _ in ask.memory)
-    devices = tuple((r, q, any(d.numa_node is not None for d in machine.devices_of(r)))
-                    for r, q in ask.devices if r in have)
-    plan = _Plan(alloc[PODS], fit, coarse, policy == POLICY_RESTRICTED,
-                 _narrow(machine, ask, devices), policy == POLICY_SINGLE_NUMA_NODE,
-                 ask.memory, devices)
-    if len(_PLANS) > 1024:
+    have = set(machine.device_resources)
+    plan = _Plan(alloc[PODS], fit, policy == POLICY_SINGLE_NUMA_NODE, ask.cpus, ask.memory,
+                 tuple((r, q) for r, q in ask.devices if r in have),
+                 rules_for(machine, ask, policy, plain))
+    if len(_PLANS) > 256:
         _PLANS.clear()
     _PLANS[key] = (machine, plan)
     return plan
 
 
-def _narrow(machine: Machine, ask: PodAsk,
-            devices: tuple[tuple[str, int, bool], ...]) -> bool:
-    """One NUMA node's capacity holds each manager's request (the kubelet's
-    minAffinitySize is 1 for each): their preferred hints are single NUMA nodes."""
-    nodes = machine.numa_nodes
-    if ask.cpus and max((len(n.cpus) for n in nodes), default=0) < ask.cpus:
-        return False
-    if ask.memory and not any(
-            all((n.memory if k == MEMORY else n.hugepages.get(
-                k.removeprefix(HUGEPAGES_PREFIX), 0)) >= q for k, q in ask.memory)
-            for n in nodes):
-        return False
-    for r, q, bound in devices:
-        if bound and not any(
-                sum(1 for d in machine.devices_of(r) if d.numa_node == n.id) >= q
-                for n in nodes):
-            return False
-    return True
+def group_key(machine: Machine, free: NodeFree, ask: PodAsk, policy: str = "",
+              plain: bool = True) -> Hashable:
+    """What of a node the simple pod ``ask`` depends on under ``policy`` (``plain``:
+    without policy options), with the machine, the policy and the pod's shape, which
+    the caller adds (:func:`_group`)."""
+    return _group(_plan(machine, ask, policy, plain), free)
 
 
-def _one_numa(plan: _Plan, free: NodeFree, cpus: int) -> bool:
-    """Some NUMA node alone holds all the pod asks (and the grouping rule lets its
-    memory stay there): every manager then prefers that node's hint, so the merge's best
-    hint is preferred and one NUMA node wide, and each manager allocates inside it."""
-    checks = [(free.memory[k], q) for k, q in plan.kinds]
-    for r, q, bound in plan.devices:
-        per, loose = free.devices[r]
-        if bound:
-            checks.append((per, q))
-        elif loose < q:  # no preference; allocated anywhere
-            return False
-    rule = free.rule if plan.kinds else None
-    for i, c in enumerate(free.cpus):
-        if c >= cpus and all(per[i] >= q for per, q in checks) and (
-                rule is None or rule.valid(1 << free.numa_ids[i])):
-            return True
-    return False
+def _capped_free(plan: _Plan, free: NodeFree) -> tuple[Any, ...]:
+    return (_capped(free.cpus, plan.cpus),
+            tuple([_capped(free.memory.get(k, ()), q) for k, q in plan.kinds]),
+            tuple([(_capped(free.devices[r][0], q), min(free.devices[r][1], q))
+                   for r, q in plan.devices]),
+            free.rule if plan.kinds else None)
 
 
-def _short(plan: _Plan, free: NodeFree, cpus: int) -> bool:
-    """The whole node has fewer CPUs or devices free than the pod asks: that manager
-    has no hint at all (an empty list: the merge cannot prefer any). (The memory
-    manager has no hint either where no mask holds the memory, but says so as no
-    preference: its allocation then fails, the merge does not.)"""
-    if sum(free.cpus) < cpus:
-        return True
-    for r, q, _ in plan.devices:
-        per, loose = free.devices[r]
-        if sum(per) + loose < q:
-            return True
-    return False
+def _group(plan: _Plan, free: NodeFree) -> tuple[Any, ...]:
+    """The free amounts capped at the pod's request, the grouping rule, the room the
+    resource fit sees, capped likewise.
 
-
-def _memory_hinted(plan: _Plan, free: NodeFree) -> bool:
-    """The memory manager has a hint (one NUMA node alone holds the memory and the
-    grouping rule lets it), or the pod asks for no NUMA-bound memory."""
-    if not plan.kinds:
-        return True
-    rule = free.rule
-    for i, n in enumerate(free.numa_ids):
-        if all(free.memory[k][i] >= q for k, q in plan.kinds) and rule.valid(1 << n):
-            return True
-    return False
-
-
-def group_key(machine: Machine, free: NodeFree, ask: PodAsk, policy: str = "") -> Hashable:
-    """What of a node the simple pod ``ask`` depends on (with the machine, the policy
-    and the pod's shape, which the caller adds): the free amounts capped at the pod's
-    request, the grouping rule, the room the resource fit sees, capped likewise.
-
-    Coarser where the ``policy`` decides alike on less: under single-numa-node only
-    which NUMA nodes alone hold each request (and which the grouping rule lets the
-    memory use alone): it admits only a hint of one NUMA node, preferred by every
-    manager, inside which each then allocates. Under restricted and best-effort, a
-    node where one NUMA node holds everything (:func:`_one_numa`) admits; under
-    restricted, the others refuse where the CPU or device manager has no hint at all
-    (:func:`_short`), or where every manager's preferred hints are one NUMA node wide
-    (:func:`_narrow`) and the memory manager has one (:func:`_memory_hinted`)."""
-    plan = _plan(machine, ask, policy)
-    used = free.used
-    room = (min(plan.pods - free.pods, 1),
-            *(-1 if cap < 0 else min(cap - used.get(res, 0), q)
-              for (res, _), (cap, q) in zip(ask.fit, plan.fit, strict=True)))
-    if plan.coarse:
-        if _one_numa(plan, free, ask.cpus):
-            return ("one", room)
-        # restricted admits only a preferred hint: none where a manager has no hint
-        # at all, nor where every manager's preferred hints are one NUMA node wide
-        # (the memory manager's too: it has one) and no NUMA node holds all of it
-        if plan.restricted and (_short(plan, free, ask.cpus) or (
-                plan.narrow and _memory_hinted(plan, free))):
-            return ("refused", room)
+    Coarser where the policy decides alike on less (:mod:`.preferred`): nodes where
+    the merge's hint is preferred and every manager allocates (the fit decides),
+    under restricted and single-numa-node those where no merged hint is preferred (a
+    refusal, on any machine), under best-effort those where fewer CPUs are free than
+    asked (a failure counting them, on any machine: the key holds the counts).
+    Otherwise under single-numa-node only which NUMA nodes alone hold each request
+    (and which the grouping rule lets the memory use alone) count: it admits only a
+    hint of one NUMA node, preferred by every manager, inside which each allocates."""
+    rules = plan.rules
+    if rules is not None:
+        capped: tuple[Any, ...] | None = None
+        if rules.cheap:
+            got = outcome(rules, free)
+        else:  # sums over masks: kept by the capped amounts they depend on
+            capped = _capped_free(plan, free)
+            got = plan.outcomes.get(capped, _MISSING)
+            if got is _MISSING:
+                if len(plan.outcomes) > 1024:
+                    plan.outcomes.clear()
+                got = plan.outcomes[capped] = outcome(rules, free)
+        if isinstance(got, tuple):  # an allocation's failure, before the fit
+            return (ANYWHERE, got)
+        if got == REFUSES and rules.anywhere:  # the merge's, before the fit
+            return (ANYWHERE, got)
+        if got is not None:
+            return (got, _room(plan, free))
+        if not plan.single_numa:
+            return (*(capped or _capped_free(plan, free)), _room(plan, free))
     cut: Callable[[tuple[int, ...], int], tuple[Any, ...]] = (
         _enough if plan.single_numa else _capped)
-    memory = tuple(cut(free.memory.get(k, ()), q) for k, q in ask.memory)
-    devices = []
-    for res, q in ask.devices:
-        per, loose = free.devices.get(res, ((), 0))
-        devices.append((cut(per, q), min(loose, q)))
+    memory = tuple(cut(free.memory.get(k, ()), q) for k, q in plan.kinds)
+    devices = tuple((cut(free.devices[r][0], q), min(free.devices[r][1], q))
+                    for r, q in plan.devices)
     rule: Any = None
     if memory:
-        rule = (tuple(free.rule.valid(1 << n) for n in machine.numa_ids)
+        rule = (tuple(free.rule.valid(1 << n) for n in free.numa_ids)
                 if plan.single_numa else free.rule)
-    return (cut(free.cpus, ask.cpus), memory, tuple(devices), rule, room)
+    return (cut(free.cpus, plan.cpus), memory, devices, rule, _room(plan, free))
+
+
+def _room(plan: _Plan, free: NodeFree) -> tuple[int, ...]:
+    """The room the resource fit sees: pods, and each resource asked, capped at the
+    pod's ask."""
+    used = free.used
+    return (min(plan.pods - free.pods, 1),
+            *[-1 if cap < 0 else min(cap - used.get(res, 0), q) for res, cap, q in plan.fit])
 
 
 def totals_key(free: NodeFree) -> Hashable:
@@ -341,7 +225,10 @@ class FastVerdicts:
         self.decided = 0  # verdicts decided in full
 
     def clear(self) -> None:
+        """Forget every group answer, and the plans' outcomes (shared by every
+        decider) with them."""
         self._kept.clear()
+        _PLANS.clear()
 
     def get(self, key: Hashable) -> Any:
         got = self._kept.get(key)
@@ -380,25 +267,49 @@ def fast_filter(views: Mapping[str, NodeView], cache: FastVerdicts, nodes: Seque
     out, or None."""
     ask = pod_ask(shape.model)
     out: list[Verdict] = []
+    # per (machine, node policy): the pod's effective policy, the plan (None: decide
+    # in full), the cache key's head (on this machine, on any) and the fast admission
+    sites: dict[tuple[str, str], tuple[EffectivePolicy, _Plan | None, tuple[Any, ...],
+                                       tuple[Any, ...], Verdict]] = {}
+    views_get, sites_get = views.get, sites.get
+    answers: dict[Hashable, Any] = {}  # this call's group answers, read first
+    shared = 0
     for n in nodes:
         late = out_of_time(n)
         if late is not None:
             out.append(late)
             continue
-        view = views.get(n)
-        if (not ask.simple or view is None or view.machine is None
-                or any(not view.lists(r) for r in held.get(n, ()))
-                or any(not view.lists(h) for _, h in flying.get(n, ()))):
+        view = views_get(n)
+        if not ask.simple or view is None or view.machine is None:
             out.append(full(n))
             continue
-        eff = effective(view)
-        if eff.scope != SCOPE_POD and not ask.single:
+        mine, fly = held.get(n), flying.get(n)
+        if ((mine and any(not view.lists(r) for r in mine))
+                or (fly and any(not view.lists(h) for _, h in fly))):
+            out.append(full(n))
+            continue
+        site = sites_get((view.machine_key, view.policy_id))
+        if site is None:
+            eff = effective(view)
+            plan = (None if eff.scope != SCOPE_POD and not ask.single else
+                    _plan(view.machine, ask, eff.policy.name, not eff.options.given))
+            site = sites[(view.machine_key, view.policy_id)] = (
+                eff, plan, (view.machine_key, eff.key, view.policy.kind, shape.key),
+                (None, eff.key, view.policy.kind, shape.key),
+                Verdict("", True, policy=eff, complete=False))
+        eff, plan, head, anyhead, fits = site
+        if plan is None:
             out.append(full(n))
             continue
         free = node_free(view.ledger())
-        key: Hashable = (view.machine_key, eff.key, view.policy.kind, shape.key,
-                         group_key(view.machine, free, ask, eff.policy.name))
-        got = cache.get(key)
+        group = _group(plan, free)
+        anywhere = group[0] == ANYWHERE  # the same answer on every machine
+        key: Hashable = (anyhead if anywhere else head, group)
+        got = answers.get(key)
+        if got is None:
+            got = cache.get(key)
+            if got is not None:
+                answers[key] = got
         counted = got is _TOTALS
         if counted:
             key = (key, totals_key(free))
@@ -408,21 +319,26 @@ def fast_filter(views: Mapping[str, NodeView], cache: FastVerdicts, nodes: Seque
             cache.decided += 1
             answer = shared_answer(v)
             if answer is _TOTALS:
-                if not counted:
+                if anywhere:
+                    pass  # the group's key counts what the message does
+                elif not counted:
                     cache.put(key, _TOTALS)
+                    answers[key] = _TOTALS
                     key = (key, totals_key(free))
                 answer = v
             elif counted:  # not as the group's first node failed: decide each
                 answer = _EACH
             cache.put(key, answer)
+            answers[key] = answer
             out.append(v)
         elif got is _FIT:
-            cache.shared += 1
-            out.append(Verdict(n, True, policy=eff, complete=False))
+            shared += 1
+            out.append(fits.moved(n, eff))
         elif got is _EACH:
             cache.decided += 1
             out.append(full(n))
         else:
-            cache.shared += 1
-            out.append(replace(got, node=n, policy=eff))
+            shared += 1
+            out.append(got.moved(n, eff))
+    cache.shared += shared
     return out

@@ -55,6 +55,15 @@ class Verdict:
     # False: a filter's fast admission (.feasible), without allocation or score
     complete: bool = True
 
+    def moved(self, node: str, policy: EffectivePolicy | None) -> Verdict:
+        """This verdict for ``node`` under ``policy`` (a filter shares one verdict
+        between many nodes: copied without the dataclass's checks)."""
+        v = object.__new__(Verdict)
+        v.__dict__.update(self.__dict__)
+        v.__dict__["node"] = node
+        v.__dict__["policy"] = policy
+        return v
+
     @property
     def failure(self) -> str:
         """The refusal as the scheduler shows it (FailedNodes): reason, the kubelet's
