@@ -65,16 +65,21 @@ def _policy(rng: random.Random, pod: JSON) -> JSON:
     return pod
 
 
+def _decider(nodes: Any) -> tuple[Decider, list[str]]:
+    """A decider over the published NodeTopologies of ``nodes``, and their names."""
+    decider = Decider()
+    for n in nodes:
+        decider.update(n.published())
+    return decider, [n.name for n in nodes]
+
+
 # 95 and 112: a pod asking for a hugepage size its node lacks; 283 and 350: a node
 # with no memory free for the pod (the memory manager then has no preference)
 @pytest.mark.parametrize("seed", [*range(60), 95, 112, 283, 350])
 def test_fast_verdicts_equal_the_full_decision(seed: int) -> None:
     rng = random.Random(seed)
     nodes, devices, levels = _fleet(rng)
-    decider = Decider()
-    for n in nodes:
-        decider.update(n.published())
-    names = [n.name for n in nodes]
+    decider, names = _decider(nodes)
     shared = 0
     for i in range(12):
         pod = _policy(rng, random_pod(rng, 1000 + i, devices, levels, False, FULL))
@@ -264,10 +269,7 @@ def test_fast_verdicts_on_tight_fleets_equal_the_full_decision(
         got := real(r, free)) or got)
     rng = random.Random(seed)
     nodes, devices, kinds = _tight_fleet(rng)
-    decider = Decider()
-    for n in nodes:
-        decider.update(n.published())
-    names = [n.name for n in nodes]
+    decider, names = _decider(nodes)
     for i in range(15):
         pod = _tight_pod(rng, 5000 + i, devices, kinds)
         fast = decider.filter(pod, names, complete=False)
@@ -315,10 +317,7 @@ def test_a_refusal_the_same_on_every_machine_is_decided_once(
     one per count. Each verdict is the node's own full decision."""
     nodes = [Node(f"{m}-{i}", load_machine(testdata.MACHINES / f"{m}.yaml"), {})
              for m in ("fragmented-8numa", "seed-figure1") for i in range(6)]
-    decider = Decider()
-    for n in nodes:
-        decider.update(n.published())
-    names = [n.name for n in nodes]
+    decider, names = _decider(nodes)
     pod = _pod_under(policy, "p", cpus)
     fast = decider.filter(pod, names, complete=False)
     fresh = [decide(pod, decider.views[n]) for n in names]
