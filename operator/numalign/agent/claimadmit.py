@@ -29,12 +29,13 @@ from numalign.api.draclaims import (
     REJECTED_DEVICES_REASON,
     KindOf,
     PodDraDevices,
+    claim_path,
     emulated_kind_of,
     pod_claims,
     pod_dra_devices,
     uses_claims,
 )
-from numalign.api.kube import ApiError, Kube, q
+from numalign.api.kube import ApiError, Kube
 from numalign.topology.admit import ProviderKind
 from numalign.topology.managers.dra import DraDevices
 
@@ -45,10 +46,6 @@ log = logging.getLogger(__name__)
 WAIT_SECONDS = 30.0  # how long a bound pod's claims may take to read as allocated
 RETRY_SECONDS = 0.5
 UNREADY_REASON = "UnexpectedAdmissionError"
-
-
-def claim_path(namespace: str, name: str) -> str:
-    return f"/apis/resource.k8s.io/v1/namespaces/{q(namespace)}/resourceclaims/{q(name)}"
 
 
 async def read_claims(kube: Kube, pod: Mapping[str, Any]
@@ -282,7 +279,6 @@ __all__ = [
     "DEVICE_PROBLEM_REASON",
     "UNREADY_REASON",
     "Verdict",
-    "claim_path",
     "device_problem_message",
     "dra_kind",
     "emulated_kind_of",

@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 from numalign.topology.machine import Machine
 from numalign.topology.managers.dra import DraDeviceRef, DraRequest, NumaNodes
@@ -113,6 +114,12 @@ def pod_claims(pod: Mapping[str, Any]) -> tuple[list[PodClaim], list[str]]:
             problems.append(f"{where} ({name}): neither resourceClaimName nor "
                             "resourceClaimTemplateName")
     return out, problems
+
+
+def claim_path(namespace: str, name: str) -> str:
+    """The API path of ResourceClaim ``namespace/name`` (resource.k8s.io/v1)."""
+    return (f"/apis/resource.k8s.io/v1/namespaces/{quote(namespace, safe='')}/resourceclaims/"
+            f"{quote(name, safe='')}")
 
 
 def uses_claims(pod: Mapping[str, Any]) -> bool:

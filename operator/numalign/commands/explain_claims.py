@@ -13,6 +13,7 @@ from typing import Any
 from numalign.api.draclaims import (
     REJECTED_DEVICES_REASON,
     PodDraDevices,
+    claim_path,
     emulated_kind_of,
     pod_claims,
     pod_dra_devices,
@@ -29,12 +30,6 @@ JSON = dict[str, Any]
 
 # Reads one object: (API path, what it is for errors) -> the object, or None (404).
 Read = Callable[[str, str], "dict[str, Any] | None"]
-
-
-def claim_path(namespace: str, name: str) -> str:
-    from numalign.api.kube import q
-
-    return f"/apis/resource.k8s.io/v1/namespaces/{q(namespace)}/resourceclaims/{q(name)}"
 
 
 def pod_devices(read: Read, pod: Mapping[str, Any], nt: Mapping[str, Any],
@@ -124,4 +119,4 @@ def _rows(rows: list[list[str]]) -> list[str]:
             for r in rows]
 
 
-__all__ = ["claim_path", "claims_json", "claims_text", "kinds", "pod_devices"]
+__all__ = ["claims_json", "claims_text", "kinds", "pod_devices"]

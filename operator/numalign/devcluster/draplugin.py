@@ -38,6 +38,7 @@ from typing import Any
 
 import grpc
 
+from ..api.draclaims import claim_path
 from ..api.draemulated import resource_slices
 from ..api.kube import REQUEST_ERRORS, ApiError, SyncKube, q
 from ..kubeletapi.dra_v1 import api_pb2 as dra_pb
@@ -246,8 +247,7 @@ class DraPlugin:
         self._servers: list[grpc.Server] = []
 
     def _claim(self, namespace: str, name: str) -> JSON | None:
-        return self.kube.get_or_none(
-            f"/apis/resource.k8s.io/v1/namespaces/{q(namespace)}/resourceclaims/{q(name)}")
+        return self.kube.get_or_none(claim_path(namespace, name))
 
     def registration_status(self, registered: bool, error: str) -> None:
         if registered:

@@ -259,4 +259,4 @@ class DraCatalog:
                            self.class_selectors(names), problems)
 
 
-__all__ = ["BASE", "KINDS", "PATHS", "DraCatalog"]
+__all__ = ["KINDS", "PATHS", "DraCatalog"]

@@ -27,17 +27,15 @@ import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
-from urllib.parse import quote
 
 import aiohttp
 from aiohttp import web
 
-from numalign.api.draclaims import uses_claims
+from numalign.api.draclaims import claim_path, uses_claims
 from numalign.api.kube import NT_BASE, ApiError, Kube, KubeConfig
 from numalign.api.kube.listwatch import list_watch
 
 from .decide import Decider
-from .dra import BASE as DRA_BASE
 from .dra import KINDS, PATHS, DraCatalog
 from .fleet import Fleet, pod_uid
 from .guard import DEFAULT_MAX_BODY, BodyRefused, GuardedSite, Limits
@@ -64,6 +62,7 @@ BOUND_PODS = {"fieldSelector": "spec.nodeName!="}
 EXPIRE_EVERY = 5.0
 BIND_TIMEOUT = 4.0  # below the scheduler's httpTimeout (5s): it then binds without us
 MAX_CLAIM_READS = 16  # a pod's claims read at bind (more: as the watch has them)
+CLAIM_READ_TIMEOUT = 0.8  # each such read (else: as the watch has the claim)
 LANDED_TIMEOUT = 0.8  # after a failed binding, the read of whether it landed anyway
 DECIDE_BUDGET = 2.0  # seconds one pod's filter may decide; below the httpTimeout (5s)
 
@@ -276,9 +275,8 @@ class ExtenderServer:
         ns = str((pod.get("metadata") or {}).get("namespace") or "default")
         for name in dra.claim_names(pod)[:MAX_CLAIM_READS]:
             try:
-                got = await self.kube.request(
-                    "GET", f"{DRA_BASE}/namespaces/{quote(ns, safe='')}/resourceclaims/"
-                    f"{quote(name, safe='')}", timeout=LANDED_TIMEOUT)
+                got = await self.kube.request("GET", claim_path(ns, name),
+                                              timeout=CLAIM_READ_TIMEOUT)
             except (ApiError, TimeoutError, aiohttp.ClientError) as e:
                 log.info("bind %s/%s: claim %s not read (%s); as the watch has it",
                          ns, (pod.get("metadata") or {}).get("name"), name, e)
