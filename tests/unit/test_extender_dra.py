@@ -166,3 +166,51 @@ def test_a_pod_approved_with_claims_is_held_on_its_node() -> None:
     [r] = f.reservations.on_node("n0")
     cpus = {c for _, a in r.containers for c in a.cpus}
     assert len(cpus) == 4 and {MACHINE.cpus[c].numa for c in cpus} == {1}
+
+
+def busy(name: str, cpus: range) -> HeldPod:
+    return HeldPod(name, name, "ns", (("c", ContainerAllocation(cpus=tuple(cpus))),))
+
+
+def test_a_pod_in_flight_with_claims_counts_wherever_the_allocator_may_put_it() -> None:
+    # Both pods ask one GPU under single-numa-node, their claims kept on one NUMA node.
+    # The first is approved, not bound yet: its claim is not allocated, so its GPU (and,
+    # once the node admits it, its CPUs) may be on NUMA node 0 or 1. Where one NUMA
+    # node has room for one pod's CPUs only, the second pod can be refused there by
+    # the node (if the allocator gives both pods GPUs of that NUMA node): the extender
+    # must refuse it whichever NUMA node is the tight one.
+    for tight, cpus in ((0, range(0, 12)), (1, range(16, 28))):
+        first = pod("first", "single-numa-node", gpus=1, constraint=True)
+        second = pod("second", "single-numa-node", gpus=1, constraint=True)
+        d = fleet({"n0": ()}, first, second)
+        taken = [busy("busy", cpus)]
+        hold = d.decide(first, "n0", taken).held_by(first)
+        assert hold is not None
+        assert d.decide(second, "n0", taken).fits  # alone it fits on either NUMA node
+        v = d.decide(second, "n0", taken, in_flight=[(first, hold)])
+        assert not v.fits and v.reason == REJECT_REASON, f"NUMA node {tight} tight"
+        # the first pod's claim allocated (on the roomy NUMA node): the second fits
+        assert d.dra is not None
+        gpu = "gpu2" if tight == 0 else "gpu0"
+        allocated = held("n0", "first-gpus", gpu)
+        allocated["metadata"] = {"name": "first-gpus", "namespace": "ns"}
+        allocated["status"]["allocation"]["devices"]["results"][0]["request"] = "gpu"
+        first["status"] = {"resourceClaimStatuses": [{"name": "gpus",
+                                                      "resourceClaimName": "first-gpus"}]}
+        d.dra.event("resourceclaims", "ADDED", allocated)
+        hold = d.decide(first, "n0", taken).held_by(first)
+        assert hold is not None
+        assert {MACHINE.cpus[c].numa for _, a in hold.containers for c in a.cpus} == {1 - tight}
+        assert d.decide(second, "n0", taken, in_flight=[(first, hold)]).fits
+
+
+def test_pods_in_flight_with_claims_on_roomy_nodes_refuse_nothing() -> None:
+    pods = [pod(f"p{i}", "single-numa-node", gpus=1, constraint=True) for i in range(4)]
+    d = fleet({"n0": ()}, *pods)
+    flying = []
+    for p in pods[:3]:
+        h = d.decide(p, "n0").held_by(p)
+        assert h is not None
+        flying.append((p, h))
+    v = d.decide(pods[3], "n0", in_flight=flying)
+    assert v.fits and v.covered

@@ -34,7 +34,7 @@ from dataclasses import replace
 from typing import Any
 
 from numalign.api.admission import INVALID_GPU_REASON, InvalidGpuRequest, admit_resolved
-from numalign.api.draasks import ClaimAsk
+from numalign.api.draasks import ClaimAsk, Placement, PodChoices
 from numalign.api.draclaims import uses_claims
 from numalign.api.effective import EffectivePolicy, NodeKind, effective_policy
 from numalign.api.names import ANN_GPUS, REJECT_REASON, REJECTED_PREFIX, TOPOLOGY_MESSAGE
@@ -46,11 +46,12 @@ from numalign.topology.errors import TopologyError
 from numalign.topology.hints import mask_count
 from numalign.topology.ledger import Ledger
 from numalign.topology.machine import Machine
+from numalign.topology.managers.dra import DraDevices
 from numalign.topology.pod import pod_from_dict
 from numalign.topology.resourcefit import DEFAULT_MAX_PODS
 
 from .dra import DraCatalog
-from .dradecide import decide_claims
+from .dradecide import decide_claims, spread
 from .feasible import FastVerdicts, fast_filter, node_free
 from .score import MAX_SCORE, MIN_SCORE, NEUTRAL_SCORE, SCORE_WEIGHTS, pod_numa, score_admission
 from .verdict import CANDIDATE_UID, OUT_OF_TIME, PodShape, Verdict
@@ -67,6 +68,9 @@ log = logging.getLogger("numalign.extender")
 
 
 UNREADABLE_POD_REASON = "InvalidPod"
+# the ways pods in flight may land on a node, each checked (Decider._branches)
+MAX_BRANCHES = 16
+KEPT_ASKS = 16  # pods whose claims are kept read (Decider._claim_asks)
 
 
 
@@ -268,8 +272,10 @@ class Decider:
         # the cluster's DRA objects: pods with claims are decided with every device
         # choice the allocator has on the node (:mod:`.dradecide`); None: as without
         self.dra = dra
-        self._asks: tuple[tuple[int, int], Mapping[str, Any],
-                          tuple[list[ClaimAsk], list[str]]] | None = None
+        # the claims of the last pods asked (a filter reads them once for all its nodes;
+        # the pods in flight there are read again on each): id -> (pod, changes, asks)
+        self._asks: OrderedDict[int, tuple[Mapping[str, Any], int,
+                                           tuple[list[ClaimAsk], list[str]]]] = OrderedDict()
         self.published: dict[str, NodeView] = {}  # as the NodeTopology says, before release()
         self.released: dict[str, set[str]] = {}  # node -> uids gone but still published
         # machines by the digest of what describes them, shared by the nodes of one
@@ -369,12 +375,80 @@ class Decider:
         resolved = self._effective(pod, view, memo).resolved
         if room_left(view, reservations, [h for _, h in extra], verdict, shape, resolved):
             return verdict
-        held = list(reservations)
-        for p, _ in extra:
-            h = self._decide(p, node, held, None, None).held_by(p)
-            if h is not None:
-                held.append(h)
-        return self._decide(pod, node, held, shape, memo)
+        first: Verdict | None = None
+        for held in self._branches(node, reservations, [p for p, _ in extra]):
+            v = self._decide(pod, node, held, shape, memo)
+            if not v.fits:
+                return v
+            first = first or v
+        assert first is not None  # there is always one branch
+        return first
+
+    def _branches(self, node: str, reservations: Sequence[HeldPod],
+                  flying: Sequence[Mapping[str, Any]]) -> list[list[HeldPod]]:
+        """What ``node`` may hold once the pods ``flying`` are admitted there first, in
+        order, after ``reservations``: one list per way they may land. A pod with
+        claims not allocated yet lands as the devices the allocator picks for it, which
+        the extender cannot know: each of its device choices is a way (the kubelet then
+        puts its CPUs and memory next to *those* devices). At most
+        :data:`MAX_BRANCHES` ways are kept (the first ones, the narrowest choices)."""
+        branches: list[list[HeldPod]] = [list(reservations)]
+        for p in flying:
+            grown: dict[Hashable, list[HeldPod]] = {}
+            for held in branches:
+                for h in self._holds(p, node, held):
+                    way = [*held, h] if h is not None else held
+                    grown.setdefault(held_key(way), way)
+            branches = list(grown.values())[:MAX_BRANCHES]
+        return branches
+
+    def _holds(self, pod: Mapping[str, Any], node: str,
+               reservations: Sequence[HeldPod]) -> list[HeldPod | None]:
+        """What ``pod`` may hold on ``node`` once admitted after ``reservations``: one
+        hold (None: nothing, or refused), or, for a pod with claims the allocator has
+        not allocated yet, one per device choice it has there (each as the node admits
+        the pod with those devices)."""
+        view = self.views.get(node)
+        ctx = self._claims(pod, node, view)
+        if view is None or view.machine is None or ctx is None or len(ctx[1].choices) < 2:
+            return [self._decide(pod, node, reservations, None, None).held_by(pod)]
+        shape = pod_shape(pod)
+        eff = effective_policy(pod, view.policy)
+        head = self._key(view, reservations, shape, eff)
+        return [self._choice(pod, view, reservations, shape, eff, head, *ctx, c).held_by(pod)
+                for c in sorted(ctx[1].choices, key=spread)]
+
+    def _claims(self, pod: Mapping[str, Any], node: str, view: NodeView | None
+                ) -> tuple[list[ClaimAsk], PodChoices] | None:
+        """The pod's claims and the device choices they have on ``node`` (None: the pod
+        has no claims, or they are not decided here)."""
+        if (self.dra is None or not self.dra.ready or not uses_claims(pod) or view is None
+                or view.machine is None):
+            return None
+        asks = self._claim_asks(pod)
+        return asks[0], self.dra.choices(pod, node, view.machine.numa_ids, asks)
+
+    @staticmethod
+    def _key(view: NodeView, reservations: Sequence[HeldPod], shape: PodShape,
+             eff: EffectivePolicy) -> tuple[Any, ...]:
+        """A verdict's cache key: (machine, what the node holds, pod shape, policy, node
+        kind). What the node holds, published or reserved, is one key: a node publishing
+        a pod the extender had reserved as the node allocated it stays in the same
+        state (its verdicts stay cached)."""
+        extra = [r for r in reservations if not view.lists(r)]
+        state = view.held_key if not extra else tuple(sorted(
+            (*view.held_key, *held_key(extra))))
+        return (view.machine_key, state, shape.key, eff.key, view.policy.kind)
+
+    def _choice(self, pod: Mapping[str, Any], view: NodeView, reservations: Sequence[HeldPod],
+                shape: PodShape, eff: EffectivePolicy, head: tuple[Any, ...],
+                asks: list[ClaimAsk], choices: PodChoices,
+                choice: Mapping[tuple[str, str], Placement]) -> Verdict:
+        """The verdict with one device choice (cached as any: nodes alike share it)."""
+        kind = DraDevices(choices.devices(pod, asks, choice).requests())
+        return self._cached((*head, "dra-choice", choices.choice_key(choice)), view.machine_key,
+                            lambda: decide(pod, view, reservations, shape=shape, eff=eff,
+                                           devices=[kind]))
 
     @staticmethod
     def _effective(pod: Mapping[str, Any], view: NodeView,
@@ -394,20 +468,14 @@ class Decider:
             return decide(pod, view, reservations, name=node)
         shape = shape if shape is not None else pod_shape(pod)
         eff = self._effective(pod, view, memo)
-        # What the node holds, published or reserved, as one key: a node publishing a
-        # pod the extender had reserved as the node allocated it stays in the same state
-        # (its verdicts stay cached)
-        extra = [r for r in reservations if not view.lists(r)]
-        state = view.held_key if not extra else tuple(sorted(
-            (*view.held_key, *held_key(extra))))
-        key: tuple[Any, ...] = (view.machine_key, state, shape.key, eff.key, view.policy.kind)
+        head = key = self._key(view, reservations, shape, eff)
         claims = None
         if self.dra is not None and uses_claims(pod):
             if not self.dra.ready:
                 return Verdict(node, True, policy=eff, covered=False,
                                note="not decided by numalign: DRA objects not listed yet")
-            asks = self._claim_asks(pod)
-            claims = (asks[0], self.dra.choices(pod, node, view.machine.numa_ids, asks))
+            claims = self._claims(pod, node, view)
+            assert claims is not None
             key = (*key, claims[1].key())  # the claims' state and the node's devices
         hit = self._cache.get(key)
         own = hit is not None and hit.node == _OWN
@@ -420,13 +488,9 @@ class Decider:
             return hit if hit.node == node else replace(hit, node=node)
         self.misses += 1
         if claims is not None:
-            def run(choice: Hashable, kind: ProviderKind) -> Verdict:
-                # one device choice's verdict, cached as any: nodes alike share it
-                return self._cached((*key[:-1], "dra-choice", choice), view.machine_key,
-                                    lambda: decide(pod, view, reservations, shape=shape,
-                                                   eff=eff, devices=[kind]))
-
-            verdict = decide_claims(pod, view, eff, *claims, run=run)
+            asks, choices = claims
+            verdict = decide_claims(view, eff, choices, lambda c: self._choice(
+                pod, view, reservations, shape, eff, head, asks, choices, c))
         else:
             verdict = decide(pod, view, reservations, shape=shape, eff=eff)
         if not own and names_holder(verdict, view, reservations):
@@ -453,13 +517,18 @@ class Decider:
         return verdict
 
     def _claim_asks(self, pod: Mapping[str, Any]) -> tuple[list[ClaimAsk], list[str]]:
-        """The pod's claims as the DRA objects read now (kept for the last pod asked:
-        a filter reads them once for all its nodes)."""
+        """The pod's claims as the DRA objects read now (kept for the last few pods
+        asked, until those objects change)."""
         assert self.dra is not None
-        token = (self.dra.changes, id(pod))
-        if self._asks is None or self._asks[0] != token or self._asks[1] is not pod:
-            self._asks = (token, pod, self.dra.asks(pod))
-        return self._asks[2]
+        kept = self._asks.get(id(pod))
+        if kept is not None and kept[0] is pod and kept[1] == self.dra.changes:
+            self._asks.move_to_end(id(pod))
+            return kept[2]
+        asks = self.dra.asks(pod)
+        self._asks[id(pod)] = (pod, self.dra.changes, asks)
+        if len(self._asks) > KEPT_ASKS:
+            self._asks.popitem(last=False)
+        return asks
 
     def filter(self, pod: Mapping[str, Any], nodes: Iterable[str],
                reservations: Mapping[str, Sequence[HeldPod]] | None = None,

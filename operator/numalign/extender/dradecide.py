@@ -24,14 +24,12 @@ claim.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any
 
-from numalign.api.draasks import ClaimAsk, Placement, PodChoices
+from numalign.api.draasks import Placement, PodChoices
 from numalign.api.effective import EffectivePolicy
 from numalign.api.names import DRA_UNSATISFIABLE_REASON, REJECTED_PREFIX
-from numalign.topology.managers.dra import DraDevices
 
 from .score import MIN_SCORE
 from .verdict import Verdict
@@ -39,7 +37,7 @@ from .view import NodeView
 
 HARD = ("single-numa-node", "restricted")
 
-__all__ = ["HARD", "decide_claims", "describe"]
+__all__ = ["HARD", "decide_claims", "describe", "spread"]
 
 
 def describe(choice: Mapping[tuple[str, str], Placement]) -> str:
@@ -53,19 +51,17 @@ def describe(choice: Mapping[tuple[str, str], Placement]) -> str:
     return "; ".join(parts)
 
 
-def _spread(choice: Mapping[tuple[str, str], Placement]) -> tuple[int, int]:
+def spread(choice: Mapping[tuple[str, str], Placement]) -> tuple[int, int]:
     """How many NUMA nodes a choice's devices are on (and of unknown ones)."""
     nodes = {n for numa, _, _ in choice.values() for g in numa for n in g}
     return len(nodes), sum(u for _, u, _ in choice.values())
 
 
-def decide_claims(pod: Mapping[str, Any], view: NodeView, eff: EffectivePolicy,
-                  asks: Sequence[ClaimAsk], choices: PodChoices,
-                  run: Callable[[Hashable, DraDevices], Verdict]) -> Verdict:
-    """Would ``view``'s node admit ``pod`` whatever devices the allocator gives its
-    claims there (``choices``)? ``run(key, kind)``: the node's verdict with one choice's
-    devices (:func:`.decide.decide` through the caller's cache; ``key`` names the
-    choice). Never raises."""
+def decide_claims(view: NodeView, eff: EffectivePolicy, choices: PodChoices,
+                  run: Callable[[Mapping[tuple[str, str], Placement]], Verdict]) -> Verdict:
+    """Would ``view``'s node admit the pod whatever devices the allocator gives its
+    claims there (``choices``)? ``run(choice)``: the node's verdict with one choice's
+    devices (:func:`.decide.decide` through the caller's cache). Never raises."""
     node = view.name
     if choices.refusal is not None:
         return Verdict(node, False, DRA_UNSATISFIABLE_REASON,
@@ -79,9 +75,8 @@ def decide_claims(pod: Mapping[str, Any], view: NodeView, eff: EffectivePolicy,
     verdicts: list[tuple[Verdict, Mapping[tuple[str, str], Placement]]] = []
     # the narrowest choices first: under best-effort and none the first admitted one
     # (an aligned choice where one exists) gives the verdict and its score
-    for choice in sorted(choices.choices or [{}], key=_spread):
-        kind = DraDevices(choices.devices(pod, asks, choice).requests())
-        v = run(choices.choice_key(choice), kind)
+    for choice in sorted(choices.choices or [{}], key=spread):
+        v = run(choice)
         verdicts.append((v, choice))
         if hard != v.fits:
             break
