@@ -33,6 +33,7 @@ from aiohttp import web
 
 from numalign.api.draclaims import claim_path, uses_claims
 from numalign.api.kube import NT_BASE, ApiError, Kube, KubeConfig
+from numalign.api.kube.client import pod_path
 from numalign.api.kube.listwatch import list_watch
 
 from .decide import Decider
@@ -243,7 +244,7 @@ class ExtenderServer:
             return web.json_response(binding_result(why))
         await self._read_claims(approved)
         self.fleet.bound_to(approved, args.node)  # counts as bound there from now on
-        path = f"/api/v1/namespaces/{args.namespace}/pods/{args.name}/binding"
+        path = pod_path(args.namespace, args.name, "binding")
         try:
             await self.kube.request("POST", path, body=args.binding(), timeout=BIND_TIMEOUT,
                                     decode=False)
@@ -269,20 +270,24 @@ class ExtenderServer:
         and memory it will get next to the devices it got, not next to any device the
         allocator might have given (the next pods are decided against that hold). A
         claim that cannot be read is left as the watch has it."""
-        dra = self.fleet.decider.dra
-        if dra is None or self.kube is None or not uses_claims(pod):
+        dra, kube = self.fleet.decider.dra, self.kube
+        if dra is None or kube is None or not uses_claims(pod):
             return
         ns = str((pod.get("metadata") or {}).get("namespace") or "default")
-        for name in dra.claim_names(pod)[:MAX_CLAIM_READS]:
+
+        async def read(name: str) -> None:
             try:
-                got = await self.kube.request("GET", claim_path(ns, name),
-                                              timeout=CLAIM_READ_TIMEOUT)
+                got = await kube.request("GET", claim_path(ns, name),
+                                         timeout=CLAIM_READ_TIMEOUT)
             except (ApiError, TimeoutError, aiohttp.ClientError) as e:
                 log.info("bind %s/%s: claim %s not read (%s); as the watch has it",
                          ns, (pod.get("metadata") or {}).get("name"), name, e)
-                continue
+                return
             if isinstance(got, Mapping):
                 dra.event("resourceclaims", "MODIFIED", got)
+
+        # at once: a pod's claims cost one read's time, not one per claim
+        await asyncio.gather(*(read(n) for n in dra.claim_names(pod)[:MAX_CLAIM_READS]))
 
     async def _landed(self, args: BindingArgs, error: Exception) -> bool:
         """Whether a binding that failed here is there all the same: the API server
@@ -294,9 +299,8 @@ class ExtenderServer:
                 error.message)
         assert self.kube is not None
         try:
-            got = await self.kube.request(
-                "GET", f"/api/v1/namespaces/{args.namespace}/pods/{args.name}",
-                timeout=LANDED_TIMEOUT)
+            got = await self.kube.request("GET", pod_path(args.namespace, args.name),
+                                          timeout=LANDED_TIMEOUT)
         except (ApiError, TimeoutError, aiohttp.ClientError):
             return False
         meta, spec = got.get("metadata") or {}, got.get("spec") or {}
