@@ -26,9 +26,10 @@ node gives the Topology Manager no hint; numalign's own decision counts it as un
 never refuses it). So only the requests whose every candidate device in the cluster
 publishes the attribute get it (:mod:`numalign.api.draconstraint`, from the cluster's
 ResourceSlices and DeviceClasses read by :mod:`numalign.controller.dradevices`); a
-request of such devices only, a mixed one, one whose class or selectors cannot be told
-(outside the CEL subset: "may match"): none. No request qualifies: the claim is left
-unchanged.
+request whose candidates all lack it, a mixed one, one whose class is not found or that
+has no candidate yet: none (a selector outside the CEL subset "may match", so any device
+lacking the attribute that it may select keeps the request free). No request qualifies:
+the claim is left unchanged.
 
 Fails open: ``failurePolicy: Ignore``; any error reading the pod, or the slices and
 classes, leaves the claim as it came (logged). That is the safe side: a missing
