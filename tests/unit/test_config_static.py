@@ -175,6 +175,12 @@ def test_agent_and_operator_write_only_their_halves(default: list[Obj]) -> None:
     assert _allows(operator, "numalign.io", "nodetopologies", "patch")
     assert not _allows(operator, "numalign.io", "nodetopologies/status", "patch")
     assert not any("secrets" in r.get("resources", []) for r in operator)
+    # DRA: the numa-constraint webhook lists slices and classes, and writes neither.
+    for kind in ("resourceslices", "deviceclasses"):
+        assert _allows(operator, "resource.k8s.io", kind, "list")
+        for verb in ("create", "patch", "update", "delete"):
+            assert not _allows(operator, "resource.k8s.io", kind, verb)
+    assert not any("resourceclaims" in r.get("resources", []) for r in operator)
 
 
 def test_agent_daemonset_reads_host_sysfs(default: list[Obj]) -> None:
