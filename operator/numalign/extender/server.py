@@ -67,7 +67,7 @@ LANDED_TIMEOUT = 0.8  # after a failed binding, the read of whether it landed an
 DECIDE_BUDGET = 2.0  # seconds one pod's filter may decide; below the httpTimeout (5s)
 # One connection per watch: NodeTopologies, bound pods, unbound pods, the DRA kinds.
 WATCH_CONNECTIONS = 3 + len(KINDS)
-VERB_CONNECTIONS = 8  # the bindings and the reads of pods and claims: a pool of their own
+VERB_CONNECTIONS = 32  # the bindings and the reads of pods and claims: a pool of their own
 
 __all__ = ["DEFAULT_MAX_BODY", "DEFAULT_PORT", "DEFAULT_PROBE_PORT", "ExtenderServer",
            "GcPacer", "Settings", "api_clients", "serve", "ssl_context"]
