@@ -26,32 +26,91 @@ finishes the Jobs' pods and deletes them and every Failed pod.
     python bench/run.py fleet --nodes=20 --pods=300 --modes=without,noop,with
     python bench/run.py fleet --operator-source=DIR    # the operator from another tree
 
-Figures (2 cores shared with two other benchmark runs, load 5-8: noisy; run at 100 nodes /
-2,000 pods, not at the defaults), ``python bench/run.py fleet --nodes=100 --pods=2000
---modes=without,noop,with`` (35 fragmented-8numa, 30 dual-16core, 15 seed-figure1, 10
-dgx-a100-like, 10 group4-gpu; 585 units: 902 pods from Deployments, 624 from Jobs, 474 bare):
+At scale (2 cores shared with unit-test runs, load 4-8; each row one run of
+``--modes=with``, the 100-node row the 100 / 2,000 runs below; after: the extender's
+bindings on a pool of their own, 32 connections; before: on the watches' pool of ten):
 
-* with the extender: 17.1 pods/s; create -> Running p50 34.9 s, p99 54.9 s (bound 22.8 /
-  30.5 s); TopologyAffinityErrors 2.0 per 1,000 pods (without 30.0, noop 20.5); 1,998
-  Running, 2 Pending (Unschedulable: Insufficient gpu-vendor.com/gpu); extender filter p50
-  9.1 ms, p99 81 ms; RSS operator 156 MiB (idle 94), agent 156, extender 179; CPU over the
-  run operator 21 s, agent 6.8 s, extender 37 s;
+  nodes / pods              100 / 2,000  250 / 5,000     250 / 5,000  500 / 10,000
+                                         before          after        before
+  pods/s scheduled          19.0         14.8            22.2         10.5
+  create->Running p50/p99 s 6.5 / 9.5    45 / 128        20 / 65      172 / 442
+  TAE per 1,000 pods        0            0               0            0
+  extender filter p50/p99   9.1 / 95 ms  25 / 198 ms     16 / 95 ms   34 / 213 ms
+  RSS MiB operator          130          153             155          204
+          agent             147          233             231          393
+          extender          153          211             169          246
+          kube-apiserver    700          1,053           1,015        1,451
+  CPU s   operator          21           63              59           175
+          agent             6.8          21              21           62
+          extender          37           142             121          380
+          kube-apiserver    -            165             144          461
+  API requests per pod:
+          agent             1.93         2.01            1.91         4.06
+          extender          0.80         0.67            1.00         0.89
+          operator          0.35         0.34            0.34         0.37
+  scheduling algorithm mean 41 ms        67 ms           44 ms        94 ms
+  extender binds failed     -            2,902           0            2,256
+
+  (100 / 2,000: CPU and filter p50 from the first run below; 500 / 10,000 took 16 min.)
+  500 / 10,000 after: 9.4 pods/s, 174 / 513 s, TAE 0, filter 39 / 231 ms, RSS 205 /
+  386 / 238 / 1,557, CPU 190 / 71 / 433 / 508 s, requests 3.80 / 1.00 / 0.36, algorithm
+  106 ms, 0 binds failed: at 500 nodes the serial cycle bounds the rate.
+  The agent's requests: pod status 1.0 a pod; leases and node status ~3.2-3.5 per node
+  and minute, so more per pod in a longer run; NodeTopology status 0.3-0.6 per node and
+  minute while pods change (0.11-0.25 a pod).
+
+* the extender's bindings (``python bench/run.py fleet --nodes=250 --pods=5000``): its
+  seven watches (NodeTopologies, bound and unbound pods, four DRA kinds) held seven of
+  the ten connections of its one pool; a burst's bindings queued for the other three,
+  gave up after 4 s (the API server answered them in 0.45 s at p99, once they reached it)
+  and kube-scheduler bound the pod itself after waiting for us: 2,902 of 5,000 failed,
+  scheduling attempt p50 4.85 s. A pool of 8 for them: 1,191 failed, 17.4 pods/s; of 32:
+  0 failed, attempt p50 0.33 s, 14.8 -> 22.2 pods/s, create -> Running p50 45 -> 20 s,
+  kube-scheduler's requests per pod 1.6 -> 1.0 (the extender's 1.0: the bindings);
+* scheduling cycle at 500 nodes (``--nodes=500 --pods=2000 --modes=without,noop,with``,
+  after): algorithm mean without 3.0 ms, noop 36.3 ms, with 72.3 ms (p99 21 / 123 / 238
+  ms): the extender's share 69 ms a pod, 33 ms of it HTTP (100 nodes: 30.8 and 16.4);
+  27.1, 19.7 and 13.7 pods/s; create -> Running p50 0.8, 1.3, 27 s; TAE per 1,000 pods
+  12.5 without, 0 with; the extender's filter p50 27 ms, p99 117 ms (mean 30 ms,
+  prioritize 16 ms); RSS operator 163 MiB, agent 134, extender 115, kube-apiserver 809;
+* how each cost grows (fits over these runs; ours: the operator, the extender, the
+  agent's NodeTopology writes):
+  - one scheduler places pods at 1,000 / (algorithm mean) a second (22.6 predicted, 22.2
+    measured at 250 nodes; 13.8 / 13.7 at 500): about 0.11 ms per node a pod, 0.07 of it
+    the extender's decision (filter and prioritize: 28 ms at 250 nodes, 46 at 500), 0.04
+    the HTTP of the node lists, kube-scheduler's own plugins ~0.01. At 5,000 nodes with
+    ``percentageOfNodesToScore: 100``: ~0.6 s a pod, under 2 pods/s on these cores;
+  - extender RSS: 17 KiB per node, ~20 KiB per pod placed (17-21 over the runs):
+    5,000 nodes / 100,000 pods ~2 GiB; CPU 24-38 ms a pod;
+  - operator RSS: ~75 KiB per node (idle 94 MiB at 100 nodes, 106 at 250, 121-125 at
+    500), 5-10 KiB per pod: 5,000 / 100,000 ~1-1.4 GiB (target 500 MiB: the node part
+    alone reaches it); requests 0.33-0.37 per pod at every size (LIST of Failed pods for
+    the redeploy gating 0.2, the pods' patches 0.09, policy status); CPU 12-18 ms a pod;
+  - agent, one process emulating every node: 23 KiB per node, 32 KiB per pod (both
+    runs); a real fleet runs one per node, holding that node's pods: flat in fleet size;
+    its NodeTopology writes: ~1,500-3,000 a minute at 5,000 nodes under this churn;
+  - kube-apiserver (not ours): ~0.4 MiB per node, 90-115 KiB per pod: ~11-13 GiB at
+    5,000 / 100,000; CPU 29-46 ms a pod.
+
+At 100 nodes / 2,000 pods (load 5-8, two other benchmark runs on the cores), ``python
+bench/run.py fleet --nodes=100 --pods=2000 --modes=without,noop,with`` (35
+fragmented-8numa, 30 dual-16core, 15 seed-figure1, 10 dgx-a100-like, 10 group4-gpu; 585
+units: 902 pods from Deployments, 624 from Jobs, 474 bare), before the fixes named:
+
+* with the extender: 17.1 pods/s; create -> Running p50 34.9 s, p99 54.9 s;
+  TopologyAffinityErrors 2.0 per 1,000 pods (without 30.0, noop 20.5); extender filter
+  p50 9.1 ms, p99 81 ms; RSS operator 156 MiB (idle 94), agent 156, extender 179; CPU
+  over the run operator 21 s, agent 6.8 s, extender 37 s;
 * without: 19.2 pods/s, create -> Running p50 1.7 s, p99 5.2 s; noop: 29.5 pods/s, 1.0 / 2.7 s;
-* API requests per pod (audit log, the run): agent 1.93 (pods/status 1.0, node leases and
-  status 0.7, NodeTopology status 0.22), extender 1.02 (the bindings kube-scheduler's binder
-  would make), operator 0.38; kube-scheduler 2.43, kube-controller-manager 2.01;
-* scheduling algorithm (filter, the extender's filter and prioritize, score; the serial part
-  of a cycle) mean 1.9 ms without, 18.4 ms noop, 32.8 ms with: the extender 30.8 ms a pod,
-  16.4 ms of it HTTP; at ~30 ms a pod one scheduler places ~30 pods/s, below the bursts' 40/s;
-* the redeploy gating's LISTs of Failed pods (``--modes=without``, ``--operator-source`` the
-  tree before): 100 / 2,000: operator 1.74 -> 0.64 requests per pod (1,961 -> 548 LISTs);
-  20 / 400: 1.09 -> 0.53 (343 -> 126);
-* the extender's bind timing out (4 s) on the slow API server while the binding landed: 945
-  scheduling attempts "error" (kube-scheduler's binder then got 409) before the fix; after
-  (``--modes=with``): 74, create -> Running p50 6.5 s, p99 9.5 s, 19.0 pods/s, 0
-  TopologyAffinityErrors, kube-scheduler 1.58 requests per pod, the extender 0.80;
-* growth: 40 nodes / 800 pods (with): operator 116 MiB, agent 99, extender 112, filter p99
-  66 ms; linear to 500 nodes / 10,000 pods: operator ~400 MiB, agent ~510, extender ~640.
+* scheduling algorithm mean 1.9 ms without, 18.4 ms noop, 32.8 ms with: the extender
+  30.8 ms a pod, 16.4 ms of it HTTP;
+* the redeploy gating's LISTs of Failed pods (``--modes=without``, ``--operator-source``
+  the tree before): 100 / 2,000: operator 1.74 -> 0.64 requests per pod (1,961 -> 548
+  LISTs); 20 / 400: 1.09 -> 0.53 (343 -> 126);
+* the extender's bind timing out (4 s) on the slow API server while the binding landed:
+  945 scheduling attempts "error" (kube-scheduler's binder then got 409) before the fix;
+  after (``--modes=with``): 74, create -> Running p50 6.5 s, p99 9.5 s, 19.0 pods/s, 0
+  TopologyAffinityErrors, kube-scheduler 1.58 requests per pod, the extender 0.80.
 """
 
 from __future__ import annotations
