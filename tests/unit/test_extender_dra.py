@@ -13,7 +13,12 @@ from numalign.agent.publish import build_status
 from numalign.agent.state import NodeState
 from numalign.api import draemulated as de
 from numalign.api.draasks import NUMA_ATTRIBUTE
-from numalign.api.names import ANN_RESOLVED, DRA_UNSATISFIABLE_REASON, REJECT_REASON
+from numalign.api.names import (
+    ANN_RESOLVED,
+    DRA_UNSATISFIABLE_REASON,
+    IN_FLIGHT_REASON,
+    REJECT_REASON,
+)
 from numalign.api.nodestatus import HeldPod
 from numalign.api.resolved import Resolved
 from numalign.extender.decide import Decider
@@ -214,3 +219,25 @@ def test_pods_in_flight_with_claims_on_roomy_nodes_refuse_nothing() -> None:
         flying.append((p, h))
     v = d.decide(pods[3], "n0", in_flight=flying)
     assert v.fits and v.covered
+
+
+def test_more_ways_in_flight_than_checked_refuses_a_hard_policy_only() -> None:
+    # five pods in flight (of 1 to 5 CPUs), each with one GPU of either NUMA node not
+    # allocated yet: 32 ways they may land, more than the extender checks; a
+    # single-numa-node pod waits (refused there until they are bound), a best-effort one
+    # is never refused
+    flying = [pod(f"f{i}", "single-numa-node", gpus=1, constraint=True, cpu=str(i + 1))
+              for i in range(5)]
+    snn = pod("snn", "single-numa-node", gpus=1, constraint=True, cpu="1")
+    be = pod("be", "best-effort", gpus=1, cpu="1")
+    d = fleet({"n0": ()}, *flying, snn, be)
+    held = []
+    for p in flying:
+        h = d.decide(p, "n0").held_by(p)
+        assert h is not None
+        held.append((p, h))
+    v = d.decide(snn, "n0", in_flight=held)
+    assert not v.fits and v.reason == IN_FLIGHT_REASON
+    assert "more than 16 ways" in (v.message or "")
+    assert d.decide(snn, "n0", in_flight=held[:3]).fits  # 8 ways: each checked
+    assert d.decide(be, "n0", in_flight=held).fits

@@ -67,6 +67,9 @@ EVENT_INVALID_POLICY = "InvalidTopologyPolicy"  # agent: a resolved policy it ca
 EVENT_INVALID_GPU = "InvalidGpuRequest"  # agent: a bad GPU request (pod status reason too)
 # extender: no allocation of the pod's claims can be made or checked on a node
 DRA_UNSATISFIABLE_REASON = "DRAClaimsUnsatisfiable"
+# the extender's refusal of a node where pods in flight (claims not allocated yet) may
+# land in more ways than it checks, under a policy that must hold for every one
+IN_FLIGHT_REASON = "PodsInFlightUnchecked"
 # webhook: the claim constraint that keeps a claim's devices on one NUMA node
 DRA_NUMA_CONSTRAINT_WEBHOOK = "numa-constraint"
 

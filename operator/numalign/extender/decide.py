@@ -37,7 +37,13 @@ from numalign.api.admission import INVALID_GPU_REASON, InvalidGpuRequest, admit_
 from numalign.api.draasks import ClaimAsk, Placement, PodChoices
 from numalign.api.draclaims import uses_claims
 from numalign.api.effective import EffectivePolicy, NodeKind, effective_policy
-from numalign.api.names import ANN_GPUS, REJECT_REASON, REJECTED_PREFIX, TOPOLOGY_MESSAGE
+from numalign.api.names import (
+    ANN_GPUS,
+    IN_FLIGHT_REASON,
+    REJECT_REASON,
+    REJECTED_PREFIX,
+    TOPOLOGY_MESSAGE,
+)
 from numalign.api.nodestatus import HeldPod
 from numalign.api.reads import ObjectRead
 from numalign.api.resolved import Resolved
@@ -51,7 +57,7 @@ from numalign.topology.pod import pod_from_dict
 from numalign.topology.resourcefit import DEFAULT_MAX_PODS
 
 from .dra import DraCatalog
-from .dradecide import decide_claims, spread
+from .dradecide import HARD, decide_claims, spread
 from .feasible import FastVerdicts, fast_filter, node_free
 from .score import MAX_SCORE, MIN_SCORE, NEUTRAL_SCORE, SCORE_WEIGHTS, pod_numa, score_admission
 from .verdict import CANDIDATE_UID, OUT_OF_TIME, PodShape, Verdict
@@ -375,8 +381,16 @@ class Decider:
         resolved = self._effective(pod, view, memo).resolved
         if room_left(view, reservations, [h for _, h in extra], verdict, shape, resolved):
             return verdict
+        branches, every = self._branches(node, reservations, [p for p, _ in extra])
+        eff = self._effective(pod, view, memo)
+        if not every and eff.name in HARD:
+            return Verdict(node, False, IN_FLIGHT_REASON, (
+                f"numalign: pods in flight to this node with claims not allocated yet may "
+                f"land in more than {MAX_BRANCHES} ways; policy {eff.name} is checked "
+                f"against every one, so this node waits until they are bound"), MIN_SCORE,
+                policy=eff)
         first: Verdict | None = None
-        for held in self._branches(node, reservations, [p for p, _ in extra]):
+        for held in branches:
             v = self._decide(pod, node, held, shape, memo)
             if not v.fits:
                 return v
@@ -385,22 +399,25 @@ class Decider:
         return first
 
     def _branches(self, node: str, reservations: Sequence[HeldPod],
-                  flying: Sequence[Mapping[str, Any]]) -> list[list[HeldPod]]:
+                  flying: Sequence[Mapping[str, Any]]) -> tuple[list[list[HeldPod]], bool]:
         """What ``node`` may hold once the pods ``flying`` are admitted there first, in
         order, after ``reservations``: one list per way they may land. A pod with
         claims not allocated yet lands as the devices the allocator picks for it, which
         the extender cannot know: each of its device choices is a way (the kubelet then
         puts its CPUs and memory next to *those* devices). At most
-        :data:`MAX_BRANCHES` ways are kept (the first ones, the narrowest choices)."""
+        :data:`MAX_BRANCHES` ways are kept (the first ones, the narrowest choices);
+        the flag says whether that is every one."""
         branches: list[list[HeldPod]] = [list(reservations)]
+        every = True
         for p in flying:
             grown: dict[Hashable, list[HeldPod]] = {}
             for held in branches:
                 for h in self._holds(p, node, held):
                     way = [*held, h] if h is not None else held
                     grown.setdefault(held_key(way), way)
+            every = every and len(grown) <= MAX_BRANCHES
             branches = list(grown.values())[:MAX_BRANCHES]
-        return branches
+        return branches, every
 
     def _holds(self, pod: Mapping[str, Any], node: str,
                reservations: Sequence[HeldPod]) -> list[HeldPod | None]:
