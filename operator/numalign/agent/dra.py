@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from numalign.api.dra import PCI_BUS_ID_RE, NodeDraDevices, PciTopology, node_devices
+from numalign.api.draclaims import DRA_API
 from numalign.api.kube import JSON, Kube
 from numalign.api.kube.listwatch import list_watch
 
 log = logging.getLogger(__name__)
 
-SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
+SLICES_PATH = f"{DRA_API}/resourceslices"
 PCI_DEVICES = "sys/bus/pci/devices"
 MAX_PCI_DEVICES = 65536
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+from numalign.api.draclaims import DRA_API
 from numalign.api.draemulated import resource_slices
 from numalign.api.kube import ApiError, Kube, q
 from numalign.topology.machine import Machine
 
 log = logging.getLogger(__name__)
 
-SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
+SLICES_PATH = f"{DRA_API}/resourceslices"
 
 
 def without_devices(machine: Machine) -> Machine:

@@ -48,6 +48,7 @@ MAX_POD_CLAIMS = 32  # spec.resourceClaims (the API's own bound)
 MAX_RESULTS = 256  # allocated devices read per claim
 MAX_CONTAINER_CLAIMS = 64  # resources.claims per container
 MAX_TEXT = 253
+DRA_API = "/apis/resource.k8s.io/v1"  # the API group and version every DRA path is under
 
 JSON = dict[str, Any]
 
@@ -118,7 +119,7 @@ def pod_claims(pod: Mapping[str, Any]) -> tuple[list[PodClaim], list[str]]:
 
 def claim_path(namespace: str, name: str) -> str:
     """The API path of ResourceClaim ``namespace/name`` (resource.k8s.io/v1)."""
-    return (f"/apis/resource.k8s.io/v1/namespaces/{quote(namespace, safe='')}/resourceclaims/"
+    return (f"{DRA_API}/namespaces/{quote(namespace, safe='')}/resourceclaims/"
             f"{quote(name, safe='')}")
 
 
@@ -381,7 +382,8 @@ def pod_dra_devices(pod: Mapping[str, Any], claims: Mapping[str, Mapping[str, An
     return out
 
 
-__all__ = ["DEVICE_PROBLEM_REASON", "REJECTED_DEVICES_REASON", "ClaimDevice", "ClaimState",
+__all__ = ["DEVICE_PROBLEM_REASON", "DRA_API", "REJECTED_DEVICES_REASON", "ClaimDevice",
+           "ClaimState",
            "KindOf", "PodClaim", "PodDraDevices",
            "allocation_results", "container_claims", "default_kind", "emulated_kind_of",
            "pod_claims", "pod_dra_devices", "status_devices", "uses_claims"]

@@ -30,8 +30,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .dra import map_device
 from .draasks import (
-    NUMA_ATTRIBUTE,
     NodeDevice,
     NodeOffer,
     Selector,
@@ -50,16 +50,14 @@ def _map(v: Any) -> Mapping[str, Any]:
     return v if isinstance(v, Mapping) else {}
 
 
-def publishes_numa_node(device: Mapping[str, Any]) -> bool:
-    """Whether a ResourceSlice device carries ``resource.kubernetes.io/numaNode`` as an
-    integer or a non-empty list of integers (what a ``matchAttribute`` on it compares)."""
-    attr = _map(_map(device.get("attributes")).get(NUMA_ATTRIBUTE))
-    one = attr.get("int")
-    if isinstance(one, int) and not isinstance(one, bool):
-        return True
-    many = attr.get("ints")
-    return isinstance(many, list) and bool(many) and all(
-        isinstance(n, int) and not isinstance(n, bool) for n in many)
+def publishes_numa_node(device: Mapping[str, Any], driver: str = "") -> bool:
+    """Whether a ResourceSlice device of ``driver`` carries ``resource.kubernetes.io/numaNode``
+    as an integer or a non-empty list of integers (what a ``matchAttribute`` on it
+    compares), read as the agent and the extender read it (:func:`numalign.api.dra.map_device`)."""
+    attrs = device.get("attributes")
+    if not isinstance(attrs, Mapping):
+        return False
+    return map_device(driver, attrs, None, None)[1] == "numaNode"
 
 
 @dataclass(frozen=True)
@@ -98,7 +96,7 @@ def cluster_devices(slices: Iterable[Mapping[str, Any]],
                 complete = False
                 break
             out.append(NodeDevice(driver, str(pool or ""), name, None,
-                                  publishes_numa_node(_map(d)),
+                                  publishes_numa_node(_map(d), driver),
                                   device_attributes(driver, _map(d).get("attributes"))))
         if len(devices) > MAX_DEVICES_PER_SLICE:
             complete = False

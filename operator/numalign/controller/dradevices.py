@@ -30,6 +30,7 @@ from typing import Any
 
 import aiohttp
 
+from numalign.api.draclaims import DRA_API
 from numalign.api.draconstraint import MAX_CLASSES, ClusterDevices, cluster_devices
 from numalign.api.kube import ApiError
 
@@ -37,9 +38,8 @@ from . import connection
 
 log = logging.getLogger(__name__)
 
-BASE = "/apis/resource.k8s.io/v1"
-SLICES_PATH = f"{BASE}/resourceslices"
-CLASSES_PATH = f"{BASE}/deviceclasses"
+SLICES_PATH = f"{DRA_API}/resourceslices"
+CLASSES_PATH = f"{DRA_API}/deviceclasses"
 TTL_SECONDS = 5.0
 READ_TIMEOUT_SECONDS = 2.0
 PAGE = 500

@@ -378,11 +378,10 @@ class Decider:
         if not extra:
             return verdict
         shape = shape if shape is not None else pod_shape(pod)
-        resolved = self._effective(pod, view, memo).resolved
-        if room_left(view, reservations, [h for _, h in extra], verdict, shape, resolved):
+        eff = self._effective(pod, view, memo)
+        if room_left(view, reservations, [h for _, h in extra], verdict, shape, eff.resolved):
             return verdict
         branches, every = self._branches(node, reservations, [p for p, _ in extra])
-        eff = self._effective(pod, view, memo)
         if not every and eff.name in HARD:
             return Verdict(node, False, IN_FLIGHT_REASON, (
                 f"numalign: pods in flight to this node with claims not allocated yet may "

@@ -29,12 +29,11 @@ from numalign.api.draasks import (
     pod_claim_asks,
     selectors_of,
 )
-from numalign.api.draclaims import pod_claims
+from numalign.api.draclaims import DRA_API, pod_claims
 
 JSON = dict[str, Any]
-BASE = "/apis/resource.k8s.io/v1"
 KINDS = ("deviceclasses", "resourceclaimtemplates", "resourceclaims", "resourceslices")
-PATHS = {k: f"{BASE}/{k}" for k in KINDS}
+PATHS = {k: f"{DRA_API}/{k}" for k in KINDS}
 
 
 def _map(v: Any) -> Mapping[str, Any]:
