@@ -1,6 +1,7 @@
 """An emulated node decides its pods in the order they were bound, as the kubelet admits
 them one after another and as the scheduler extender counts them: a pod bound after a
-pod whose claims are still being read waits for it (ORDER_WAIT at most). Decided first,
+pod whose claims are still being read waits for it, however slow the read (ORDER_WAIT
+more at most once a read found them not allocated). Decided first,
 the later pod could take the CPUs the earlier one was counted on, next to its device,
 and the earlier pod would be refused (the DRA placement bench saw such
 TopologyAffinityErrors with the extender)."""
@@ -29,15 +30,19 @@ SNN = Resolved("single-numa-node", "pod", source="pod").annotation()
 
 
 class Api:
-    """The agent's client: the claim's GET waits for ``gate``; every write succeeds."""
+    """The agent's client: the claim's GET waits for ``gate`` (``unallocated``: until
+    then it answers at once, the claim not allocated yet); every write succeeds."""
 
-    def __init__(self) -> None:
+    def __init__(self, unallocated: bool = False) -> None:
         self.gate = asyncio.Event()
+        self.unallocated = unallocated
 
     def lane(self, _n: int) -> Api:
         return self
 
     async def get_or_none(self, path: str, params: Any = None) -> dict[str, Any] | None:
+        if self.unallocated and not self.gate.is_set():
+            return {"metadata": {"name": "a-gpus"}, "status": {}}
         await self.gate.wait()
         return {"metadata": {"name": "a-gpus"}, "status": {"allocation": {"devices": {
             "results": [{"request": "gpu", "driver": de.DRIVER, "pool": NODE,
@@ -62,11 +67,12 @@ def pod(name: str, cpus: int, claim: bool = False) -> dict[str, Any]:
                          "annotations": {ANN_RESOLVED: SNN}}, "spec": spec, "status": status}
 
 
-async def _bound(release_after: float) -> dict[str, bool]:
+async def _bound(release_after: float, unallocated: bool = False) -> dict[str, bool]:
     """Z (8 CPUs, NUMA node 0), then A (4 CPUs and a GPU of NUMA node 1; its claim
-    read takes ``release_after`` s), then B (14 CPUs: only NUMA node 1 can hold it, and
-    only without A) are bound, in that order; what the node decided."""
-    api = Api()
+    read takes ``release_after`` s, or reads as not allocated until then), then B (14
+    CPUs: only NUMA node 1 can hold it, and only without A) are bound, in that order;
+    what the node decided."""
+    api = Api(unallocated)
     em = Emulator(api, [NodeSpec(NODE, MACHINE)])  # type: ignore[arg-type]
     st = em.states[NODE]
     st.dra = node_devices(de.resource_slices(MACHINE, NODE), NODE, None, MACHINE.numa_ids)
@@ -88,9 +94,18 @@ def test_a_pod_bound_after_one_reading_its_claims_is_decided_after_it() -> None:
     assert decided == {"uid-z": True, "uid-a": True, "uid-b": False}
 
 
-def test_a_claim_slow_to_read_holds_the_other_pods_up_no_longer_than_order_wait(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_claim_slow_to_read_keeps_the_bind_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    # an API server slow to answer (on a loaded control plane) is no reason to decide B
+    # first: A was counted before it, with its GPU
     monkeypatch.setattr(claimadmit, "ORDER_WAIT", 0.05)
     decided = asyncio.run(_bound(0.5))
-    # B went past A after 0.05 s (and took NUMA node 1's CPUs); A then got none there
+    assert decided == {"uid-z": True, "uid-a": True, "uid-b": False}
+
+
+def test_a_claim_read_as_not_allocated_holds_the_other_pods_up_no_longer_than_order_wait(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(claimadmit, "ORDER_WAIT", 0.05)
+    decided = asyncio.run(_bound(0.3, unallocated=True))  # read again after 0.5 s
+    # B went past A 0.05 s after A's claim read as not allocated (and took NUMA node
+    # 1's CPUs); A, allocated later, then got none there
     assert decided == {"uid-z": True, "uid-a": False, "uid-b": True}

@@ -67,11 +67,13 @@ async def read_claims(kube: Kube, pod: Mapping[str, Any]
 async def pod_devices(kube: Kube, pod: Mapping[str, Any],
                       node: Callable[[], NodeDraDevices | None],
                       machine: Collection[int], kind_of: KindOf, *,
-                      wait: float = WAIT_SECONDS, retry: float = RETRY_SECONDS
+                      wait: float = WAIT_SECONDS, retry: float = RETRY_SECONDS,
+                      not_ready: Callable[[], None] | None = None
                       ) -> tuple[PodDraDevices, bool]:
     """The pod's claims and devices once all are allocated and the node's slices are
     read, and True; or, once ``wait`` has passed, as they stand and False. ``node``: the
-    node's DRA devices as read now (None: not yet)."""
+    node's DRA devices as read now (None: not yet); ``not_ready``: called each time a
+    read finds them not all allocated (or the slices not read) yet."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
     while True:
@@ -87,6 +89,8 @@ async def pod_devices(kube: Kube, pod: Mapping[str, Any],
                     log.warning("pod %s: %s", (pod.get("metadata") or {}).get("name"),
                                 errors[c.claim.claim])
             return got, ready
+        if not_ready is not None:
+            not_ready()
         await asyncio.sleep(retry)
 
 
@@ -102,16 +106,20 @@ class Verdict:
 
 
 async def verdict(kube: Kube, st: NodeState, pod: Mapping[str, Any], *,
-                  wait: float = WAIT_SECONDS) -> Verdict:
-    """Read the claims of ``pod`` bound to the emulated node of ``st``."""
+                  wait: float = WAIT_SECONDS,
+                  not_ready: Callable[[], None] | None = None) -> Verdict:
+    """Read the claims of ``pod`` bound to the emulated node of ``st`` (``not_ready``:
+    as :func:`pod_devices` takes it)."""
     got, ready = await pod_devices(kube, pod, lambda: st.dra, st.machine.numa_ids,
-                                   emulated_kind_of(st.machine), wait=wait)
+                                   emulated_kind_of(st.machine), wait=wait,
+                                   not_ready=not_ready)
     if not ready:
         return Verdict(refusal=unready_message(got), devices=got)
     return Verdict([dra_kind(got)], warning=device_problem_message(got), devices=got)
 
 
-ORDER_WAIT = 2.0  # how long a node's later pods wait for a pod's claims to be read
+# how long a node's later pods wait for a pod whose claims were read as not allocated
+ORDER_WAIT = 2.0
 
 
 class Queue:
@@ -119,7 +127,9 @@ class Queue:
 
     def __init__(self) -> None:
         self.pods: dict[str, Mapping[str, Any]] = {}  # uid -> pod, in order
-        self.since: dict[str, float] = {}
+        # pods whose claims a read found not allocated yet -> when it first did
+        self.unallocated: dict[str, float] = {}
+        self.passed: set[str] = set()  # such pods the later ones went past
         self.timer = False
 
     @property
@@ -128,11 +138,11 @@ class Queue:
 
     def add(self, uid: str, pod: Mapping[str, Any]) -> None:
         self.pods[uid] = pod
-        self.since[uid] = asyncio.get_running_loop().time()
 
     def remove(self, uid: str) -> None:
         self.pods.pop(uid, None)
-        self.since.pop(uid, None)
+        self.unallocated.pop(uid, None)
+        self.passed.discard(uid)
 
 
 class ClaimAdmission:
@@ -164,12 +174,15 @@ class ClaimAdmission:
 
     # A pod with claims is decided once its claims are read (a GET, usually a few ms;
     # up to WAIT_SECONDS when they are not allocated yet). The pods bound to the node
-    # after it wait for it (ORDER_WAIT at most): the node decides its pods in the order
-    # they were bound, as the kubelet admits them one after another, and as the
-    # scheduler extender counted them (each pod's hold decided with those bound before
-    # it). Deciding a later pod first could give it the CPUs the earlier pod was counted
-    # on, next to that pod's device, and refuse the earlier pod (the DRA placement bench
-    # saw that).
+    # after it wait for it: the node decides its pods in the order they were bound, as
+    # the kubelet admits them one after another, and as the scheduler extender counted
+    # them (each pod's hold decided with those bound before it). Deciding a later pod
+    # first could give it the CPUs the earlier pod was counted on, next to that pod's
+    # device, and refuse the earlier pod (the DRA placement bench saw that). They wait
+    # while its claims are being read (however slow the API server is to answer: the
+    # read's own timeout bounds it), and ORDER_WAIT more once a read found them not
+    # allocated (kube-scheduler allocates a pod's claims before it binds the pod, so
+    # that is an exception: such a pod is decided on its own once they are).
 
     def _admit_in_order(self, st: NodeState, pod: Mapping[str, Any]) -> None:
         """Queue ``pod`` (bound to ``st``'s node) behind the pods bound before it that
@@ -186,16 +199,22 @@ class ClaimAdmission:
 
     async def _read_then_drain(self, st: NodeState, pod: Mapping[str, Any]) -> None:
         uid = str((pod.get("metadata") or {}).get("uid") or "")
+        def not_ready() -> None:
+            q = self._order.get(st.name)
+            if q is not None and uid in q.pods and uid not in q.unallocated:
+                q.unallocated[uid] = asyncio.get_running_loop().time()
+                self._drain(st)
+
         try:
-            self._claim_verdicts[uid] = await verdict(self.kube, st, pod)
+            self._claim_verdicts[uid] = await verdict(self.kube, st, pod, not_ready=not_ready)
         finally:
             self._claims_reading.discard(uid)
             self._drain(st)
 
     def _drain(self, st: NodeState) -> None:
         """Decide the node's queued pods in order, up to the first whose claims are
-        still being read (past it, once it has waited ORDER_WAIT: a claim that is slow
-        to read holds the node's other pods up no longer)."""
+        still being read (past it once a read found them not allocated ORDER_WAIT ago:
+        such a pod holds the node's other pods up no longer)."""
         q = self._order.get(st.name)
         if q is None:
             return
@@ -205,11 +224,21 @@ class ClaimAdmission:
                 if uid not in self._claims_reading:  # the read failed: nothing to decide
                     q.remove(uid)
                     continue
-                if loop.time() - q.since[uid] < ORDER_WAIT:
+                since = q.unallocated.get(uid)
+                if since is None:  # the first read is under way: its end drains again
+                    return
+                left = ORDER_WAIT - (loop.time() - since)
+                if left > 0:
                     if not q.timer:
                         q.timer = True
-                        loop.call_later(ORDER_WAIT, self._redrain, st)
+                        loop.call_later(left, self._redrain, st)
                     return
+                if uid not in q.passed and any(u != uid for u in q.pods):
+                    q.passed.add(uid)
+                    log.warning("%s: pods bound after %s/%s are decided before it: its "
+                                "claims were not allocated %gs after it was bound", st.name,
+                                (pod.get("metadata") or {}).get("namespace"),
+                                (pod.get("metadata") or {}).get("name"), ORDER_WAIT)
                 continue  # decided on its own once read
             q.remove(uid)
             v = self._claim_verdicts.pop(uid, None)
