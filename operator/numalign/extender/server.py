@@ -36,6 +36,7 @@ from numalign.api.kube import NT_BASE, ApiError, Kube, KubeConfig
 from numalign.api.kube.client import pod_path
 from numalign.api.kube.listwatch import list_watch
 
+from .bindorder import BindOrder
 from .decide import Decider
 from .dra import KINDS, PATHS, DraCatalog
 from .fleet import Fleet, pod_uid
@@ -120,6 +121,7 @@ class ExtenderServer:
         self.limits = limits
         self.ready = False
         self.waiting_for = "the NodeTopology listing"
+        self.bind_order = BindOrder()  # a node's bindings land as they were counted
 
     @property
     def max_body(self) -> int:
@@ -246,21 +248,30 @@ class ExtenderServer:
             log.info("bind %s to %s: %s; left to the scheduler", args.pod_name, args.node, why)
             return web.json_response(binding_result(why))
         await self._read_claims(approved)
-        self.fleet.bound_to(approved, args.node)  # counts as bound there from now on
-        path = pod_path(args.namespace, args.name, "binding")
-        try:
-            await self.kube.request("POST", path, body=args.binding(), timeout=BIND_TIMEOUT,
-                                    decode=False)
-        except (ApiError, TimeoutError, aiohttp.ClientError) as e:
-            if await self._landed(args, e):
-                self.pending.forget(args.uid)
-                self.metrics.binds.labels(outcome="bound").inc()
-                return web.json_response(binding_result())
-            self.fleet.unclaim(args.uid, args.node)
-            self.metrics.binds.labels(outcome="error").inc()
-            log.warning("bind %s to %s: %s", args.pod_name, args.node, e)
-            return web.json_response(binding_result(
-                f"numalign extender: binding {args.pod_name} to {args.node}: {e}"))
+        waited = time.perf_counter()
+        async with self.bind_order.turn(args.node) as in_turn:
+            if not in_turn:
+                self.metrics.bind_turns_missed.inc()
+                log.info("bind %s to %s: the binding before it there has not landed; posted "
+                         "without waiting longer", args.pod_name, args.node)
+            self.fleet.bound_to(approved, args.node)  # counts as bound there from now on
+            path = pod_path(args.namespace, args.name, "binding")
+            # what the turn took comes off the binding's time: the scheduler's httpTimeout
+            # bounds the whole call
+            timeout = BIND_TIMEOUT - (time.perf_counter() - waited)
+            try:
+                await self.kube.request("POST", path, body=args.binding(), timeout=timeout,
+                                        decode=False)
+            except (ApiError, TimeoutError, aiohttp.ClientError) as e:
+                if await self._landed(args, e):
+                    self.pending.forget(args.uid)
+                    self.metrics.binds.labels(outcome="bound").inc()
+                    return web.json_response(binding_result())
+                self.fleet.unclaim(args.uid, args.node)
+                self.metrics.binds.labels(outcome="error").inc()
+                log.warning("bind %s to %s: %s", args.pod_name, args.node, e)
+                return web.json_response(binding_result(
+                    f"numalign extender: binding {args.pod_name} to {args.node}: {e}"))
         self.pending.forget(args.uid)
         self.metrics.binds.labels(outcome="bound").inc()
         self.metrics.bind_seconds.observe(time.perf_counter() - t0)

@@ -1,0 +1,80 @@
+"""A node's bindings land in the order the extender counted them.
+
+kube-scheduler binds pods at once; the bind verb makes each pod's hold on its node and
+posts the Binding. Posted together, the second binding could be stored first: the node
+then admits the second pod first and may give it what the first was counted on (the
+CPUs next to the first pod's device), refusing the first. Here the API server is slow
+to store the first binding and quick with the second."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp.test_utils import TestClient, TestServer
+from test_extender_dra import fleet, pod
+
+from numalign.extender.bindorder import BindOrder
+from numalign.extender.fleet import Fleet
+from numalign.extender.pending import PendingPods
+from numalign.extender.server import ExtenderServer
+
+A = pod("a", "single-numa-node", claims=False)
+B = pod("b", "single-numa-node", claims=False)
+
+
+class Api:
+    """Bindings land after ``slow[name]`` seconds (0 by default), in ``landed``."""
+
+    def __init__(self, slow: dict[str, float]) -> None:
+        self.slow = slow
+        self.landed: list[str] = []
+
+    async def request(self, method: str, path: str, **_: Any) -> Any:
+        name = path.split("/")[-2]
+        if method == "POST":
+            await asyncio.sleep(self.slow.get(name, 0.0))
+            self.landed.append(name)
+        return {}
+
+
+async def _bind_both(slow: dict[str, float], turn_wait: float = 1.0
+                     ) -> tuple[ExtenderServer, Api]:
+    pending = PendingPods()
+    pending.load([A, B])
+    api = Api(slow)
+    server = ExtenderServer(Fleet(fleet({"n0": ()}, A, B)), pending=pending,
+                            kube=api)  # type: ignore[arg-type]
+    server.bind_order = BindOrder(turn_wait)
+    server.fleet.load_pods([])
+    server.ready = True
+    async with TestClient(TestServer(server.app())) as c:
+        for p in (A, B):
+            r = await c.post("/filter", json={"Pod": p, "Nodes": None, "NodeNames": ["n0"]})
+            assert (await r.json())["NodeNames"] == ["n0"]
+
+        async def bind(p: dict[str, Any], after: float) -> str:
+            await asyncio.sleep(after)
+            name = p["metadata"]["name"]
+            r = await c.post("/bind", json={"PodName": name, "PodNamespace": "ns",
+                                            "PodUID": f"uid-{name}", "Node": "n0"})
+            return str((await r.json())["Error"])
+
+        assert list(await asyncio.gather(bind(A, 0.0), bind(B, 0.05))) == ["", ""]
+    return server, api
+
+
+async def test_a_second_binding_to_a_node_lands_after_the_first() -> None:
+    server, api = await _bind_both({"a": 0.3})
+    assert api.landed == ["a", "b"]  # b waited for a, though its own POST is quicker
+    assert server.bind_order.nodes == 0  # nothing kept once the node's bindings are done
+    counted = [r.uid for r in server.fleet.reservations.on_node("n0")]
+    assert counted == ["uid-a", "uid-b"]  # as the node sees them bound
+
+
+async def test_a_binding_stuck_holds_the_next_one_up_no_longer_than_the_turn_wait() -> None:
+    server, api = await _bind_both({"a": 0.5}, turn_wait=0.1)
+    assert api.landed == ["b", "a"]
+    missed = server.metrics.bind_turns_missed._value.get()  # type: ignore[attr-defined]
+    assert missed == 1
+    assert server.bind_order.nodes == 0
