@@ -350,6 +350,8 @@ class Extender:
         out["extender_binds"] = {
             s.labels["outcome"]: int(s.value) for s in samples
             if s.name == "numalign_extender_binds_total"}
+        out["extender_bind_turns_missed"] = int(sum(
+            s.value for s in samples if s.name == "numalign_extender_bind_turns_missed_total"))
         out["extender_refusals"] = {
             s.labels["reason"]: int(s.value) for s in samples
             if s.name == "numalign_extender_refusals_total"}
@@ -459,7 +461,8 @@ def print_half(r: dict[str, Any]) -> None:
               f"{r['extender_prioritize_decide_p99_ms']} ms (the rest of a call: its body, "
               f"the pod, {r['extender_pod_reads']} read from the API server, the event loop)")
         print(f"  extender refusals      {r['extender_refusals']} (nodes refused, by reason); "
-              f"binds {r['extender_binds']}")
+              f"binds {r['extender_binds']}, {r['extender_bind_turns_missed']} posted "
+              f"without waiting for their node's previous one")
 
 
 def add_run_args(p: argparse.ArgumentParser, *, burst: int, gap: float, seed: int,
