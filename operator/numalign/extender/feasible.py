@@ -28,7 +28,11 @@ some mask is a preferred hint of every manager (the fit decides), nodes where no
 best-effort nodes with fewer CPUs free than asked (the CPU manager's failure, whose
 counts the key holds: one group per count over every machine). Any other
 ``UnexpectedAdmissionError`` (counts in its message), a resource-fit refusal (the
-node's used amounts in it) or anything else is decided node by node. A fast admission
+node's used amounts in it) or anything else is decided node by node. Where the policy
+is built as is (no options, no more NUMA nodes than the default limit), some groups'
+answers need no full decision (:meth:`_Site.implied`): the merge's refusal, best-effort's
+CPU shortage (worded from its counts), and an admission with room in the fit once one
+node of the filter was admitted in full. A fast admission
 carries no allocation and no score (:attr:`Verdict.complete` False): prioritize
 completes it, bind decides in full.
 
@@ -407,7 +411,9 @@ def fast_filter(views: Mapping[str, NodeView], cache: FastVerdicts, nodes: Seque
         if site.plan is None:
             append(full(n))
             continue
-        free = node_free(view.ledger())
+        free = view.free_amounts
+        if free is None:
+            free = view.free()
         group = site.group(free)
         got = site.known.get(group)
         if got is _FIT:

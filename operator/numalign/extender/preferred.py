@@ -283,17 +283,7 @@ def classifier(r: Rules) -> Callable[[NodeFree], Hashable | None]:
         over = free.overcommitted
         if over and not kinds.isdisjoint(over):
             return None  # the memory manager's sums differ
-        found = singles
-        if cpus:
-            found &= free.cpus_at_least(cpus)
-        if found and memory:
-            found &= free.alone
-            for k, q in memory:
-                found &= free.memory_at_least(k, q)
-        if found and bound:
-            for res, q in bound:
-                found &= free.devices_at_least(res, q)
-        if not found:
+        if not free.holding(singles, cpus, memory, bound):
             return _unpreferred(r, free)
         if loose:
             totals = free.device_totals
