@@ -263,10 +263,16 @@ def test_fast_verdicts_on_tight_fleets_equal_the_full_decision(
     machines) equals the node's full decision."""
     from numalign.extender import feasible
 
-    real = feasible.outcome
+    real, classifier = feasible.outcome, feasible.classifier
     seen: list[Any] = []
     monkeypatch.setattr(feasible, "outcome", lambda r, free: seen.append(
         got := real(r, free)) or got)
+
+    def recording(r: Any) -> Any:
+        classify = classifier(r)
+        return lambda free: seen.append(got := classify(free)) or got
+
+    monkeypatch.setattr(feasible, "classifier", recording)
     rng = random.Random(seed)
     nodes, devices, kinds = _tight_fleet(rng)
     decider, names = _decider(nodes)
@@ -303,18 +309,20 @@ def _pod_under(policy: str, name: str, cpus: str) -> JSON:
     return pod
 
 
-@pytest.mark.parametrize(("policy", "cpus", "decided"), [
+@pytest.mark.parametrize(("policy", "cpus"), [
     # 4 CPUs per NUMA node: the CPU manager prefers two nodes, the memory manager one
-    ("restricted", "6", 1),
-    ("single-numa-node", "6", 1),
+    ("restricted", "6"),
+    ("single-numa-node", "6"),
     # more CPUs than either machine has: one failure per count of CPUs free
-    ("best-effort", "40", 2)])
-def test_a_refusal_the_same_on_every_machine_is_decided_once(
-        policy: str, cpus: str, decided: int) -> None:
+    ("best-effort", "40")])
+def test_a_refusal_the_same_on_every_machine_is_decided_without_the_engine(
+        policy: str, cpus: str) -> None:
     """Empty nodes of two machines (fragmented-8numa, seed-figure1): a pod no merged
-    hint can prefer is refused on all of them after one full decision; under
-    best-effort the CPU manager's failure, whose message counts the CPUs free, after
-    one per count. Each verdict is the node's own full decision."""
+    hint can prefer is refused on all of them without a full decision (the merge's
+    refusal, its message the kubelet's fixed one); under best-effort the CPU manager's
+    failure, its message worded from the CPUs free. Each verdict is the node's own
+    full decision."""
+    decided = 0
     nodes = [Node(f"{m}-{i}", load_machine(testdata.MACHINES / f"{m}.yaml"), {})
              for m in ("fragmented-8numa", "seed-figure1") for i in range(6)]
     decider, names = _decider(nodes)
@@ -323,3 +331,29 @@ def test_a_refusal_the_same_on_every_machine_is_decided_once(
     fresh = [decide(pod, decider.views[n]) for n in names]
     assert [_answer(v) for v in fast] == [_answer(v) for v in fresh]
     assert not any(v.fits for v in fast) and decider.fast.decided == decided, fast
+
+
+@pytest.mark.parametrize("options", [None, {"maxAllowableNumaNodes": 8}])
+def test_an_admission_the_rules_imply_needs_one_full_decision(
+        options: dict[str, int] | None) -> None:
+    """Empty nodes of two machines (fragmented-8numa, seed-figure1), a pod of 1 CPU: the
+    first node admitting it is decided in full (its allocation and score known), the
+    others are admitted from the rules, the nodes of the other machine too; with policy
+    options given (the policy may not build on a machine) the first node of each
+    machine is decided in full. Every verdict is the node's own full decision."""
+    nodes = [Node(f"{m}-{i}", load_machine(testdata.MACHINES / f"{m}.yaml"), {})
+             for m in ("fragmented-8numa", "seed-figure1") for i in range(6)]
+    decider, names = _decider(nodes)
+    pod = _pod_under("single-numa-node", "p", "1")
+    if options is not None:
+        ann = json.loads(pod["metadata"]["annotations"]["numalign.io/resolved"])
+        pod["metadata"]["annotations"]["numalign.io/resolved"] = json.dumps(
+            {**ann, "options": options})
+    fast = decider.filter(pod, names, complete=False)
+    fresh = [decide(pod, decider.views[n]) for n in names]
+    assert [_answer(v) for v in fast] == [_answer(v) for v in fresh]
+    assert all(v.fits for v in fast)
+    assert [v.complete for v in fast] == (
+        [True] + [False] * 11 if options is None else [True] + [False] * 5 + [True]
+        + [False] * 5), fast
+    assert decider.fast.decided == (1 if options is None else 2)

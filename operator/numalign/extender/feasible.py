@@ -28,7 +28,11 @@ some mask is a preferred hint of every manager (the fit decides), nodes where no
 best-effort nodes with fewer CPUs free than asked (the CPU manager's failure, whose
 counts the key holds: one group per count over every machine). Any other
 ``UnexpectedAdmissionError`` (counts in its message), a resource-fit refusal (the
-node's used amounts in it) or anything else is decided node by node. A fast admission
+node's used amounts in it) or anything else is decided node by node. Where the policy
+is built as is (no options, no more NUMA nodes than the default limit), some groups'
+answers need no full decision (:meth:`_Site.implied`): the merge's refusal, best-effort's
+CPU shortage (worded from its counts), and an admission with room in the fit once one
+node of the filter was admitted in full. A fast admission
 carries no allocation and no score (:attr:`Verdict.complete` False): prioritize
 completes it, bind decides in full.
 
@@ -47,9 +51,11 @@ from typing import Any
 from numalign.api.effective import EffectivePolicy
 from numalign.api.names import REJECT_REASON
 from numalign.api.nodestatus import HeldPod
-from numalign.topology.admit import UNEXPECTED_REASON
+from numalign.topology.admit import UNEXPECTED_REASON, allocation_failure
 from numalign.topology.machine import Machine
+from numalign.topology.managers.cpu import cpus_short
 from numalign.topology.merge import REJECT_MESSAGE
+from numalign.topology.pod import is_extended
 from numalign.topology.policyconfig import (
     POLICY_SINGLE_NUMA_NODE,
     SCOPE_POD,
@@ -57,7 +63,17 @@ from numalign.topology.policyconfig import (
 from numalign.topology.resourcefit import DEFAULT_MAX_PODS, PODS, allocatable
 
 from .nodefree import NodeFree, PodAsk, node_free, pod_ask
-from .preferred import ANYWHERE, REFUSES, Rules, outcome, rules_for
+from .preferred import (
+    ADMITS,
+    ANYWHERE,
+    REFUSES,
+    SHORT,
+    Rules,
+    classifier,
+    outcome,
+    rules_for,
+)
+from .score import MIN_SCORE
 from .verdict import PodShape, Verdict
 from .view import NodeView
 
@@ -144,7 +160,7 @@ def _capped_free(plan: _Plan, free: NodeFree) -> tuple[Any, ...]:
             free.rule if plan.kinds else None)
 
 
-def _group(plan: _Plan, free: NodeFree) -> tuple[Any, ...]:
+def _group(plan: _Plan, free: NodeFree, got: Any = _MISSING) -> tuple[Any, ...]:
     """The free amounts capped at the pod's request, the grouping rule, the room the
     resource fit sees, capped likewise.
 
@@ -155,11 +171,14 @@ def _group(plan: _Plan, free: NodeFree) -> tuple[Any, ...]:
     asked (a failure counting them, on any machine: the key holds the counts).
     Otherwise under single-numa-node only which NUMA nodes alone hold each request
     (and which the grouping rule lets the memory use alone) count: it admits only a
-    hint of one NUMA node, preferred by every manager, inside which each allocates."""
+    hint of one NUMA node, preferred by every manager, inside which each allocates.
+    ``got``: the outcome of the plan's rules on ``free``, where the caller read it."""
     rules = plan.rules
     if rules is not None:
         capped: tuple[Any, ...] | None = None
-        if rules.cheap:
+        if got is not _MISSING:
+            pass
+        elif rules.cheap:
             got = outcome(rules, free)
         else:  # sums over masks: kept by the capped amounts they depend on
             capped = _capped_free(plan, free)
@@ -255,6 +274,98 @@ def shared_answer(verdict: Verdict) -> Any:
     return _EACH
 
 
+# a site's most common groups, as tokens (no tuple to build and hash per node)
+_ADMITTED = "admitted"  # the rules admit, the fit has room for all the pod asks
+_REFUSED = "refused"  # no preferred merged hint, the same refusal on every machine
+
+
+class _Site:
+    """One filter call's reading of one (machine, node policy): the pod's effective
+    policy, the plan (None: decide each node in full), the cache key's head (on this
+    machine, on any), the fast admission, and the answers found for its groups."""
+
+    __slots__ = ("anyhead", "classify", "eff", "fits", "full_room", "head", "known", "plan",
+                 "refusal", "sure")
+
+    def __init__(self, eff: EffectivePolicy, plan: _Plan | None, head: tuple[Any, ...],
+                 anyhead: tuple[Any, ...]) -> None:
+        self.eff, self.plan, self.head, self.anyhead = eff, plan, head, anyhead
+        self.fits = Verdict("", True, policy=eff, complete=False)
+        rules = plan.rules if plan is not None else None
+        self.classify = classifier(rules) if rules is not None and rules.cheap else None
+        # the fit's room where it holds all the pod asks (:func:`_room`)
+        self.full_room = () if plan is None else (
+            1, *[-1 if cap < 0 else q for _, cap, q in plan.fit])
+        self.known: dict[Hashable, Any] = {}  # group -> its answer (not _TOTALS)
+        # the answers of its two groups, known without a full decision (see
+        # :meth:`implied`): the merge's refusal, and whether an admission is sure
+        self.refusal = Verdict("", False, REJECT_REASON, REJECT_MESSAGE, MIN_SCORE,
+                               policy=eff)
+        self.sure = (rules is not None and rules.anywhere and plan is not None and all(
+            cap >= 0 or is_extended(res) for res, cap, _ in plan.fit))
+
+    def group(self, free: NodeFree) -> Hashable:
+        """:func:`_group` of ``free``, or the token of the group it names."""
+        plan = self.plan
+        assert plan is not None
+        classify = self.classify
+        if classify is None:
+            return _group(plan, free)
+        got = classify(free)
+        if got is ADMITS:
+            if plan.pods - free.pods >= 1:
+                used = free.used
+                for res, cap, q in plan.fit:
+                    if cap >= 0 and cap - used.get(res, 0) < q:
+                        break
+                else:
+                    return _ADMITTED
+            return (ADMITS, _room(plan, free))
+        if got == REFUSES and plan.rules is not None and plan.rules.anywhere:
+            return _REFUSED
+        return _group(plan, free, got)
+
+    def implied(self, group: Hashable, admitted: bool) -> Any:
+        """The answer of ``group`` where the rules imply it (None: decide its first node
+        in full). The engine admits a pod (:func:`numalign.topology.admit.admit_pod`)
+        unless its policy cannot be built (options given, or more NUMA nodes than the
+        default limit: :attr:`Rules.anywhere` False), the Topology Manager's merge
+        refuses (``TopologyAffinityError`` with the kubelet's fixed message), a
+        manager's allocation fails, or the resource fit does. So where the policy is
+        built: :data:`_REFUSED` (no preferred merged hint under restricted or
+        single-numa-node) is that refusal, and :data:`_ADMITTED` (a preferred hint
+        every manager allocates inside, room for every resource the fit counts, none
+        the fit finds missing on the machine) admits, once one node of the filter
+        (``admitted``) was admitted in full: the first keeps its allocation and score
+        (a filter of one node answers as prioritize would, and the pod's hold there,
+        in flight, is known). Under best-effort, :data:`SHORT` is the CPU manager's
+        failure, which its counts word."""
+        if group is _REFUSED:
+            return self.refusal
+        if group is _ADMITTED:
+            return _FIT if self.sure and admitted else None
+        assert isinstance(group, tuple)
+        if group[0] == ANYWHERE and isinstance(group[1], tuple) and group[1][0] == SHORT:
+            # best-effort, the CPU manager's failure: it takes the CPUs free inside the
+            # merged hint, then counts the ones it still needs and those free besides
+            _, total, inside = group[1]
+            asked = self.plan.cpus if self.plan is not None else 0
+            return Verdict("", False, UNEXPECTED_REASON, allocation_failure(
+                cpus_short(asked - inside, total - inside)), MIN_SCORE, policy=self.eff)
+        return None
+
+    def key(self, group: Hashable) -> tuple[tuple[Any, ...], bool]:
+        """The cache key of ``group``, and whether its answer is the same on every
+        machine."""
+        if group is _ADMITTED:
+            return (self.head, (ADMITS, self.full_room)), False
+        if group is _REFUSED:
+            return (self.anyhead, (ANYWHERE, REFUSES)), True
+        assert isinstance(group, tuple)
+        anywhere = group[0] == ANYWHERE
+        return (self.anyhead if anywhere else self.head, group), anywhere
+
+
 def fast_filter(views: Mapping[str, NodeView], cache: FastVerdicts, nodes: Sequence[str],
                 shape: PodShape, held: Mapping[str, Sequence[HeldPod]],
                 flying: Mapping[str, Flying], effective: Callable[[NodeView], EffectivePolicy],
@@ -266,45 +377,58 @@ def fast_filter(views: Mapping[str, NodeView], cache: FastVerdicts, nodes: Seque
     ``out_of_time(node)``: the verdict of a node left undecided when the filter's time ran
     out, or None."""
     ask = pod_ask(shape.model)
+    simple = ask.simple
     out: list[Verdict] = []
-    # per (machine, node policy): the pod's effective policy, the plan (None: decide
-    # in full), the cache key's head (on this machine, on any) and the fast admission
-    sites: dict[tuple[str, str], tuple[EffectivePolicy, _Plan | None, tuple[Any, ...],
-                                       tuple[Any, ...], Verdict]] = {}
+    append = out.append
+    sites: dict[tuple[str, str], _Site] = {}  # per (machine, node policy)
     views_get, sites_get = views.get, sites.get
     answers: dict[Hashable, Any] = {}  # this call's group answers, read first
-    shared = 0
+    shared = decided = 0
+    admitted = False  # a node decided in full admitted the pod
     for n in nodes:
         late = out_of_time(n)
         if late is not None:
-            out.append(late)
+            append(late)
             continue
         view = views_get(n)
-        if not ask.simple or view is None or view.machine is None:
-            out.append(full(n))
+        if not simple or view is None or view.machine is None:
+            append(full(n))
             continue
-        mine, fly = held.get(n), flying.get(n)
-        if ((mine and any(not view.lists(r) for r in mine))
-                or (fly and any(not view.lists(h) for _, h in fly))):
-            out.append(full(n))
-            continue
+        if held or flying:
+            mine, fly = held.get(n), flying.get(n)
+            if ((mine and any(not view.lists(r) for r in mine))
+                    or (fly and any(not view.lists(h) for _, h in fly))):
+                append(full(n))
+                continue
         site = sites_get((view.machine_key, view.policy_id))
         if site is None:
             eff = effective(view)
             plan = (None if eff.scope != SCOPE_POD and not ask.single else
                     _plan(view.machine, ask, eff.policy.name, not eff.options.given))
-            site = sites[(view.machine_key, view.policy_id)] = (
+            site = sites[(view.machine_key, view.policy_id)] = _Site(
                 eff, plan, (view.machine_key, eff.key, view.policy.kind, shape.key),
-                (None, eff.key, view.policy.kind, shape.key),
-                Verdict("", True, policy=eff, complete=False))
-        eff, plan, head, anyhead, fits = site
-        if plan is None:
-            out.append(full(n))
+                (None, eff.key, view.policy.kind, shape.key))
+        if site.plan is None:
+            append(full(n))
             continue
-        free = node_free(view.ledger())
-        group = _group(plan, free)
-        anywhere = group[0] == ANYWHERE  # the same answer on every machine
-        key: Hashable = (anyhead if anywhere else head, group)
+        free = view.free_amounts
+        if free is None:
+            free = view.free()
+        group = site.group(free)
+        got = site.known.get(group)
+        if got is _FIT:
+            shared += 1
+            append(site.fits.moved(n, site.eff))
+            continue
+        if got is _EACH:
+            decided += 1
+            append(full(n))
+            continue
+        if got is not None:
+            shared += 1
+            append(got.moved(n, site.eff))
+            continue
+        key, anywhere = site.key(group)
         got = answers.get(key)
         if got is None:
             got = cache.get(key)
@@ -314,10 +438,19 @@ def fast_filter(views: Mapping[str, NodeView], cache: FastVerdicts, nodes: Seque
         if counted:
             key = (key, totals_key(free))
             got = cache.get(key)
+        elif got is not None:
+            site.known[group] = got
+        if got is None and not counted:
+            got = site.implied(group, admitted)
+            if got is not None:
+                cache.put(key, got)
+                answers[key] = site.known[group] = got
         if got is None:
             v = full(n)
-            cache.decided += 1
+            decided += 1
+            admitted = admitted or v.fits
             answer = shared_answer(v)
+            plain = not counted  # the group's own key
             if answer is _TOTALS:
                 if anywhere:
                     pass  # the group's key counts what the message does
@@ -325,20 +458,24 @@ def fast_filter(views: Mapping[str, NodeView], cache: FastVerdicts, nodes: Seque
                     cache.put(key, _TOTALS)
                     answers[key] = _TOTALS
                     key = (key, totals_key(free))
+                    plain = False
                 answer = v
             elif counted:  # not as the group's first node failed: decide each
                 answer = _EACH
             cache.put(key, answer)
             answers[key] = answer
-            out.append(v)
+            if plain:
+                site.known[group] = answer
+            append(v)
         elif got is _FIT:
             shared += 1
-            out.append(fits.moved(n, eff))
+            append(site.fits.moved(n, site.eff))
         elif got is _EACH:
-            cache.decided += 1
-            out.append(full(n))
+            decided += 1
+            append(full(n))
         else:
             shared += 1
-            out.append(got.moved(n, eff))
+            append(got.moved(n, site.eff))
     cache.shared += shared
+    cache.decided += decided
     return out

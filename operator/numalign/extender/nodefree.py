@@ -58,6 +58,29 @@ class NodeFree:
         amounts, masks = self._memory_ge[kind]
         return masks[bisect_left(amounts, size)]
 
+    def holding(self, among: int, cpus: int, memory: tuple[tuple[str, int], ...],
+                devices: tuple[tuple[str, int], ...]) -> int:
+        """The NUMA nodes of ``among`` each holding ``cpus`` CPUs, and the bytes of each
+        memory kind (where the grouping rule lets them hold memory alone) and the
+        devices of each resource asked: :meth:`cpus_at_least` and the others, at once
+        (a filter asks it of every node)."""
+        found = among
+        if cpus:
+            ge = self._cpus_ge
+            found &= ge[cpus] if cpus < len(ge) else 0
+        if found and memory:
+            found &= self.alone
+            kept = self._memory_ge
+            for kind, size in memory:
+                amounts, masks = kept[kind]
+                found &= masks[bisect_left(amounts, size)]
+        if found and devices:
+            kept_devices = self._devices_ge
+            for res, count in devices:
+                ge = kept_devices[res]
+                found &= ge[count] if count < len(ge) else 0
+        return found
+
 
 def _at_least(values: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(sum(1 << i for i, v in enumerate(values) if v >= t)

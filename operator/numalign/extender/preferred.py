@@ -34,8 +34,9 @@ only hints one NUMA node wide are read (:attr:`Rules.blind` otherwise).
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from functools import partial
 from itertools import combinations
 
 from numalign.topology.demands import Demand
@@ -52,7 +53,7 @@ from numalign.topology.policyconfig import (
 
 from .nodefree import NodeFree, PodAsk
 
-__all__ = ["ADMITS", "ANYWHERE", "REFUSES", "SHORT", "Rules", "outcome", "rules_for"]
+__all__ = ["ADMITS", "ANYWHERE", "REFUSES", "SHORT", "Rules", "classifier", "outcome", "rules_for"]
 
 ADMITS = "admits"  # a preferred merged hint, every manager allocates
 REFUSES = "refuses"  # no preferred merged hint (restricted, single-numa-node)
@@ -260,12 +261,43 @@ def outcome(r: Rules, free: NodeFree) -> Hashable | None:
     ``free``'s amounts only up to the pod's request (they may come capped)."""
     if free.overcommitted and any(k in free.overcommitted for k in r.kinds):
         return None  # the memory manager's sums differ
-    totals = [(free.device_totals[res], q)
-              for res, q in (*r.bound, *r.loose)] if r.bound or r.loose else []
     if _preferred(r, free):
-        if r.loose and any(t < q for t, q in totals[len(r.bound):]):
+        if r.loose and any(free.device_totals[res] < q for res, q in r.loose):
             return None  # devices without a NUMA node, allocated anywhere: too few
         return ADMITS
+    return _unpreferred(r, free)
+
+
+def classifier(r: Rules) -> Callable[[NodeFree], Hashable | None]:
+    """:func:`outcome` of ``r``, with what it reads of ``r`` bound once: a filter asks
+    it of every node of one machine and policy. Where the candidates are one NUMA node
+    wide the preferred mask is read inline from ``free``'s masks (most nodes admit)."""
+    if r.anything or r.singles is None:
+        return partial(outcome, r)
+    singles, cpus, loose = r.singles, r.cpus, r.loose
+    memory = tuple(zip(r.kinds, r.need, strict=True))
+    bound = r.bound
+    kinds = frozenset(r.kinds)
+
+    def classify(free: NodeFree) -> Hashable | None:
+        over = free.overcommitted
+        if over and not kinds.isdisjoint(over):
+            return None  # the memory manager's sums differ
+        if not free.holding(singles, cpus, memory, bound):
+            return _unpreferred(r, free)
+        if loose:
+            totals = free.device_totals
+            if any(totals[res] < q for res, q in loose):
+                return None  # devices without a NUMA node, allocated anywhere: too few
+        return ADMITS
+
+    return classify
+
+
+def _unpreferred(r: Rules, free: NodeFree) -> Hashable | None:
+    """:func:`outcome` where no candidate mask is a preferred hint of every manager."""
+    totals = [(free.device_totals[res], q)
+              for res, q in (*r.bound, *r.loose)] if r.bound or r.loose else []
     if r.policy != POLICY_BEST_EFFORT and (
             sum(free.cpus) < r.cpus or any(t < q for t, q in totals[:len(r.bound)])):
         return REFUSES  # that manager has no hint at all: none is preferred

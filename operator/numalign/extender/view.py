@@ -28,6 +28,8 @@ from numalign.topology.errors import TopologyError
 from numalign.topology.ledger import ContainerAllocation, Ledger
 from numalign.topology.machine import Machine
 
+from .nodefree import NodeFree, node_free
+
 __all__ = ["EntryReader", "KeptByIdentity", "NodeView", "held_key"]
 
 K = TypeVar("K")
@@ -56,6 +58,10 @@ class NodeView:
     policy_id: str = ""  # the node's policy as text: nodes alike decide a pod alike
     raw_machine: tuple[Any, ...] = field(default=(), repr=False)  # what machine came from
     _ledger: Ledger | None = field(default=None, repr=False)
+    # what the filter's fast verdicts read of the ledger (:meth:`free`), once read; a
+    # view made from this one (``replace``) reads its own
+    free_amounts: NodeFree | None = field(default=None, init=False, repr=False,
+                                          compare=False)
 
     @classmethod
     def from_nodetopology(cls, nt: Mapping[str, Any],
@@ -125,6 +131,14 @@ class NodeView:
             self._ledger = ledger
             self.notes = (*self.notes, *more)
         return self._ledger
+
+    def free(self) -> NodeFree:
+        """What the node's published ledger has free per NUMA node (:mod:`.nodefree`),
+        kept on the view: a filter reads it for every node."""
+        got = self.free_amounts
+        if got is None:
+            got = self.free_amounts = node_free(self.ledger())
+        return got
 
     def ledger_with(self, reservations: Sequence[HeldPod]) -> Ledger:
         """The published ledger plus ``reservations`` (those it shows already, or that

@@ -44,7 +44,7 @@ from .resourcefit import check_fit_totals, fit_requests
 UNEXPECTED_REASON = "UnexpectedAdmissionError"
 
 __all__ = ["UNEXPECTED_REASON", "AdmitResult", "AllocationFailed", "ProviderKind",
-           "admit_pod"]
+           "admit_pod", "allocation_failure"]
 
 # Decisions by what they depend on (_Run._key): a scheduler extender decides one pod on
 # many nodes, most of them with as much free per NUMA node as others. Bounded, oldest out
@@ -283,6 +283,11 @@ class _Run:
         return ContainerResult(nodes, alloc, hint)
 
 
+def allocation_failure(problem: object) -> str:
+    """The kubelet's message when a manager cannot allocate what the merge admitted."""
+    return f"Allocate failed due to {problem}, which is unexpected"
+
+
 def admit_pod(machine: Machine, ledger: Ledger, pod: Pod, policy: AlignmentPolicy | str,
               scope: str = SCOPE_CONTAINER, options: PolicyOptions | None = None, *,
               providers: Sequence[ProviderKind] = (), commit: bool = True) -> AdmitResult:
@@ -329,7 +334,7 @@ def admit_pod(machine: Machine, ledger: Ledger, pod: Pod, policy: AlignmentPolic
                 containers[c.name] = run.allocate(c, dec.hint)
             hint = _pod_hint(decisions)
     except AllocationFailed as e:
-        return reject(UNEXPECTED_REASON, f"Allocate failed due to {e}, which is unexpected",
+        return reject(UNEXPECTED_REASON, allocation_failure(e),
                       decisions[-1].hint if decisions else TopologyHint(None, False),
                       run.stage)
     short = check_fit_totals(machine, pod, *ledger.requested())

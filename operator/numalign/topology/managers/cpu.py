@@ -48,7 +48,12 @@ class CpuProvider:
             # remainder: its message counts what is left after the aligned ones
             aligned = 0 if mask is None else min(n, sum(
                 1 for x in usable if mask >> a.machine.cpus[x].numa & 1))
-            raise AllocationFailed(f"not enough cpus available to satisfy request: "
-                                   f"requested={n - aligned}, "
-                                   f"available={len(usable) - aligned}")
+            raise AllocationFailed(cpus_short(n - aligned, len(usable) - aligned))
         alloc.cpus = tuple(cpus)
+
+
+def cpus_short(requested: int, available: int) -> str:
+    """The CPU manager's allocation failure, counting the CPUs it still needs after the
+    aligned ones and those free besides them."""
+    return (f"not enough cpus available to satisfy request: requested={requested}, "
+            f"available={available}")
