@@ -7,20 +7,23 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from fake_kube import FakeKube
 from numalign.agent.publish import build_status, nodetopology_object
 from numalign.agent.state import NodeState
 from numalign.api.effective import NodeKind, NodePolicy, effective_policy
+from numalign.api.kube import NT_BASE, Kube
 from numalign.api.names import ANN_RESOLVED
 from numalign.api.reads import NodeTopologyRead
 from numalign.api.resolved import Resolved
 from numalign.api.zonefit import unfit_among
-from numalign.controller import cache, metrics, nodedefaults, policies
+from numalign.controller import cache, connection, metrics, nodedefaults, policies
 from numalign.topology.machine import load_machine
 
 MACHINES = Path(__file__).resolve().parents[2] / "config" / "samples" / "machines"
@@ -196,13 +199,53 @@ def test_node_metrics_read_the_statuses_as_the_gauges_did() -> None:
     assert "numalign_node_free{" not in _scrape([])
 
 
-def test_the_store_keeps_the_slim_copy_from_events_lists_and_writes() -> None:
-    async def lister() -> tuple[list[dict[str, Any]], int | None]:
-        return [copy.deepcopy(FLEET[0])], 5
-
-    store = cache.Store("nts", lister, cache._name, cache.slim_nt)
+def test_the_store_keeps_the_slim_copy_from_events_lists_and_writes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    kube = FakeKube()
+    kube.add(NT_BASE, copy.deepcopy(FLEET[0]))
+    monkeypatch.setattr(connection, "client", lambda: kube)
+    store = cache.Store("nts", cache._custom(NT_BASE, cache.slim_nt), cache._name, cache.slim_nt)
     cache.feed(store, FLEET[1], "ADDED")
     assert store.get("dgx-a100-like-0") == cache.slim_nt(FLEET[1])
     asyncio.run(store.fill())
     assert store.get("fragmented-8numa-0") == cache.slim_nt(FLEET[0])
+    assert store.get("dgx-a100-like-0") == cache.slim_nt(FLEET[1])  # newer than the LIST
     assert cache.NODE_TOPOLOGIES._slim is cache.slim_nt
+
+
+class _Pages(FakeKube):
+    """Answers a LIST a page (``limit``) at a time; counts the pages read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = self.pages = 0
+
+    async def get(self, path: str, params: Mapping[str, str] | None = None) -> dict[str, Any]:
+        doc = await super().get(path, None)
+        p = dict(params or {})
+        start, limit = int(p.get("continue") or 0), int(p["limit"])
+        items = doc["items"][start:start + limit]
+        self.largest = max(self.largest, len(items))
+        self.pages += 1
+        more = start + limit < len(doc["items"])
+        return {"items": items, "metadata": {"resourceVersion": "9",
+                                             "continue": str(start + limit) if more else ""}}
+
+
+def test_a_list_keeps_what_keep_says_page_by_page() -> None:
+    kube = _Pages()
+    for i in range(7):
+        kube.add("/api/v1/nodes", {"metadata": {"name": f"n{i}", "labels": {"i": str(i)}},
+                                   "status": {"images": ["x"] * 10}})
+    held: list[int] = []
+
+    def keep(obj: dict[str, Any]) -> dict[str, Any] | None:
+        held.append(kube.pages)
+        return None if obj["metadata"]["name"] == "n3" else cache.slim_labels(obj)
+
+    items, rv = asyncio.run(Kube.list_all(kube, "/api/v1/nodes", page=3,  # type: ignore[arg-type]
+                                          keep=keep))
+    assert [i["metadata"]["name"] for i in items] == ["n0", "n1", "n2", "n4", "n5", "n6"]
+    assert all("status" not in i for i in items) and rv == "9"
+    # each page is kept before the next one is read
+    assert kube.largest == 3 and held == [1, 1, 1, 2, 2, 2, 3]

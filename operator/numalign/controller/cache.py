@@ -60,7 +60,8 @@ class Store:
 
     def __init__(self, name: str, lister: Lister, key: Callable[[Mapping[str, Any]], str],
                  slim: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None):
-        """``slim``: what is kept of each object put or listed (None: all of it)."""
+        """``slim``: what is kept of each object put (None: all of it; the lister
+        slims what it lists)."""
         self.name = name
         self._lister = lister
         self._key = key
@@ -90,9 +91,8 @@ class Store:
 
     async def fill(self) -> None:
         """Replace the contents with a fresh LIST (keeping entries newer than it)."""
-        items, list_rv = await self._lister()
-        slim = self._slim
-        fresh = {self._key(o): slim(o) if slim is not None else o for o in items}
+        items, list_rv = await self._lister()  # slimmed by the lister, page by page
+        fresh = {self._key(o): o for o in items}
         for key, old in self._items.items():
             new = fresh.get(key)
             old_rv = _rv(old)
@@ -145,9 +145,11 @@ def _list_rv(rv: str) -> int | None:
         return None
 
 
-def _custom(base: str) -> Lister:
+def _custom(base: str, keep: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+            ) -> Lister:
     async def lister() -> tuple[list[dict[str, Any]], int | None]:
-        items, rv = await connection.list_items(base)  # nothing when the CRD is not installed
+        # nothing when the CRD is not installed
+        items, rv = await connection.list_items(base, keep=keep)
         return items, _list_rv(rv)
     return lister
 
@@ -237,13 +239,13 @@ def slim_nt(obj: Mapping[str, Any]) -> dict[str, Any]:
 
 
 async def _list_nodes() -> tuple[list[dict[str, Any]], int | None]:
-    items, rv = await connection.client().list_all("/api/v1/nodes")
-    return [slim_labels(n) for n in items], _list_rv(rv)
+    items, rv = await connection.client().list_all("/api/v1/nodes", keep=slim_labels)
+    return items, _list_rv(rv)
 
 
 async def _list_namespaces() -> tuple[list[dict[str, Any]], int | None]:
-    items, rv = await connection.client().list_all("/api/v1/namespaces")
-    return [slim_labels(n) for n in items], _list_rv(rv)
+    items, rv = await connection.client().list_all("/api/v1/namespaces", keep=slim_labels)
+    return items, _list_rv(rv)
 
 
 def slim_state(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -258,8 +260,8 @@ async def _list_states() -> tuple[list[dict[str, Any]], int | None]:
     # LIST passes only with this field selector.
     items, rv = await connection.client().list_all("/api/v1/configmaps", {
         "fieldSelector": f"metadata.name={STATE_CONFIGMAP}",
-        "labelSelector": f"{LABEL_STATE}=redeploy"})
-    return [slim_state(cm) for cm in items], _list_rv(rv)
+        "labelSelector": f"{LABEL_STATE}=redeploy"}, keep=slim_state)
+    return items, _list_rv(rv)
 
 
 def slim_failed(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -279,9 +281,10 @@ def is_rejected(obj: Mapping[str, Any]) -> bool:
 
 
 async def _list_failed() -> tuple[list[dict[str, Any]], int | None]:
-    items, rv = await connection.client().list_all("/api/v1/pods",
-                                                   {"fieldSelector": "status.phase=Failed"})
-    return [slim_failed(p) for p in items if is_rejected(p)], _list_rv(rv)
+    items, rv = await connection.client().list_all(
+        "/api/v1/pods", {"fieldSelector": "status.phase=Failed"},
+        keep=lambda p: slim_failed(p) if is_rejected(p) else None)
+    return items, _list_rv(rv)
 
 
 def slim_gated(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -298,7 +301,7 @@ async def _list_nothing() -> tuple[list[dict[str, Any]], int | None]:
 
 
 TOPOLOGY_POLICIES = Store("topologypolicies", _custom(connection.TP_BASE), _name)
-NODE_TOPOLOGIES = Store("nodetopologies", _custom(NT_BASE), _name, slim_nt)
+NODE_TOPOLOGIES = Store("nodetopologies", _custom(NT_BASE, slim_nt), _name, slim_nt)
 NODES = Store("nodes", _list_nodes, _name)
 NAMESPACES = Store("namespaces", _list_namespaces, _name)
 STATES = Store("redeploy-states", _list_states, _ns_name)
