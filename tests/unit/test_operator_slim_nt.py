@@ -73,7 +73,10 @@ def _fleet() -> list[dict[str, Any]]:
     nri["status"]["conditions"] = [*nri["status"].get("conditions", []), NRI]
     odd = copy.deepcopy(nts[0])
     odd["metadata"]["name"] = "odd"
-    odd["status"]["zones"] = ["x", *odd["status"]["zones"][:2]]
+    odd["status"]["zones"] = ["x", *odd["status"]["zones"][:2],
+                              {"id": 9, "capacity": {"cpu": 2, "memory": "1Gi"},
+                               "available": {"cpu": 1}},
+                              {"id": 10, "capacity": {"cpu": 64}, "allocatable": {}}]
     odd["status"]["admitted"] = ["x", 5, *odd["status"]["admitted"][:3], {"other": 1}]
     odd["status"]["rejected"] = 3
     return [*nts, real, nri, odd,

@@ -154,10 +154,16 @@ def _custom(base: str, keep: Callable[[dict[str, Any]], dict[str, Any]] | None =
     return lister
 
 
+def _interned(value: Any) -> Any:
+    return sys.intern(value) if type(value) is str and len(value) <= 64 else value
+
+
 def slim_labels(obj: Mapping[str, Any]) -> dict[str, Any]:
     """What is kept of a Node or Namespace: name, labels, resourceVersion."""
     meta = obj.get("metadata") or {}
-    return {"metadata": {"name": meta.get("name"), "labels": dict(meta.get("labels") or {}),
+    labels = meta.get("labels") or {}
+    return {"metadata": {"name": meta.get("name"),
+                         "labels": {_interned(k): _interned(v) for k, v in labels.items()},
                          "resourceVersion": meta.get("resourceVersion")}}
 
 
@@ -168,6 +174,7 @@ def slim_labels(obj: Mapping[str, Any]) -> dict[str, Any]:
 # is the extender's and the agent's. A fleet's NodeTopologies kept whole cost the
 # operator ~40 KiB a node at 20 pods a node.
 _ZONE_KEYS = ("id", "capacity", "allocatable", "available")
+_ZONE_KEYS_ALLOCATABLE = ("id", "allocatable", "available")
 _CONDITION_KEYS = ("type", "status", "reason")
 _ADMITTED_KEYS = ("policy", "source")
 _STATUS_KEPT = ("kubelet", "rejected", "summary")
@@ -177,15 +184,18 @@ _ADMITTED_SHARED: dict[tuple[Any, ...], Mapping[str, Any]] = {}
 _ADMITTED_SHARED_MAX = 4096
 
 
-def _interned(value: Any) -> Any:
-    return sys.intern(value) if type(value) is str and len(value) <= 64 else value
-
-
 def _slim_map(raw: Any) -> Any:
-    """A zone's resource -> quantity map with its names interned."""
+    """A zone's resource -> quantity map with its names and quantities interned."""
     if not isinstance(raw, Mapping):
         return raw
-    return {_interned(k): v for k, v in raw.items()}
+    return {_interned(k): _interned(v) for k, v in raw.items()}
+
+
+def _slim_zone(zone: Mapping[str, Any]) -> dict[str, Any]:
+    """A zone's id and amounts; its capacity only where no allocatable stands for it
+    (:class:`numalign.api.reads.ZoneRead`)."""
+    keys = _ZONE_KEYS if not zone.get("allocatable") else _ZONE_KEYS_ALLOCATABLE
+    return {k: _slim_map(zone[k]) for k in keys if k in zone}
 
 
 def _slim_admitted(entry: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -204,7 +214,7 @@ def _slim_admitted(entry: Mapping[str, Any]) -> Mapping[str, Any]:
 def slim_nt(obj: Mapping[str, Any]) -> dict[str, Any]:
     """What is kept of a NodeTopology: its name, uid and resourceVersion, its spec (the
     node default), and of its status the conditions' type, status and reason, the
-    kubelet's settings, the zones' id and amounts (capacity, allocatable, available),
+    kubelet's settings, the zones' id and amounts (allocatable, else capacity; available),
     the rejected count, the summary, and of each admitted pod its policy and source
     (shared, read-only). A part that is not what the schema says is kept as it came (the
     readers judge it)."""
@@ -227,9 +237,8 @@ def slim_nt(obj: Mapping[str, Any]) -> dict[str, Any]:
             for c in conds] if isinstance(conds, list) else conds
     zones = status.get("zones")
     if zones is not None:
-        slim["zones"] = [
-            {k: _slim_map(z[k]) for k in _ZONE_KEYS if k in z} if isinstance(z, Mapping)
-            else z for z in zones] if isinstance(zones, list) else zones
+        slim["zones"] = [_slim_zone(z) if isinstance(z, Mapping) else z for z in zones
+                         ] if isinstance(zones, list) else zones
     admitted = status.get("admitted")
     if admitted is not None:
         slim["admitted"] = [_slim_admitted(a) for a in admitted if isinstance(a, Mapping)
