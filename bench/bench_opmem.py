@@ -116,6 +116,18 @@ def pod_object(i: int, node: str) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- the child
 
 
+def _peak_start(traced: bool) -> int:
+    """Where a peak is measured from: bytes traced now (the peak reset), or VmHWM."""
+    if traced:
+        tracemalloc.reset_peak()
+        return tracemalloc.get_traced_memory()[0]
+    return _rss()[1]
+
+
+def _peak(traced: bool) -> int:
+    return tracemalloc.get_traced_memory()[1] if traced else _rss()[1]
+
+
 class _Paged:
     """An API server answering LISTs a page at a time from JSON text (parsed per page, as
     a client reads them); its ``list_all`` is the tree's own."""
@@ -190,7 +202,10 @@ async def _child(args: argparse.Namespace) -> dict[str, Any]:
     h1 = held()  # the nodes' Kopf memories at rest forgotten (a tree that does)
     out["node_stores_b"] = (h1 - h0) / nodes
     metrics.refresh_from_node_topologies(cache.node_topologies())
+    gc.collect()
+    before = _peak_start(args.traced)
     scrape = generate_latest(REGISTRY)
+    out["scrape_peak_mib"] = (_peak(args.traced) - before) / 2**20
     out["scrape_kib"] = len(scrape) / 1024
     del scrape
     # the gauges (a tree that keeps them) after the first refresh; the scrape's part
@@ -206,15 +221,10 @@ async def _child(args: argparse.Namespace) -> dict[str, Any]:
         await memories.forget(pod_object(i, f"n{i % nodes:05d}"))
     h4 = held()
     out["pod_left_b"] = (h4 - h2) / per_pod
-    if args.traced:
-        tracemalloc.reset_peak()
-        before = tracemalloc.get_traced_memory()[0]
-    else:
-        before = _rss()[1]
+    before = _peak_start(args.traced)
     for store in (cache.NODE_TOPOLOGIES, cache.NODES):
         await store.fill()
-    peak = tracemalloc.get_traced_memory()[1] if args.traced else _rss()[1]
-    out["resync_peak_mib"] = (peak - before) / 2**20
+    out["resync_peak_mib"] = (_peak(args.traced) - before) / 2**20
     out["held_mib"] = (held() - h0) / 2**20
     return out
 
@@ -251,6 +261,7 @@ ROWS = (("node_stores_events_b", "per node: NodeTopology + Node stores, Kopf mem
          "KiB"),
         ("node_stores_b", "per node: the same after a periodic pass", 1024, "KiB"),
         ("node_metrics_b", "per node: metrics after a refresh and a scrape", 1024, "KiB"),
+        ("scrape_peak_mib", "a scrape of /metrics: peak", 1, "MiB"),
         ("pod_kopf_b", "per live pod: Kopf memory after its event", 1, "B"),
         ("pod_kopf_rest_b", "per live pod: the same after a periodic pass", 1, "B"),
         ("pod_left_b", "per pod after its DELETED event", 1, "B"),
