@@ -9,6 +9,7 @@ import logging
 from typing import Any
 
 import kopf
+import pytest
 from kopf._core.actions.throttlers import throttled
 
 from numalign.controller import main, memories
@@ -65,3 +66,27 @@ def test_a_forgotten_memory_comes_back_fresh_at_the_next_event() -> None:
         return new is not old and memories.at_rest(new) and len(mem) == 1
 
     assert asyncio.run(scenario())
+
+
+def test_each_periodic_pass_forgets_them_and_the_operator_hands_kopf_its_own(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    async def nothing(*_: Any, **__: Any) -> None:
+        return None
+
+    for mod, name in ((main.cache, "resync"), (main.nodedefaults, "reconcile_all"),
+                      (main.policies, "reconcile_all"), (main.redeploy, "periodic_release")):
+        monkeypatch.setattr(mod, name, nothing)
+    monkeypatch.setattr(main.cache, "node_topologies", lambda: [])
+    handed: dict[str, Any] = {}
+
+    async def operator(**kw: Any) -> None:
+        handed.update(kw)
+
+    monkeypatch.setattr(main.kopf, "operator", operator)
+    monkeypatch.setattr(main.connection, "configure", lambda *_: None)
+    asyncio.run(main.run(main.Options()))
+    mem = handed["memories"]
+    assert isinstance(mem, memories.PrunedMemories) and mem is memories.MEMORIES
+    asyncio.run(mem.recall(_pod(1)))
+    asyncio.run(main._periodic_pass())
+    assert len(mem) == 0
