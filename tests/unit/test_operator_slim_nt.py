@@ -77,7 +77,8 @@ def _fleet() -> list[dict[str, Any]]:
                               {"id": 9, "capacity": {"cpu": 2, "memory": "1Gi"},
                                "available": {"cpu": 1}},
                               {"id": 10, "capacity": {"cpu": 64}, "allocatable": {}}]
-    odd["status"]["admitted"] = ["x", 5, *odd["status"]["admitted"][:3], {"other": 1}]
+    odd["status"]["admitted"] = ["x", 5, *odd["status"]["admitted"][:3], {"other": 1},
+                                 {"policy": 1}, {"policy": True}, {"policy": ["x"]}]
     odd["status"]["rejected"] = 3
     return [*nts, real, nri, odd,
             {"metadata": {"name": "bare"}},

@@ -199,15 +199,16 @@ def _slim_zone(zone: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _slim_admitted(entry: Mapping[str, Any]) -> Mapping[str, Any]:
-    kept = tuple((k, entry[k]) for k in _ADMITTED_KEYS if k in entry)
+    kept = {k: entry[k] for k in _ADMITTED_KEYS if k in entry}
+    key = tuple((k, type(v), v) for k, v in kept.items())  # 1 and True apart
     try:
-        shared = _ADMITTED_SHARED.get(kept)
+        shared = _ADMITTED_SHARED.get(key)
     except TypeError:  # a value that is not hashable: an entry of its own
-        return MappingProxyType(dict(kept))
+        return MappingProxyType(kept)
     if shared is None:
-        shared = MappingProxyType({k: _interned(v) for k, v in kept})
+        shared = MappingProxyType({k: _interned(v) for k, v in kept.items()})
         if len(_ADMITTED_SHARED) < _ADMITTED_SHARED_MAX:
-            _ADMITTED_SHARED[kept] = shared
+            _ADMITTED_SHARED[key] = shared
     return shared
 
 
