@@ -225,6 +225,7 @@ async def _child(args: argparse.Namespace) -> dict[str, Any]:
     for store in (cache.NODE_TOPOLOGIES, cache.NODES):
         await store.fill()
     out["resync_peak_mib"] = (_peak(args.traced) - before) / 2**20
+    metrics.refresh_from_node_topologies(cache.node_topologies())  # as the pass goes on
     out["held_mib"] = (held() - h0) / 2**20
     return out
 
