@@ -20,6 +20,19 @@ tracemalloc), and the 5,000-node / 100,000-pod extrapolation of the holders meas
     python bench/run.py opmem                            # 500 nodes, 20 pods a node, vs main
     python bench/run.py opmem --nodes=1000 --baseline=HEAD~3
     python bench/run.py opmem --baseline=DIR             # an operator source directory
+
+Against main before these cuts (``--nodes=2000``, 17 pods admitted a node, 40,000 pods;
+traced, RSS alike within noise):
+
+  per node: NodeTopology + Node stores, Kopf's memory   41.2 KiB -> 5.7 KiB
+    (the NodeTopology kept whole, ~80 % of it the admitted pods' placements;
+    cache.slim_nt keeps what the readers use, admitted entries shared by policy/source)
+  per node: the per-node metrics' gauge children        19.2 KiB -> 0 (computed at scrape;
+    a scrape's peak 24 -> 25 MiB at 2,000 nodes)
+  per live pod: Kopf's memory                           916 B -> 23 B (forgotten at rest)
+  resync LIST of every NodeTopology and Node: peak      71 MiB -> 27 MiB (kept page by
+    page; 18 -> 20 MiB at 500 nodes, one page)
+  5,000 nodes / 100,000 pods, these holders at rest     ~382 MiB -> ~30 MiB
 """
 
 from __future__ import annotations
