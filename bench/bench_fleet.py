@@ -82,9 +82,15 @@ bindings on a pool of their own, 32 connections; before: on the watches' pool of
     ``percentageOfNodesToScore: 100``: ~0.6 s a pod, under 2 pods/s on these cores;
   - extender RSS: 17 KiB per node, ~20 KiB per pod placed (17-21 over the runs):
     5,000 nodes / 100,000 pods ~2 GiB; CPU 24-38 ms a pod;
-  - operator RSS: ~75 KiB per node (idle 94 MiB at 100 nodes, 106 at 250, 121-125 at
-    500), 5-10 KiB per pod: 5,000 / 100,000 ~1-1.4 GiB (target 500 MiB: the node part
-    alone reaches it); requests 0.33-0.37 per pod at every size (LIST of Failed pods for
+  - operator RSS, before the cuts of ``python bench/run.py opmem``: ~75 KiB per node
+    (idle 94 MiB at 100 nodes, 106 at 250, 121-125 at 500), 5-10 KiB per pod: 5,000 /
+    100,000 ~1-1.4 GiB. What it held per node (the NodeTopology kept whole 41 KiB, the
+    per-node gauges 19 KiB) and per pod (Kopf's memory 0.9 KiB) is now 5.7 KiB a node
+    and ~0 a pod at rest (in-process, ~382 -> ~30 MiB at 5,000 / 100,000); at 100 /
+    2,000 (one run each, idle cores, ``--modes=with``, main via ``--operator-source``):
+    idle 92.9 -> 91.2 MiB, at the end 134.4 -> 124.5, after the finish round 144.6 ->
+    135.4, CPU 18.7 -> 17.7 s; the rest of the growth over a run is transient (event
+    bursts, LIST pages, scrapes); requests 0.33-0.37 per pod at every size (LIST of Failed pods for
     the redeploy gating 0.2, the pods' patches 0.09, policy status); CPU 12-18 ms a pod;
   - agent, one process emulating every node: 23 KiB per node, 32 KiB per pod (both
     runs); a real fleet runs one per node, holding that node's pods: flat in fleet size;

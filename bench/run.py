@@ -30,6 +30,8 @@ BENCHMARKS: dict[str, str] = {
              "bare pods in bursts, with the extender (or none, or a no-op one): pods/s, "
              "create-to-Running, TopologyAffinityErrors, RSS/CPU, API requests per pod by "
              "component, scheduling-cycle time",
+    "opmem": "the operator's memory per node and per pod in-process (its stores, Kopf's "
+             "memory, metrics, the resync's peak) against a baseline tree",
     "realnode-nri": "pod start and container creation on the NRI-managed real node, with "
                     "and without numalign's plugin (p50/p99)",
     "hostile": "the scheduler extender under a hostile client on loopback (forged pods, "

@@ -91,10 +91,14 @@ class FakeKube:
                 return None
             raise
 
-    async def list_all(self, path: str, params: Mapping[str, str] | None = None
+    async def list_all(self, path: str, params: Mapping[str, str] | None = None,
+                       keep: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None
                        ) -> tuple[list[dict[str, Any]], str]:
         doc = await self.get(path, params)
-        return list(doc.get("items") or []), str(self.rv)
+        items = list(doc.get("items") or [])
+        if keep is not None:
+            items = [k for k in map(keep, items) if k is not None]
+        return items, str(self.rv)
 
     async def put(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         current = self.objects.get(path)

@@ -184,6 +184,12 @@ def _families() -> Iterator[Metric]:
                 labels = set(getattr(obj, "_labelnames", ()))
                 fam.add_sample(fam.name, dict.fromkeys(labels, ""), 0)  # its label names
                 yield fam
+    # the operator's per-node families over a node that admitted a pod
+    nodes = operator_metrics.NodeTopologyCollector()
+    nodes.refresh([{"metadata": {"name": "n"}, "status": {
+        "admitted": [{"policy": "single-numa-node", "source": "pod"}], "rejected": 1,
+        "zones": [{"id": 0, "allocatable": {"cpu": 4}, "available": {"cpu": 3}}]}}])
+    yield from nodes.collect()
     # the agent's collector over a node that decided a pod (every family has samples)
     machine = load_machine(REPO / "config" / "samples" / "machines" / "seed-figure1.yaml")
     st = NodeState("n", machine)

@@ -22,8 +22,10 @@ it never acts twice on a copy older than its own write. Newer resourceVersions w
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import kopf
@@ -56,10 +58,14 @@ class Store:
     """Objects of one kind by key. Used from the operator's event loop only (handlers,
     webhooks and redeploy workers are coroutines): no locks."""
 
-    def __init__(self, name: str, lister: Lister, key: Callable[[Mapping[str, Any]], str]):
+    def __init__(self, name: str, lister: Lister, key: Callable[[Mapping[str, Any]], str],
+                 slim: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None):
+        """``slim``: what is kept of each object put (None: all of it; the lister
+        slims what it lists)."""
         self.name = name
         self._lister = lister
         self._key = key
+        self._slim = slim
         self._items: dict[str, dict[str, Any]] = {}
         self._filled = False
         self._filling = asyncio.Lock()
@@ -75,7 +81,7 @@ class Store:
     def put(self, obj: Mapping[str, Any]) -> None:
         key = self._key(obj)
         if _newer(self._items.get(key), obj):
-            self._items[key] = dict(obj)
+            self._items[key] = self._slim(obj) if self._slim is not None else dict(obj)
 
     def remove(self, obj: Mapping[str, Any]) -> None:
         self._items.pop(self._key(obj), None)
@@ -85,7 +91,7 @@ class Store:
 
     async def fill(self) -> None:
         """Replace the contents with a fresh LIST (keeping entries newer than it)."""
-        items, list_rv = await self._lister()
+        items, list_rv = await self._lister()  # slimmed by the lister, page by page
         fresh = {self._key(o): o for o in items}
         for key, old in self._items.items():
             new = fresh.get(key)
@@ -139,28 +145,117 @@ def _list_rv(rv: str) -> int | None:
         return None
 
 
-def _custom(base: str) -> Lister:
+def _custom(base: str, keep: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+            ) -> Lister:
     async def lister() -> tuple[list[dict[str, Any]], int | None]:
-        items, rv = await connection.list_items(base)  # nothing when the CRD is not installed
+        # nothing when the CRD is not installed
+        items, rv = await connection.list_items(base, keep=keep)
         return items, _list_rv(rv)
     return lister
+
+
+def _interned(value: Any) -> Any:
+    return sys.intern(value) if type(value) is str and len(value) <= 64 else value
 
 
 def slim_labels(obj: Mapping[str, Any]) -> dict[str, Any]:
     """What is kept of a Node or Namespace: name, labels, resourceVersion."""
     meta = obj.get("metadata") or {}
-    return {"metadata": {"name": meta.get("name"), "labels": dict(meta.get("labels") or {}),
+    labels = meta.get("labels") or {}
+    return {"metadata": {"name": meta.get("name"),
+                         "labels": {_interned(k): _interned(v) for k, v in labels.items()},
                          "resourceVersion": meta.get("resourceVersion")}}
 
 
+# What the operator's readers take of a NodeTopology (numalign.api.zonefit through
+# controller.avoidance, controller.metrics, controller.policies, controller.pods,
+# controller.nodedefaults through numalign.api.effective and numalign.api.reads): the
+# rest of its status (CPU topology, distances, devices, each admitted pod's placement)
+# is the extender's and the agent's. A fleet's NodeTopologies kept whole cost the
+# operator ~40 KiB a node at 20 pods a node.
+_ZONE_KEYS = ("id", "capacity", "allocatable", "available")
+_ZONE_KEYS_ALLOCATABLE = ("id", "allocatable", "available")
+_CONDITION_KEYS = ("type", "status", "reason")
+_ADMITTED_KEYS = ("policy", "source")
+_STATUS_KEPT = ("kubelet", "rejected", "summary")
+# One read-only entry per (policy, source) told apart: every admitted pod under the same
+# policy and source shares it (bounded: beyond it, an entry of its own).
+_ADMITTED_SHARED: dict[tuple[Any, ...], Mapping[str, Any]] = {}
+_ADMITTED_SHARED_MAX = 4096
+
+
+def _slim_map(raw: Any) -> Any:
+    """A zone's resource -> quantity map with its names and quantities interned."""
+    if not isinstance(raw, Mapping):
+        return raw
+    return {_interned(k): _interned(v) for k, v in raw.items()}
+
+
+def _slim_zone(zone: Mapping[str, Any]) -> dict[str, Any]:
+    """A zone's id and amounts; its capacity only where no allocatable stands for it
+    (:class:`numalign.api.reads.ZoneRead`)."""
+    keys = _ZONE_KEYS if not zone.get("allocatable") else _ZONE_KEYS_ALLOCATABLE
+    return {k: _slim_map(zone[k]) for k in keys if k in zone}
+
+
+def _slim_admitted(entry: Mapping[str, Any]) -> Mapping[str, Any]:
+    kept = {k: entry[k] for k in _ADMITTED_KEYS if k in entry}
+    key = tuple((k, type(v), v) for k, v in kept.items())  # 1 and True apart
+    try:
+        shared = _ADMITTED_SHARED.get(key)
+    except TypeError:  # a value that is not hashable: an entry of its own
+        return MappingProxyType(kept)
+    if shared is None:
+        shared = MappingProxyType({k: _interned(v) for k, v in kept.items()})
+        if len(_ADMITTED_SHARED) < _ADMITTED_SHARED_MAX:
+            _ADMITTED_SHARED[key] = shared
+    return shared
+
+
+def slim_nt(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """What is kept of a NodeTopology: its name, uid and resourceVersion, its spec (the
+    node default), and of its status the conditions' type, status and reason, the
+    kubelet's settings, the zones' id and amounts (allocatable, else capacity; available),
+    the rejected count, the summary, and of each admitted pod its policy and source
+    (shared, read-only). A part that is not what the schema says is kept as it came (the
+    readers judge it)."""
+    meta = obj.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    out: dict[str, Any] = {"metadata": {k: meta[k] for k in ("name", "uid", "resourceVersion")
+                                        if k in meta}}
+    if "spec" in obj:
+        out["spec"] = obj["spec"]
+    status = obj.get("status")
+    if not isinstance(status, Mapping):
+        if "status" in obj:
+            out["status"] = status
+        return out
+    slim: dict[str, Any] = {k: status[k] for k in _STATUS_KEPT if k in status}
+    conds = status.get("conditions")
+    if conds is not None:
+        slim["conditions"] = [
+            {k: c[k] for k in _CONDITION_KEYS if k in c} if isinstance(c, Mapping) else c
+            for c in conds] if isinstance(conds, list) else conds
+    zones = status.get("zones")
+    if zones is not None:
+        slim["zones"] = [_slim_zone(z) if isinstance(z, Mapping) else z for z in zones
+                         ] if isinstance(zones, list) else zones
+    admitted = status.get("admitted")
+    if admitted is not None:
+        slim["admitted"] = [_slim_admitted(a) for a in admitted if isinstance(a, Mapping)
+                            ] if isinstance(admitted, list) else admitted
+    out["status"] = slim
+    return out
+
+
 async def _list_nodes() -> tuple[list[dict[str, Any]], int | None]:
-    items, rv = await connection.client().list_all("/api/v1/nodes")
-    return [slim_labels(n) for n in items], _list_rv(rv)
+    items, rv = await connection.client().list_all("/api/v1/nodes", keep=slim_labels)
+    return items, _list_rv(rv)
 
 
 async def _list_namespaces() -> tuple[list[dict[str, Any]], int | None]:
-    items, rv = await connection.client().list_all("/api/v1/namespaces")
-    return [slim_labels(n) for n in items], _list_rv(rv)
+    items, rv = await connection.client().list_all("/api/v1/namespaces", keep=slim_labels)
+    return items, _list_rv(rv)
 
 
 def slim_state(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -175,8 +270,8 @@ async def _list_states() -> tuple[list[dict[str, Any]], int | None]:
     # LIST passes only with this field selector.
     items, rv = await connection.client().list_all("/api/v1/configmaps", {
         "fieldSelector": f"metadata.name={STATE_CONFIGMAP}",
-        "labelSelector": f"{LABEL_STATE}=redeploy"})
-    return [slim_state(cm) for cm in items], _list_rv(rv)
+        "labelSelector": f"{LABEL_STATE}=redeploy"}, keep=slim_state)
+    return items, _list_rv(rv)
 
 
 def slim_failed(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -196,9 +291,10 @@ def is_rejected(obj: Mapping[str, Any]) -> bool:
 
 
 async def _list_failed() -> tuple[list[dict[str, Any]], int | None]:
-    items, rv = await connection.client().list_all("/api/v1/pods",
-                                                   {"fieldSelector": "status.phase=Failed"})
-    return [slim_failed(p) for p in items if is_rejected(p)], _list_rv(rv)
+    items, rv = await connection.client().list_all(
+        "/api/v1/pods", {"fieldSelector": "status.phase=Failed"},
+        keep=lambda p: slim_failed(p) if is_rejected(p) else None)
+    return items, _list_rv(rv)
 
 
 def slim_gated(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -215,7 +311,7 @@ async def _list_nothing() -> tuple[list[dict[str, Any]], int | None]:
 
 
 TOPOLOGY_POLICIES = Store("topologypolicies", _custom(connection.TP_BASE), _name)
-NODE_TOPOLOGIES = Store("nodetopologies", _custom(NT_BASE), _name)
+NODE_TOPOLOGIES = Store("nodetopologies", _custom(NT_BASE, slim_nt), _name, slim_nt)
 NODES = Store("nodes", _list_nodes, _name)
 NAMESPACES = Store("namespaces", _list_namespaces, _name)
 STATES = Store("redeploy-states", _list_states, _ns_name)

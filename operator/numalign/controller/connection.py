@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import kopf
@@ -104,12 +104,13 @@ def ns_path(namespace: str, resource: str, name: str = "", group: str = "",
 # -- reads and events ----------------------------------------------------------------
 
 
-async def list_items(path: str, params: Mapping[str, str] | None = None
+async def list_items(path: str, params: Mapping[str, str] | None = None,
+                     keep: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None
                      ) -> tuple[list[dict[str, Any]], str]:
     """Every item at ``path`` and the list's resourceVersion; nothing when the kind is
-    not served (404: a CRD not installed)."""
+    not served (404: a CRD not installed). ``keep``: as ``Kube.list_all``'s."""
     try:
-        return await client().list_all(path, params)
+        return await client().list_all(path, params, keep=keep)
     except ApiError as e:
         if e.status == 404:
             return [], ""

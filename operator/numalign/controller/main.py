@@ -24,6 +24,7 @@ from . import (
     cache,
     claims,
     connection,
+    memories,
     metrics,
     nodedefaults,
     pods,
@@ -87,14 +88,15 @@ def login(**_: Any) -> kopf.ConnectionInfo:
 
 async def _periodic_pass() -> None:
     """What changes without an event on the object: node defaults after policy changes,
-    policy counts, metrics, released redeploy budgets. One LIST per cached kind (what
-    watch events missed); the rest reads the cache. Idempotent (patches only
-    differences)."""
+    policy counts, metrics, released redeploy budgets, Kopf's memories at rest
+    (controller.memories). One LIST per cached kind (what watch events missed); the rest
+    reads the cache. Idempotent (patches only differences)."""
     await cache.resync()
     await nodedefaults.reconcile_all()
     await policies.reconcile_all()
     await redeploy.periodic_release()
     metrics.refresh_from_node_topologies(cache.node_topologies())
+    memories.MEMORIES.prune()
 
 
 async def _periodic(interval: float) -> None:
@@ -205,7 +207,9 @@ async def run(opts: Options, stop_flag: asyncio.Event | None = None,
     if opts.metrics_port:  # before Kopf, so that a taken port fails the start at once
         metrics.start_http_server(opts.metrics_port, opts.metrics_addr)
         log.info(f"metrics on http://{opts.metrics_addr}:{opts.metrics_port}/metrics")
+    memories.MEMORIES = memories.PrunedMemories()  # a run's own, as Kopf makes them
     await kopf.operator(
+        memories=memories.MEMORIES,
         clusterwide=not opts.namespaces,
         namespaces=opts.namespaces,
         standalone=opts.peering is None,

@@ -14,7 +14,7 @@ import datetime as dt
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -203,16 +203,22 @@ class Kube:
             raise
 
     async def list_all(self, path: str, params: Mapping[str, str] | None = None,
-                       page: int = 500) -> tuple[list[JSON], str]:
-        """Every item of a list, paged; also the list's resourceVersion."""
+                       page: int = 500, keep: Callable[[JSON], JSON | None] | None = None
+                       ) -> tuple[list[JSON], str]:
+        """Every item of a list, paged; also the list's resourceVersion. ``keep``: what is
+        kept of each item (None drops it), applied page by page, so that a large list is
+        never held whole."""
         items: list[JSON] = []
         p = dict(params or {})
         p["limit"] = str(page)
         rv = ""
         while True:
             doc = await self.get(path, p)
-            items.extend(doc.get("items") or [])
+            batch = doc.get("items") or []
+            items.extend(batch if keep is None else
+                         (k for k in map(keep, batch) if k is not None))
             meta = doc.get("metadata") or {}
+            del doc, batch  # the next page is read without this one
             rv = str(meta.get("resourceVersion") or rv)
             cont = meta.get("continue")
             if not cont:

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from numalign.api.kube import ApiError
-from numalign.api.names import LABEL_STATE
+from numalign.api.names import ANN_REDEPLOY_RESET, LABEL_STATE
 
 from .. import cache, connection
 from ..cache import STATE_CONFIGMAP
@@ -106,9 +106,24 @@ async def read_owner(kind: str, name: str, namespace: str) -> dict[str, Any] | N
         raise
 
 
+def slim_owner(owner: Mapping[str, Any]) -> dict[str, Any]:
+    """What is read of a controller: its ``spec.replicas`` and its redeploy-reset
+    annotation (the rest of a ReplicaSet, its pod template and managed fields, is not
+    kept in :data:`_OWNERS`)."""
+    meta = owner.get("metadata") or {}
+    ann = (meta.get("annotations") or {}) if isinstance(meta, Mapping) else {}
+    spec = owner.get("spec") or {}
+    kept_ann = {ANN_REDEPLOY_RESET: ann[ANN_REDEPLOY_RESET]} if isinstance(
+        ann, Mapping) and ANN_REDEPLOY_RESET in ann else {}
+    kept_spec = {"replicas": spec["replicas"]} if isinstance(
+        spec, Mapping) and "replicas" in spec else {}
+    return {"metadata": {"annotations": kept_ann}, "spec": kept_spec}
+
+
 async def owner_replicas(pod: Mapping[str, Any]) -> tuple[int, dict[str, Any] | None]:
     """Desired replicas of the pod's controller (1 for bare pods, Jobs and what cannot
-    be read) and the controller object (cached for :data:`OWNER_TTL_S`)."""
+    be read) and what is read of the controller (:func:`slim_owner`; cached for
+    :data:`OWNER_TTL_S`)."""
     ref = controller_ref(pod)
     if ref is None:
         return 1, None
@@ -120,7 +135,8 @@ async def owner_replicas(pod: Mapping[str, Any]) -> tuple[int, dict[str, Any] | 
     else:
         ns = str((pod.get("metadata") or {}).get("namespace") or "")
         try:
-            owner = await read_owner(str(ref.get("kind")), str(ref.get("name")), ns)
+            whole = await read_owner(str(ref.get("kind")), str(ref.get("name")), ns)
+            owner = None if whole is None else slim_owner(whole)
         except ApiError:
             owner = None
         if len(_OWNERS) > 4096:
