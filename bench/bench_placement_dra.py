@@ -234,6 +234,31 @@ def describe_cost(cost: dict[str, Any]) -> str:
             f"pods without claims: {side('without_claims')}; {cost['ratio_p50']}x at p50")
 
 
+def inprocess_bursts(nodes: int, pods: int, seed: int) -> dict[str, Any]:
+    """The in-process bursts (:mod:`placement_dra_inprocess`) with the extender's room
+    check and deferral and, as the baseline in the same run, deciding every way the pods
+    in flight may land on every node; printed, and returned with the ratios of the
+    filter's CPU time."""
+    from placement_dra_inprocess import dra_scheduler
+
+    out: dict[str, Any] = {}
+    for key, room in (("every_way", False), ("room_check", True)):
+        r = dra_scheduler(nodes, pods, seed, room_check=room, defer=room)
+        out[key] = r
+        print(f"in-process bursts ({key.replace('_', ' ')}): {r['nodes']} nodes, {r['pods']} "
+              f"pods, {r['admitted']} admitted, {r['refused_by_node']} refused by their node "
+              f"after approval, {r['no_node']} with no node, {r['retries']} retries; filter "
+              f"CPU p50 {r['filter_cpu_p50_ms']} ms, p99 {r['filter_cpu_p99_ms']} ms (wall p99 "
+              f"{r['filter_p99_ms']} ms), engine runs per filter p99 "
+              f"{r['engine_runs_per_filter_p99']}", flush=True)
+    for q in (50, 99):
+        out[f"ratio_cpu_p{q}"] = round(out["room_check"][f"filter_cpu_p{q}_ms"] / max(
+            out["every_way"][f"filter_cpu_p{q}_ms"], 1e-9), 2)
+    print(f"room check against every way: filter CPU p50 x{out['ratio_cpu_p50']}, "
+          f"p99 x{out['ratio_cpu_p99']}", flush=True)
+    return out
+
+
 # ---------------------------------------------------------------- the cluster
 
 
@@ -268,6 +293,8 @@ def main(argv: list[str]) -> int:
     add_run_args(p, burst=100, gap=3.0, seed=28, modes="without,with")
     p.add_argument("--cost-pods", type=int, default=200,
                    help="pods with claims of the in-process decision cost (0: skip it)")
+    p.add_argument("--inprocess-pods", type=int, default=300,
+                   help="pods of the in-process bursts (placement_dra_inprocess; 0: skip)")
     p.add_argument("--timeout", type=float, default=900.0)
     args, _ = p.parse_known_args(argv)
     modes = chosen_modes(p, args.modes, MODES)
@@ -275,6 +302,8 @@ def main(argv: list[str]) -> int:
     if args.cost_pods:
         cost = decision_cost(args.nodes, args.cost_pods, args.seed)
         print(describe_cost(cost), flush=True)
+    if args.inprocess_pods:
+        cost["bursts"] = inprocess_bursts(args.nodes, args.inprocess_pods, args.seed)
     manifests = workload(args.pods, args.seed)
     workdir = Path(tempfile.mkdtemp(prefix="numalign-bench-placement-dra-"))
     halves: dict[str, dict[str, Any]] = {}

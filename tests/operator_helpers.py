@@ -160,11 +160,26 @@ def reject(core: client.CoreV1Api, ns: str, name: str, node: str | None = None) 
         "message": "Pod was rejected: Resources cannot be allocated with Topology locality"}})
 
 
-def policy(api: client.ApiClient, name: str, spec: dict[str, Any]) -> None:
-    client.CustomObjectsApi(api).create_cluster_custom_object(
+def policy(api: client.ApiClient, name: str, spec: dict[str, Any], seen: bool = False,
+           timeout: float = 60.0) -> None:
+    """Create a TopologyPolicy; ``seen``: wait until the running operator has it (its
+    status observed this generation: the operator writes it after reading the policy, so
+    the webhook resolves pods created from then on under it)."""
+    custom = client.CustomObjectsApi(api)
+    made = custom.create_cluster_custom_object(
         "numalign.io", "v1alpha1", "topologypolicies",
         {"apiVersion": "numalign.io/v1alpha1", "kind": "TopologyPolicy",
          "metadata": {"name": name}, "spec": spec})
+    if not seen:
+        return
+    generation = made["metadata"].get("generation", 1)
+
+    def observed() -> bool:
+        obj = custom.get_cluster_custom_object("numalign.io", "v1alpha1", "topologypolicies",
+                                               name)
+        return bool((obj.get("status") or {}).get("observedGeneration") == generation)
+
+    wait_for(observed, timeout, f"the operator to see TopologyPolicy {name}")
 
 
 def delete_policy(api: client.ApiClient, name: str) -> None:

@@ -57,10 +57,10 @@ def test_namespace_policies_and_override(running_operator: OperatorProcess, k8s_
     ml, batch = two_namespaces
     names = (f"tp-{ml}", f"tp-{batch}")
     policy(k8s_client, names[0], {"policy": "single-numa-node", "scope": "pod",
-                                  "namespaces": [ml]})
+                                  "namespaces": [ml]}, seen=True)
     policy(k8s_client, names[1], {"policy": "best-effort", "namespaces": [batch],
                                   "podOverrides": {"allowed": True,
-                                                   "policies": ["restricted"]}})
+                                                   "policies": ["restricted"]}}, seen=True)
     try:
         core.create_namespaced_pod(ml, bare_pod("train"))
         core.create_namespaced_pod(batch, bare_pod("job"))

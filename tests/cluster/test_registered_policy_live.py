@@ -96,7 +96,7 @@ def test_a_registered_policy_end_to_end(toy_cluster: None, start_agent: StartAge
             assert err.value.status == 422 and "at-most-three" in str(err.value.body)
             policy(k8s_client, name, {"policy": TOY, "namespaces": [namespace],
                                       "nodeSelector": {"matchLabels": {
-                                          "kubernetes.io/hostname": node}}})
+                                          "kubernetes.io/hostname": node}}}, seen=True)
 
             def valid() -> bool:
                 tp = _get(kubectl, "topologypolicy", name) or {}

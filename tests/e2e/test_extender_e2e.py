@@ -74,7 +74,7 @@ def snn(core: Any, k8s_client: Any, namespace: str, e2e_agent: AgentProcess,
     policy(k8s_client, name, {
         "policy": "single-numa-node", "scope": "pod", "namespaces": [namespace],
         "redeploy": {"enabled": True, "maxAttempts": 3, "backoffSeconds": 1,
-                     "avoidRejectingNodes": True}})
+                     "avoidRejectingNodes": True}}, seen=True)
 
     def empty() -> bool:
         return all(not ((node_topology(k8s_client, n) or {}).get("status") or {}).get(

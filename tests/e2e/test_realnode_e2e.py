@@ -258,7 +258,7 @@ def test_a_kubelet_rejection_is_redeployed_to_an_emulated_node_that_fits(
     with beside_an_emulated_node(k8s_client, kubeconfig, namespace, tmp_path) as (
             emulated, label), operator(kubeconfig, k8s_client, tmp_path / "op.log") as op:
         policy(k8s_client, name, {"policy": "single-numa-node", "namespaces": [namespace],
-                                  "redeploy": REDEPLOY})
+                                  "redeploy": REDEPLOY}, seen=True)
         try:
             prefers_the_real_node(k8s_client, namespace, label)
             rejected: dict[str, Any] = {}

@@ -169,7 +169,7 @@ def test_two_pods_run_where_their_own_policies_put_them(
     with operator(kubeconfig, k8s_client, tmp_path / "op.log") as op:
         policy(k8s_client, name, {"policy": "single-numa-node", "namespaces": [namespace],
                                   "podOverrides": {"allowed": True,
-                                                   "policies": ["best-effort"]}})
+                                                   "policies": ["best-effort"]}}, seen=True)
         try:
             # Shared: burstable, under the namespace's single-numa-node. Nothing is
             # exclusive yet: its pool is every CPU (the reserved one too).
@@ -252,7 +252,7 @@ def test_a_pod_numalign_cannot_align_never_starts_and_is_redeployed(
     with beside_an_emulated_node(k8s_client, kubeconfig, namespace, tmp_path) as (
             emulated, label), operator(kubeconfig, k8s_client, tmp_path / "op.log") as op:
         policy(k8s_client, name, {"policy": "single-numa-node", "namespaces": [namespace],
-                                  "redeploy": REDEPLOY})
+                                  "redeploy": REDEPLOY}, seen=True)
         try:
             prefers_the_real_node(k8s_client, namespace, label)
             rejected: dict[str, Any] = {}
@@ -515,7 +515,7 @@ def test_the_agents_metrics_count_the_pods_numalign_placed(
 
     name = f"nrm-{namespace}"[:60]
     with operator(kubeconfig, k8s_client, tmp_path / "op.log") as op:
-        policy(k8s_client, name, {"policy": snn, "namespaces": [namespace]})
+        policy(k8s_client, name, {"policy": snn, "namespaces": [namespace]}, seen=True)
         try:
             got = scrape(url)
             assert sample(got, "numalign_agent_node_info", node=node, mode="nri") == 1

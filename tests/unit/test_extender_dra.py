@@ -222,11 +222,11 @@ def test_pods_in_flight_with_claims_on_roomy_nodes_refuse_nothing() -> None:
 
 
 def test_more_ways_in_flight_than_checked_refuses_a_hard_policy_only() -> None:
-    # five pods in flight (of 1 to 5 CPUs), each with one GPU of either NUMA node not
-    # allocated yet: 32 ways they may land, more than the extender checks; a
-    # single-numa-node pod waits (refused there until they are bound), a best-effort one
-    # is never refused
-    flying = [pod(f"f{i}", "single-numa-node", gpus=1, constraint=True, cpu=str(i + 1))
+    # five pods in flight (of 2 to 6 CPUs, 20 in all: more than a NUMA node has free),
+    # each with one GPU of either NUMA node not allocated yet, landing here or not: 243
+    # ways they may land, more than the extender checks; a single-numa-node pod waits
+    # (refused there until they are bound), a best-effort one is never refused
+    flying = [pod(f"f{i}", "single-numa-node", gpus=1, constraint=True, cpu=str(i + 2))
               for i in range(5)]
     snn = pod("snn", "single-numa-node", gpus=1, constraint=True, cpu="1")
     be = pod("be", "best-effort", gpus=1, cpu="1")
@@ -239,5 +239,7 @@ def test_more_ways_in_flight_than_checked_refuses_a_hard_policy_only() -> None:
     v = d.decide(snn, "n0", in_flight=held)
     assert not v.fits and v.reason == IN_FLIGHT_REASON
     assert "more than 16 ways" in (v.message or "")
-    assert d.decide(snn, "n0", in_flight=held[:3]).fits  # 8 ways: each checked
+    # three of them (9 CPUs) leave room on either NUMA node wherever they land: no way
+    # needs deciding
+    assert d.decide(snn, "n0", in_flight=held[:3]).fits
     assert d.decide(be, "n0", in_flight=held).fits

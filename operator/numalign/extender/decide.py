@@ -24,12 +24,10 @@ NUMA nodes first, then their distance, then GPU island fit, then the room left w
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -38,35 +36,51 @@ from numalign.api.draasks import ClaimAsk, Placement, PodChoices
 from numalign.api.draclaims import uses_claims
 from numalign.api.effective import EffectivePolicy, NodeKind, effective_policy
 from numalign.api.names import (
-    ANN_GPUS,
-    IN_FLIGHT_REASON,
     REJECT_REASON,
     REJECTED_PREFIX,
     TOPOLOGY_MESSAGE,
 )
 from numalign.api.nodestatus import HeldPod
 from numalign.api.reads import ObjectRead
-from numalign.api.resolved import Resolved
 from numalign.topology.admit import UNEXPECTED_REASON, ProviderKind
 from numalign.topology.errors import TopologyError
-from numalign.topology.hints import mask_count
-from numalign.topology.ledger import Ledger
 from numalign.topology.machine import Machine
 from numalign.topology.managers.dra import DraDevices
-from numalign.topology.pod import pod_from_dict
-from numalign.topology.resourcefit import DEFAULT_MAX_PODS
 
 from .dra import DraCatalog
-from .dradecide import HARD, decide_claims, spread
+from .dradecide import decide_claims
 from .feasible import FastVerdicts, fast_filter, node_free
+from .inflight import (
+    DEFERRED,
+    ENOUGH_PASSING,
+    MAX_BRANCHES,
+    MAX_DEFERRED_WAYS,
+    InFlightChecks,
+    room_left,
+)
+from .podshape import pod_shape
 from .score import MAX_SCORE, MIN_SCORE, NEUTRAL_SCORE, SCORE_WEIGHTS, pod_numa, score_admission
 from .verdict import CANDIDATE_UID, OUT_OF_TIME, PodShape, Verdict
-from .view import EntryReader, KeptByIdentity, NodeView, held_key
+from .view import EntryReader, NodeView, held_key
 
 __all__ = [  # what the extender's server, explain and the benchmarks use
-    "CANDIDATE_UID", "MAX_SCORE", "MIN_SCORE", "NEUTRAL_SCORE", "SCORE_WEIGHTS", "Decider",
-    "NodeView", "PodShape", "Verdict", "decide", "held_key", "pod_shape",
-    "room_left", "score_admission",
+    "CANDIDATE_UID",
+    "ENOUGH_PASSING",
+    "MAX_BRANCHES",
+    "MAX_DEFERRED_WAYS",
+    "MAX_SCORE",
+    "MIN_SCORE",
+    "NEUTRAL_SCORE",
+    "SCORE_WEIGHTS",
+    "Decider",
+    "NodeView",
+    "PodShape",
+    "Verdict",
+    "decide",
+    "held_key",
+    "pod_shape",
+    "room_left",
+    "score_admission",
 ]
 
 JSON = dict[str, Any]
@@ -74,50 +88,10 @@ log = logging.getLogger("numalign.extender")
 
 
 UNREADABLE_POD_REASON = "InvalidPod"
-# the ways pods in flight may land on a node, each checked (Decider._branches)
-MAX_BRANCHES = 16
 KEPT_ASKS = 16  # pods whose claims are kept read (Decider._claim_asks)
+KEPT_CHOICES = 20_000  # (pod, node) device choices kept (Decider._claims)
 
 
-
-# ---------------------------------------------------------------- the pod
-
-
-def pod_shape(pod: Mapping[str, Any]) -> PodShape:
-    """The pod's shape (never raises: an unreadable pod gives ``model`` None); kept for
-    the last pod objects asked (a pod in flight is decided again on many nodes)."""
-    return _shapes(pod)
-
-
-def _pod_shape(pod: Mapping[str, Any]) -> PodShape:
-    meta = pod.get("metadata") if isinstance(pod, Mapping) else None
-    meta = meta if isinstance(meta, Mapping) else {}
-    ann = meta.get("annotations")
-    gpus = ann.get(ANN_GPUS) if isinstance(ann, Mapping) else None
-    spec = pod.get("spec") if isinstance(pod, Mapping) else None
-    spec = spec if isinstance(spec, Mapping) else {}
-
-    def reduced(cs: Any) -> Any:
-        if not isinstance(cs, list):
-            return cs
-        return [{k: c.get(k) for k in ("name", "resources", "restartPolicy") if k in c}
-                if isinstance(c, Mapping) else c for c in cs]
-
-    doc: JSON = {"metadata": {"name": "candidate", "uid": CANDIDATE_UID,
-                              "annotations": {} if gpus is None else {ANN_GPUS: gpus}},
-                 "spec": {"containers": reduced(spec.get("containers")),
-                          "initContainers": reduced(spec.get("initContainers") or [])}}
-    # a digest, not the text: verdicts are cached by it, and what a cached verdict keeps
-    # must not grow with the pod
-    key = hashlib.blake2b(json.dumps(doc, sort_keys=True, default=str).encode(),
-                          digest_size=16).digest()
-    try:
-        return PodShape(key, pod_from_dict(doc))
-    except TopologyError as e:
-        return PodShape(key, None, str(e))
-
-
-_shapes = KeptByIdentity[Mapping[str, Any], PodShape](_pod_shape, 1024)
 
 
 # ---------------------------------------------------------------- the decision
@@ -180,71 +154,6 @@ def node_refusal(kind: NodeKind, error: TopologyError) -> tuple[str, str] | None
     return None
 
 
-# ---------------------------------------------------------------- room for more
-
-
-def room_left(view: NodeView, reserved: Sequence[HeldPod], flying: Sequence[HeldPod],
-              verdict: Verdict, shape: PodShape, resolved: Resolved) -> bool:
-    """Whether the pod ``verdict`` admitted on ``view`` (holding ``reserved``) is surely
-    admitted the same with the pods ``flying`` held too, wherever they land: on the NUMA
-    nodes of its verdict, what the node and ``reserved`` take, less all that ``flying``
-    asks for, leave as many CPUs, as much memory of each kind and as many devices of each
-    resource as the pod took. Then its NUMA nodes stay a valid hint of the same width (the
-    kubelet prefers by width over all CPUs, not free ones) and the best one, the managers
-    allocate inside them and the pod count fits. A sufficient condition only: False
-    (decide again) near capacity, and for policy options, GPU group requests, containers
-    aligned one by one, memory spanning NUMA nodes."""
-    machine, model = view.machine, shape.model
-    if not verdict.room_by_counts:  # GPU groups, a kind placed by more than counts
-        return False
-    if machine is None or model is None or resolved.options.given or ANN_GPUS in model.annotations:
-        return False
-    if any(not h.containers for h in flying):  # approved by a fast verdict: not known
-        return False
-    mine = [a for _, a in verdict.containers]
-    if resolved.scope != "pod" and sum(1 for a in mine if a.cpus or a.memory or a.devices) > 1:
-        return False
-    ledger = view.ledger()
-    held = [a for h in reserved if not view.lists(h) and h.uid not in ledger.pods
-            for _, a in h.containers]
-    asked = [a for h in flying for _, a in h.containers]
-    if any(a.memory_mask is not None and mask_count(a.memory_mask) > 1 for a in mine + asked):
-        return False
-    if len(ledger.pods) + len(reserved) + len(flying) + 1 > DEFAULT_MAX_PODS:
-        return False
-    numa = set(verdict.numa_nodes) or set(machine.numa_ids)
-    free_set, by_numa = ledger.derived("extender-free-cpus-by-numa", lambda: _free_by_numa(
-        ledger))
-    taken = {c for a in held for c in a.cpus}
-    free = sum(by_numa.get(n, 0) for n in numa) - sum(
-        1 for c in taken if c in free_set and machine.cpus[c].numa in numa)
-    if free - sum(len(a.cpus) for a in asked) < len({c for a in mine for c in a.cpus}):
-        return False
-    for kind in {k for a in mine for k in a.memory}:
-        want = sum(b for a in mine + asked for b in a.memory.get(kind, {}).values())
-        used = sum(b for a in held for n, b in a.memory.get(kind, {}).items() if n in numa)
-        if sum(ledger.free_memory(n, kind) for n in numa) - used < want:
-            return False
-    for res in {r for a in mine for r in a.devices}:
-        want = len({i for a in mine for i in a.devices.get(res, ())})
-        want += sum(len(a.devices.get(res, ())) for a in asked)
-        gone = {i for a in held for i in a.devices.get(res, ())}
-        near = {d.id for d in machine.devices_of(res)
-                if d.numa_node is None or d.numa_node in numa}
-        if len((set(ledger.free_devices(res)) & near) - gone) < want:
-            return False
-    return True
-
-
-def _free_by_numa(ledger: Ledger) -> tuple[frozenset[int], dict[int, int]]:
-    free = frozenset(ledger.free_cpus())
-    by_numa: dict[int, int] = {}
-    for c in free:
-        n = ledger.machine.cpus[c].numa
-        by_numa[n] = by_numa.get(n, 0) + 1
-    return free, by_numa
-
-
 # ---------------------------------------------------------------- the fleet
 
 _OWN = "\x00own"  # a cached verdict's node: decided per node (names_holder)
@@ -262,7 +171,7 @@ def names_holder(verdict: Verdict, view: NodeView, reservations: Sequence[HeldPo
 
 
 
-class Decider:
+class Decider(InFlightChecks):
     """The views of a fleet and a cache of verdicts.
 
     ``update(nt)`` takes a NodeTopology object (a new ``resourceVersion`` rebuilds that
@@ -282,6 +191,9 @@ class Decider:
         # the pods in flight there are read again on each): id -> (pod, changes, asks)
         self._asks: OrderedDict[int, tuple[Mapping[str, Any], int,
                                            tuple[list[ClaimAsk], list[str]]]] = OrderedDict()
+        # a pod's device choices on a node, while the DRA objects stand (Decider._claims)
+        self._choices: dict[tuple[int, str, str], tuple[Mapping[str, Any], PodChoices]] = {}
+        self._choices_at = -1
         self.published: dict[str, NodeView] = {}  # as the NodeTopology says, before release()
         self.released: dict[str, set[str]] = {}  # node -> uids gone but still published
         # machines by the digest of what describes them, shared by the nodes of one
@@ -296,6 +208,7 @@ class Decider:
         self._cache: OrderedDict[tuple[Any, ...], Verdict] = OrderedDict()
         self.hits = 0
         self.misses = 0
+        self.ways = 0  # ways pods in flight may land, decided (Decider._branches)
         self.fast = FastVerdicts()  # the filter's group answers (.feasible)
 
     def _uses(self, old: NodeView | None, new: NodeView | None) -> None:
@@ -369,70 +282,13 @@ class Decider:
 
     def _verdict(self, pod: Mapping[str, Any], node: str, reservations: Sequence[HeldPod],
                  shape: PodShape | None, in_flight: Sequence[tuple[Mapping[str, Any], HeldPod]],
-                 memo: dict[str, EffectivePolicy] | None) -> Verdict:
+                 memo: dict[str, EffectivePolicy] | None, defer: bool = False) -> Verdict:
         verdict = self._decide(pod, node, reservations, shape, memo)
         view = self.views.get(node)
         if view is None or not verdict.fits or not verdict.covered:
             return verdict
-        extra = [(p, h) for p, h in in_flight if not view.lists(h)]
-        if not extra:
-            return verdict
-        shape = shape if shape is not None else pod_shape(pod)
-        eff = self._effective(pod, view, memo)
-        if room_left(view, reservations, [h for _, h in extra], verdict, shape, eff.resolved):
-            return verdict
-        branches, every = self._branches(node, reservations, [p for p, _ in extra])
-        if not every and eff.name in HARD:
-            return Verdict(node, False, IN_FLIGHT_REASON, (
-                f"numalign: pods in flight to this node with claims not allocated yet may "
-                f"land in more than {MAX_BRANCHES} ways; policy {eff.name} is checked "
-                f"against every one, so this node waits until they are bound"), MIN_SCORE,
-                policy=eff)
-        first: Verdict | None = None
-        for held in branches:
-            v = self._decide(pod, node, held, shape, memo)
-            if not v.fits:
-                return v
-            first = first or v
-        assert first is not None  # there is always one branch
-        return first
-
-    def _branches(self, node: str, reservations: Sequence[HeldPod],
-                  flying: Sequence[Mapping[str, Any]]) -> tuple[list[list[HeldPod]], bool]:
-        """What ``node`` may hold once the pods ``flying`` are admitted there first, in
-        order, after ``reservations``: one list per way they may land. A pod with
-        claims not allocated yet lands as the devices the allocator picks for it, which
-        the extender cannot know: each of its device choices is a way (the kubelet then
-        puts its CPUs and memory next to *those* devices). At most
-        :data:`MAX_BRANCHES` ways are kept (the first ones, the narrowest choices);
-        the flag says whether that is every one."""
-        branches: list[list[HeldPod]] = [list(reservations)]
-        every = True
-        for p in flying:
-            grown: dict[Hashable, list[HeldPod]] = {}
-            for held in branches:
-                for h in self._holds(p, node, held):
-                    way = [*held, h] if h is not None else held
-                    grown.setdefault(held_key(way), way)
-            every = every and len(grown) <= MAX_BRANCHES
-            branches = list(grown.values())[:MAX_BRANCHES]
-        return branches, every
-
-    def _holds(self, pod: Mapping[str, Any], node: str,
-               reservations: Sequence[HeldPod]) -> list[HeldPod | None]:
-        """What ``pod`` may hold on ``node`` once admitted after ``reservations``: one
-        hold (None: nothing, or refused), or, for a pod with claims the allocator has
-        not allocated yet, one per device choice it has there (each as the node admits
-        the pod with those devices)."""
-        view = self.views.get(node)
-        ctx = self._claims(pod, node, view)
-        if view is None or view.machine is None or ctx is None or len(ctx[1].choices) < 2:
-            return [self._decide(pod, node, reservations, None, None).held_by(pod)]
-        shape = pod_shape(pod)
-        eff = effective_policy(pod, view.policy)
-        head = self._key(view, reservations, shape, eff)
-        return [self._choice(pod, view, reservations, shape, eff, head, *ctx, c).held_by(pod)
-                for c in sorted(ctx[1].choices, key=spread)]
+        return self._in_flight(pod, view, reservations, shape, in_flight, memo, defer,
+                               verdict)
 
     def _claims(self, pod: Mapping[str, Any], node: str, view: NodeView | None
                 ) -> tuple[list[ClaimAsk], PodChoices] | None:
@@ -442,10 +298,18 @@ class Decider:
                 or view.machine is None):
             return None
         asks = self._claim_asks(pod)
-        return asks[0], self.dra.choices(pod, node, view.machine.numa_ids, asks)
+        # kept while the DRA objects stand: a pod in flight is asked again on every filter
+        if self._choices_at != self.dra.changes or len(self._choices) > KEPT_CHOICES:
+            self._choices.clear()
+            self._choices_at = self.dra.changes
+        key = (id(pod), node, view.machine_key)
+        kept = self._choices.get(key)
+        if kept is None or kept[0] is not pod:
+            kept = self._choices[key] = (pod, self.dra.choices(pod, node, view.machine.numa_ids,
+                                                               asks))
+        return asks[0], kept[1]
 
-    @staticmethod
-    def _key(view: NodeView, reservations: Sequence[HeldPod], shape: PodShape,
+    def _key(self, view: NodeView, reservations: Sequence[HeldPod], shape: PodShape,
              eff: EffectivePolicy) -> tuple[Any, ...]:
         """A verdict's cache key: (machine, what the node holds, pod shape, policy, node
         kind). What the node holds, published or reserved, is one key: a node publishing
@@ -461,13 +325,12 @@ class Decider:
                 asks: list[ClaimAsk], choices: PodChoices,
                 choice: Mapping[tuple[str, str], Placement]) -> Verdict:
         """The verdict with one device choice (cached as any: nodes alike share it)."""
-        kind = DraDevices(choices.devices(pod, asks, choice).requests())
         return self._cached((*head, "dra-choice", choices.choice_key(choice)), view.machine_key,
                             lambda: decide(pod, view, reservations, shape=shape, eff=eff,
-                                           devices=[kind]))
+                                           devices=[DraDevices(choices.devices(
+                                               pod, asks, choice).requests())]))
 
-    @staticmethod
-    def _effective(pod: Mapping[str, Any], view: NodeView,
+    def _effective(self, pod: Mapping[str, Any], view: NodeView,
                    memo: dict[str, EffectivePolicy] | None) -> EffectivePolicy:
         """effective_policy, once per node policy for one pod (``memo``)."""
         if memo is None:
@@ -551,13 +414,46 @@ class Decider:
                in_flight: Mapping[str, Sequence[tuple[Mapping[str, Any], HeldPod]]] | None
                = None, *, budget: float | None = None,
                clock: Callable[[], float] = time.monotonic,
-               complete: bool = True) -> list[Verdict]:
+               complete: bool = True, defer: bool = False) -> list[Verdict]:
         """A verdict for each of ``nodes``, in order (reservations and in-flight pods
         by node, as :meth:`decide` takes them). ``budget``: seconds to spend; the nodes
         not decided by then pass undecided (``covered`` False: fail open, as the
         scheduler does with an extender that does not answer in time). ``complete``
         False: pass or refuse only, exact, nodes alike sharing one decision
-        (:mod:`.feasible`; an admission may come without allocation or score)."""
+        (:mod:`.feasible`; an admission may come without allocation or score).
+        ``defer``: a node where the pods in flight must be decided way by way (the
+        costly part of a burst) is decided last, and refused for now
+        (:data:`IN_FLIGHT_REASON`) when :data:`ENOUGH_PASSING` other nodes pass (as
+        kube-scheduler itself stops looking once it has found enough feasible nodes), or
+        once :data:`MAX_DEFERRED_WAYS` ways were decided in this filter: a burst's filter
+        stays within a bound, and such a pod is placed once those pods are bound (the
+        scheduler tries it again then), never where a way could refuse it."""
+        start = clock()
+        out = self._filter(pod, nodes, reservations, in_flight, budget, clock, complete, defer)
+        later = [i for i, v in enumerate(out) if v.note == DEFERRED]
+        passing = sum(1 for v in out if v.fits)
+        if not later:
+            return out
+        why = f"{passing} other nodes admit it"
+        if passing < ENOUGH_PASSING:
+            # decided one by one, as long as the ways decided stay within the budget
+            why = (f"numalign decided the ways of the pods in flight to other nodes up to "
+                   f"its budget for one filter ({MAX_DEFERRED_WAYS} ways)")
+            ways = self.ways
+            for i in later:
+                if self.ways - ways >= MAX_DEFERRED_WAYS:
+                    break
+                left = None if budget is None else max(0.0, budget - (clock() - start))
+                out[i] = self._filter(pod, [out[i].node], reservations, in_flight, left,
+                                      clock, complete, False)[0]
+        return [replace(v, message=f"{v.message} ({why})", note=None)
+                if v.note == DEFERRED else v for v in out]
+
+    def _filter(self, pod: Mapping[str, Any], nodes: Iterable[str],
+                reservations: Mapping[str, Sequence[HeldPod]] | None,
+                in_flight: Mapping[str, Sequence[tuple[Mapping[str, Any], HeldPod]]] | None,
+                budget: float | None, clock: Callable[[], float], complete: bool,
+                defer: bool) -> list[Verdict]:
         shape = pod_shape(pod)
         held = reservations or {}
         flying = in_flight or {}
@@ -569,7 +465,7 @@ class Decider:
                 self.views, self.fast, list(nodes), shape, held, flying,
                 lambda view: self._effective(pod, view, memo),
                 lambda n: self._verdict(pod, n, held.get(n, ()), shape, flying.get(n, ()),
-                                        memo),
+                                        memo, defer),
                 lambda n: None if end is None or clock() <= end else Verdict(
                     n, True, covered=False, note=OUT_OF_TIME))
         out: list[Verdict] = []
@@ -577,7 +473,8 @@ class Decider:
             if end is not None and clock() > end:
                 out.append(Verdict(n, True, covered=False, note=OUT_OF_TIME))
                 continue
-            out.append(self._verdict(pod, n, held.get(n, ()), shape, flying.get(n, ()), memo))
+            out.append(self._verdict(pod, n, held.get(n, ()), shape, flying.get(n, ()), memo,
+                                     defer))
         return out
 
     def hold(self, pod: Mapping[str, Any], node: str,

@@ -84,6 +84,9 @@ class Fleet:
         # seconds one pod's filter may spend deciding (None: no bound); the nodes left
         # when it runs out pass undecided, so no pod holds up the others (and the probes)
         self.budget: float | None = None
+        # filter leaves nodes whose pods in flight must be decided way by way for last
+        # (Decider.filter's ``defer``)
+        self.defer = True
         # what the last filter gave (pod uid, state it saw, verdicts by node): prioritize
         # right after it, with nothing changed since, answers from it
         self.changes = 0
@@ -213,7 +216,7 @@ class Fleet:
         held = {n: self.reservations.on_node(n, exclude=uid) for n in ask}
         flying = {n: self.in_flight.on_node(n, exclude=uid) for n in ask}
         verdicts = self.decider.filter(pod, ask, held, flying, budget=self.budget,
-                                       complete=not approve)
+                                       complete=not approve, defer=approve and self.defer)
         if not approve:
             self.in_flight.complete(uid, {v.node: h for v in verdicts
                                           if (h := v.held_by(pod)) is not None})

@@ -135,7 +135,9 @@ class DraProvider:
     manager = "devices"  # the kubelet's device manager gives device hints
     allocation_order = 0
     claims: frozenset[str] = frozenset()
-    room_by_counts = False  # the devices the scheduler allocated, not any free ones
+    # its hints come from the allocated devices and every device of their kind, never
+    # from what is free: whatever other pods hold, they stay the same
+    room_by_counts = True
 
     def __init__(self, kind: DraDevices, admission: Admission) -> None:
         self.kind = kind

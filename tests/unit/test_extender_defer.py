@@ -1,0 +1,117 @@
+"""A burst's filter stays within a bound (Decider.filter's ``defer``).
+
+A node whose pods in flight (approved, not bound yet) leave it too tight to admit the
+pod without deciding every way they may land is decided last: refused for now
+(``PodsInFlightUnchecked``, saying why) while enough other nodes admit the pod, else
+decided way by way up to a budget of ways per filter; never approved without a
+decision."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import testdata
+from numalign.agent.publish import build_status
+from numalign.agent.state import NodeState
+from numalign.api.names import ANN_RESOLVED, IN_FLIGHT_REASON
+from numalign.api.nodestatus import HeldPod
+from numalign.api.resolved import Resolved
+from numalign.extender import decide as decide_module
+from numalign.extender.decide import ENOUGH_PASSING, Decider
+from numalign.extender.fleet import Fleet
+from numalign.topology.ledger import ContainerAllocation
+from numalign.topology.machine import load_machine
+
+MACHINE = load_machine(testdata.MACHINES / "group4-gpu.yaml")  # NUMA 0: CPUs 0-15, 1: 16-31
+
+
+def pod(name: str, cpu: str = "2") -> dict[str, Any]:
+    res = {"cpu": cpu, "memory": "1Gi"}
+    return {"metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}",
+                         "annotations": {ANN_RESOLVED: Resolved(
+                             "single-numa-node", "pod", source="pod").annotation()}},
+            "spec": {"containers": [{"name": "c", "resources": {"requests": res,
+                                                                "limits": res}}]}}
+
+
+# leaves 2 CPUs free on each NUMA node
+BUSY = HeldPod("busy", "busy", "ns", (("c", ContainerAllocation(
+    cpus=(*range(0, 14), *range(16, 30)))),))
+
+
+def decider(nodes: int) -> Decider:
+    d = Decider()
+    for i in range(nodes):
+        st = NodeState(f"n{i}", MACHINE)
+        d.update({"metadata": {"name": f"n{i}", "resourceVersion": "1"}, "spec": {},
+                  "status": build_status(st)})
+    return d
+
+
+def setup(roomy: int, tight: int) -> tuple[Decider, list[str], dict[str, Any], dict[str, Any]]:
+    """``tight`` nodes with 2 CPUs free per NUMA node and a 2-CPU pod in flight to each
+    (it takes one NUMA node's two; the candidate, 2 CPUs, then fits on the other: the
+    counts alone cannot tell), and ``roomy`` empty nodes; the reservations and pods in
+    flight by node."""
+    d = decider(roomy + tight)
+    names = [f"n{i}" for i in range(roomy + tight)]
+    flying = pod("flying")
+    held: dict[str, Any] = {}
+    fly: dict[str, Any] = {}
+    for n in names[roomy:]:
+        held[n] = [BUSY]
+        hold = d.decide(flying, n, [BUSY]).held_by(flying)
+        assert hold is not None
+        fly[n] = [(flying, hold)]
+    return d, names, held, fly
+
+
+def test_a_tight_node_waits_while_enough_other_nodes_admit_the_pod() -> None:
+    d, names, held, fly = setup(ENOUGH_PASSING, 1)
+    cand = pod("cand")
+    ways = d.ways
+    *roomy, tight = d.filter(cand, names, held, fly, defer=True)
+    assert all(v.fits for v in roomy)
+    assert not tight.fits and tight.reason == IN_FLIGHT_REASON
+    assert f"{ENOUGH_PASSING} other nodes admit it" in (tight.message or "")
+    assert d.ways == ways  # no way decided
+    # decided way by way, the tight node admits it (on the other NUMA node)
+    *_, full = d.filter(cand, names, held, fly)
+    assert full.fits and full.numa_nodes == (1,)
+    assert d.ways > ways
+
+
+def test_with_too_few_other_nodes_a_tight_node_is_decided() -> None:
+    d, names, held, fly = setup(ENOUGH_PASSING - 1, 1)
+    *_, tight = d.filter(pod("cand"), names, held, fly, defer=True)
+    assert tight.fits and tight.numa_nodes == (1,)
+
+
+def test_deferred_nodes_are_decided_up_to_a_budget_of_ways(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(decide_module, "MAX_DEFERRED_WAYS", 3)
+    d, names, held, fly = setup(0, 6)
+    verdicts = d.filter(pod("cand"), names, held, fly, defer=True)
+    decided = [v for v in verdicts if v.fits]
+    waiting = [v for v in verdicts if not v.fits]
+    assert len(decided) == 3 and len(waiting) == 3  # one way each
+    for v in waiting:
+        assert v.reason == IN_FLIGHT_REASON
+        assert "budget for one filter (3 ways)" in (v.message or "")
+
+
+def test_the_extenders_filter_defers_unless_told_not_to() -> None:
+    d, names, _, fly = setup(ENOUGH_PASSING, 1)
+    f = Fleet(d)
+    for n, pods in fly.items():  # the pod in flight as filter approved it
+        for p, h in pods:
+            f.in_flight.approve(p, p["metadata"]["uid"], {n: h}, [n])
+        f.reservations.add(n, BUSY)
+    cand = pod("cand")
+    *_, tight = f.filter(cand, names)
+    assert not tight.fits and tight.reason == IN_FLIGHT_REASON
+    f.defer = False
+    *_, tight = f.filter(cand, names)
+    assert tight.fits
