@@ -78,3 +78,50 @@ async def test_a_binding_stuck_holds_the_next_one_up_no_longer_than_the_turn_wai
     missed = server.metrics.bind_turns_missed._value.get()  # type: ignore[attr-defined]
     assert missed == 1
     assert server.bind_order.nodes == 0
+
+
+async def _filter_both_bind_second_first(a_after: float | None, turn_wait: float = 1.0
+                                         ) -> tuple[ExtenderServer, Api, list[str]]:
+    """A then B filtered for n0; B's bind asked first, A's ``a_after`` seconds later
+    (None: never: A was bound elsewhere by another scheduler's binder, unseen)."""
+    pending = PendingPods()
+    pending.load([A, B])
+    api = Api({})
+    server = ExtenderServer(Fleet(fleet({"n0": ()}, A, B)), pending=pending,
+                            kube=api)  # type: ignore[arg-type]
+    server.bind_order = BindOrder(turn_wait)
+    server.fleet.load_pods([])
+    server.ready = True
+    async with TestClient(TestServer(server.app())) as c:
+        for p in (A, B):
+            r = await c.post("/filter", json={"Pod": p, "Nodes": None, "NodeNames": ["n0"]})
+            assert (await r.json())["NodeNames"] == ["n0"]
+
+        async def bind(p: dict[str, Any], after: float) -> str:
+            await asyncio.sleep(after)
+            name = p["metadata"]["name"]
+            r = await c.post("/bind", json={"PodName": name, "PodNamespace": "ns",
+                                            "PodUID": f"uid-{name}", "Node": "n0"})
+            return str((await r.json())["Error"])
+
+        calls = [bind(B, 0.0)] + ([bind(A, a_after)] if a_after is not None else [])
+        errors = list(await asyncio.gather(*calls))
+    return server, api, errors
+
+
+async def test_a_pod_approved_later_binds_after_the_one_approved_before_it() -> None:
+    # B was decided with A landing first; B's binding comes first (its claims' write
+    # was quicker, say): it waits for A's, so the node admits them as they were decided
+    server, api, errors = await _filter_both_bind_second_first(0.2)
+    assert errors == ["", ""]
+    assert api.landed == ["a", "b"]
+    counted = [r.uid for r in server.fleet.reservations.on_node("n0")]
+    assert counted == ["uid-a", "uid-b"]
+
+
+async def test_an_earlier_pod_that_never_binds_holds_the_next_up_no_longer_than_the_turn_wait(
+        ) -> None:
+    server, api, errors = await _filter_both_bind_second_first(None, turn_wait=0.1)
+    assert errors == [""] and api.landed == ["b"]
+    missed = server.metrics.bind_turns_missed._value.get()  # type: ignore[attr-defined]
+    assert missed == 1

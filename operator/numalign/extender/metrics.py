@@ -13,8 +13,9 @@
   (a pod this process did not approve for that node: left to the scheduler's binder),
   ``error`` (the API server refused or did not answer);
 - ``numalign_extender_bind_turns_missed_total``: bindings posted without waiting for
-  the one before them on their node (it had not landed within a second): the node may
-  see them in another order than they were counted (:mod:`.bindorder`);
+  the one before them on their node, or for the pods approved there before them (not
+  landed, or still in flight, within a second): the node may see them in another order
+  than they were counted (:mod:`.bindorder`);
 - ``numalign_extender_refusals_total{reason}``: nodes refused, by the kubelet's reason;
 - ``numalign_extender_reservations``: in-flight reservations held now (gauge);
 - ``numalign_extender_pending_pods``: unbound pods of the schedulers served, as watched
@@ -61,7 +62,8 @@ class Metrics:
             ["outcome"], registry=self.registry)
         self.bind_turns_missed = Counter(
             "numalign_extender_bind_turns_missed", "Bindings posted without waiting for the "
-            "one before them on their node (it had not landed within a second)",
+            "one before them on their node, or for the pods approved there before them (not "
+            "landed, or still in flight, within a second)",
             registry=self.registry)
         self.refusals = Counter(
             "numalign_extender_refusals", "Nodes the extender refused for a pod, by the "

@@ -172,6 +172,21 @@ class InFlight:
                 out.append((a.pod, held))
         return out
 
+    def before(self, uid: str, node: str) -> list[str]:
+        """The pods approved for ``node`` before ``uid`` (its last approval) and still
+        in flight: the pods ``uid`` was decided after there."""
+        per = self._by_node.get(node)
+        if not per or uid not in per:
+            return []
+        limit = self.clock() - self.ttl
+        out = []
+        for other in per:
+            if other == uid:
+                break
+            if self._by_uid[other].since >= limit:
+                out.append(other)
+        return out
+
     def expire(self) -> list[str]:
         limit = self.clock() - self.ttl
         old = [uid for uid, a in self._by_uid.items() if a.since < limit]

@@ -65,6 +65,7 @@ EXPIRE_EVERY = 5.0
 BIND_TIMEOUT = 4.0  # below the scheduler's httpTimeout (5s): it then binds without us
 MAX_CLAIM_READS = 16  # a pod's claims read at bind (more: as the watch has them)
 CLAIM_READ_TIMEOUT = 0.8  # each such read (else: as the watch has the claim)
+EARLIER_POLL = 0.01  # seconds between looks at the pods a binding waits for
 LANDED_TIMEOUT = 0.8  # after a failed binding, the read of whether it landed anyway
 DECIDE_BUDGET = 2.0  # seconds one pod's filter may decide; below the httpTimeout (5s)
 # One connection per watch: NodeTopologies, bound pods, unbound pods, the DRA kinds.
@@ -249,6 +250,10 @@ class ExtenderServer:
             return web.json_response(binding_result(why))
         await self._read_claims(approved)
         waited = time.perf_counter()
+        if not await self._after_earlier(args.uid, args.node):
+            self.metrics.bind_turns_missed.inc()
+            log.info("bind %s to %s: pods approved there before it are still in flight; "
+                     "posted without waiting longer", args.pod_name, args.node)
         async with self.bind_order.turn(args.node) as in_turn:
             if not in_turn:
                 self.metrics.bind_turns_missed.inc()
@@ -276,6 +281,23 @@ class ExtenderServer:
         self.metrics.binds.labels(outcome="bound").inc()
         self.metrics.bind_seconds.observe(time.perf_counter() - t0)
         return web.json_response(binding_result())
+
+    async def _after_earlier(self, uid: str, node: str) -> bool:
+        """Wait until no pod approved for ``node`` before ``uid`` is still in flight
+        (each is bound, here or elsewhere, or gone); False if some still are after the
+        turn wait. The pod was decided with those landing first: bound before them, it
+        would be admitted first, and one of them, decided without it, could be refused
+        (a best-effort pod whose devices the allocator spread over two NUMA nodes groups
+        them for memory, and the single-numa-node pod approved before it cannot have
+        its memory on either). kube-scheduler binds pods at once, and a pod with claims
+        waits for its claims' allocation to be written first: the bindings to one node
+        can come in another order than their pods were filtered."""
+        end = time.monotonic() + self.bind_order.turn_wait
+        while self.fleet.in_flight.before(uid, node):
+            if time.monotonic() >= end:
+                return False
+            await asyncio.sleep(EARLIER_POLL)
+        return True
 
     async def _read_claims(self, pod: Mapping[str, Any]) -> None:
         """A pod with claims: read them from the API server before the pod holds its
