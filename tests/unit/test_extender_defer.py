@@ -3,7 +3,7 @@
 A node whose pods in flight (approved, not bound yet) leave it too tight to admit the
 pod without deciding every way they may land is decided last: refused for now
 (``PodsInFlightUnchecked``, saying why) while enough other nodes admit the pod, else
-decided way by way up to a budget of ways per filter; never approved without a
+decided way by way up to a budget of engine runs per filter; never approved without a
 decision."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from numalign.api.names import ANN_RESOLVED, IN_FLIGHT_REASON
 from numalign.api.nodestatus import HeldPod
 from numalign.api.resolved import Resolved
 from numalign.extender import decide as decide_module
-from numalign.extender.decide import ENOUGH_PASSING, Decider
+from numalign.extender.decide import ENOUGH_PASSING, MAX_DEFERRED_NODES, Decider
 from numalign.extender.fleet import Fleet
 from numalign.topology.ledger import ContainerAllocation
 from numalign.topology.machine import load_machine
@@ -89,17 +89,27 @@ def test_with_too_few_other_nodes_a_tight_node_is_decided() -> None:
     assert tight.fits and tight.numa_nodes == (1,)
 
 
-def test_deferred_nodes_are_decided_up_to_a_budget_of_ways(
+def test_deferred_nodes_are_decided_up_to_a_budget_of_engine_runs(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(decide_module, "MAX_DEFERRED_WAYS", 3)
+    monkeypatch.setattr(decide_module, "MAX_DEFERRED_RUNS", 1)
+    d, names, held, fly = setup(0, 6)
+    runs = d.runs
+    verdicts = d.filter(pod("cand"), names, held, fly, defer=True)
+    # the first tight node decided (the pod in flight's hold there is the one kept from
+    # its approval; the candidate with it: one run), the budget then spent: the others
+    # wait
+    assert d.runs - runs == 1
+    assert verdicts[0].fits
+    for v in verdicts[1:]:
+        assert not v.fits and v.reason == IN_FLIGHT_REASON
+        assert "budget for one filter (4 nodes, 1 decisions)" in (v.message or "")
+
+
+def test_at_most_a_few_deferred_nodes_are_decided() -> None:
     d, names, held, fly = setup(0, 6)
     verdicts = d.filter(pod("cand"), names, held, fly, defer=True)
-    decided = [v for v in verdicts if v.fits]
-    waiting = [v for v in verdicts if not v.fits]
-    assert len(decided) == 3 and len(waiting) == 3  # one way each
-    for v in waiting:
-        assert v.reason == IN_FLIGHT_REASON
-        assert "budget for one filter (3 ways)" in (v.message or "")
+    assert [v.fits for v in verdicts] == [True] * MAX_DEFERRED_NODES + [False] * (
+        6 - MAX_DEFERRED_NODES)
 
 
 def test_the_extenders_filter_defers_unless_told_not_to() -> None:

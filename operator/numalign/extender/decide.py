@@ -54,7 +54,8 @@ from .inflight import (
     DEFERRED,
     ENOUGH_PASSING,
     MAX_BRANCHES,
-    MAX_DEFERRED_WAYS,
+    MAX_DEFERRED_NODES,
+    MAX_DEFERRED_RUNS,
     InFlightChecks,
     room_left,
 )
@@ -67,7 +68,7 @@ __all__ = [  # what the extender's server, explain and the benchmarks use
     "CANDIDATE_UID",
     "ENOUGH_PASSING",
     "MAX_BRANCHES",
-    "MAX_DEFERRED_WAYS",
+    "MAX_DEFERRED_NODES", "MAX_DEFERRED_RUNS",
     "MAX_SCORE",
     "MIN_SCORE",
     "NEUTRAL_SCORE",
@@ -209,6 +210,7 @@ class Decider(InFlightChecks):
         self.hits = 0
         self.misses = 0
         self.ways = 0  # ways pods in flight may land, decided (Decider._branches)
+        self.runs = 0  # decisions made by the engine (not found cached)
         self.fast = FastVerdicts()  # the filter's group answers (.feasible)
 
     def _uses(self, old: NodeView | None, new: NodeView | None) -> None:
@@ -371,6 +373,7 @@ class Decider(InFlightChecks):
             verdict = decide_claims(view, eff, choices, lambda c: self._choice(
                 pod, view, reservations, shape, eff, head, asks, choices, c))
         else:
+            self.runs += 1
             verdict = decide(pod, view, reservations, shape=shape, eff=eff)
         if not own and names_holder(verdict, view, reservations):
             self._store(key, view.machine_key, Verdict(_OWN, False))
@@ -391,6 +394,7 @@ class Decider(InFlightChecks):
         if hit is not None:
             self._cache.move_to_end(key)
             return hit
+        self.runs += 1
         verdict = make()
         self._store(key, machine_key, verdict)
         return verdict
@@ -425,7 +429,8 @@ class Decider(InFlightChecks):
         costly part of a burst) is decided last, and refused for now
         (:data:`IN_FLIGHT_REASON`) when :data:`ENOUGH_PASSING` other nodes pass (as
         kube-scheduler itself stops looking once it has found enough feasible nodes), or
-        once :data:`MAX_DEFERRED_WAYS` ways were decided in this filter: a burst's filter
+        once :data:`MAX_DEFERRED_NODES` such nodes were decided or the engine has run
+        :data:`MAX_DEFERRED_RUNS` times in this filter: a burst's filter
         stays within a bound, and such a pod is placed once those pods are bound (the
         scheduler tries it again then), never where a way could refuse it."""
         start = clock()
@@ -436,12 +441,13 @@ class Decider(InFlightChecks):
             return out
         why = f"{passing} other nodes admit it"
         if passing < ENOUGH_PASSING:
-            # decided one by one, as long as the ways decided stay within the budget
+            # decided one by one, as long as the engine runs stay within the budget
             why = (f"numalign decided the ways of the pods in flight to other nodes up to "
-                   f"its budget for one filter ({MAX_DEFERRED_WAYS} ways)")
-            ways = self.ways
-            for i in later:
-                if self.ways - ways >= MAX_DEFERRED_WAYS:
+                   f"its budget for one filter ({MAX_DEFERRED_NODES} nodes, "
+                   f"{MAX_DEFERRED_RUNS} decisions)")
+            runs = self.runs
+            for i in later[:MAX_DEFERRED_NODES]:
+                if self.runs - runs >= MAX_DEFERRED_RUNS:
                     break
                 left = None if budget is None else max(0.0, budget - (clock() - start))
                 out[i] = self._filter(pod, [out[i].node], reservations, in_flight, left,

@@ -17,8 +17,8 @@ mixed into :class:`~.decide.Decider`):
 
 In a burst the second is the costly part of a filter: :meth:`~.decide.Decider.filter`
 (``defer``) decides such nodes last, and only while fewer than :data:`ENOUGH_PASSING`
-other nodes admit the pod, up to :data:`MAX_DEFERRED_WAYS` ways per filter; the others
-wait (``PodsInFlightUnchecked``, saying why) until the pods in flight are bound.
+other nodes admit the pod, at most :data:`MAX_DEFERRED_NODES` of them and up to
+:data:`MAX_DEFERRED_RUNS` engine runs per filter; the others wait (``PodsInFlightUnchecked``, saying why) until the pods in flight are bound.
 """
 
 from __future__ import annotations
@@ -42,16 +42,18 @@ from .score import MIN_SCORE
 from .verdict import PodShape, Verdict
 from .view import NodeView, held_key
 
-__all__ = ["DEFERRED", "ENOUGH_PASSING", "MAX_BRANCHES", "MAX_DEFERRED_WAYS", "InFlightChecks",
-           "room_left"]
+__all__ = ["DEFERRED", "ENOUGH_PASSING", "MAX_BRANCHES", "MAX_DEFERRED_NODES",
+           "MAX_DEFERRED_RUNS", "InFlightChecks", "room_left"]
 
 # the ways pods in flight may land on a node, each checked (Decider._branches)
 MAX_BRANCHES = 16
 # a filter leaves a node whose pods in flight must be decided way by way for last, and
 # refuses it (for now) when at least this many other nodes pass
 ENOUGH_PASSING = 10
-# else such nodes are decided one by one until this many ways were decided in the filter
-MAX_DEFERRED_WAYS = 32
+# else such nodes are decided one by one, at most this many, until the engine ran this
+# many times in the filter
+MAX_DEFERRED_NODES = 4
+MAX_DEFERRED_RUNS = 16
 DEFERRED = "deferred: pods in flight"
 DEFERRED_MESSAGE = ("numalign: pods in flight to this node leave it too tight to admit this "
                     "pod without deciding each way they may land; it waits until they are "
@@ -219,10 +221,12 @@ class InFlightChecks:
         choices is decided on the node as it is, and must stand with all the other
         pods in flight landing first, its memory on one NUMA node.
 
-        ``settle``: a pod without claims reaches only the NUMA nodes the node admits it
-        on now, where that stands with the others landing first (:func:`room_left`);
-        else any, and under ``best-effort`` or ``none`` (which may then spread its
-        memory across NUMA nodes) the ways are decided."""
+        Without ``settle`` (the first, cheaper look) a pod under a hard policy reaches
+        any NUMA node. With it, one with claims reaches those of its choices' devices,
+        and one without claims only the NUMA nodes the node admits it on now, where that
+        stands with the others landing first (:func:`room_left`); else any, and under
+        ``best-effort`` or ``none`` (which may then spread its memory across NUMA nodes)
+        the ways are decided."""
         holds = [h for _, h in extra]
         out: list[frozenset[int] | None] = []
         for i, (p, _) in enumerate(extra):
@@ -232,12 +236,15 @@ class InFlightChecks:
                 if settle and out[-1] is None and policy_of(p, view).name not in HARD:
                     return None
                 continue
+            eff = policy_of(p, view)
+            if eff.name in HARD and not settle:
+                out.append(None)  # its memory stays on as many NUMA nodes as its hold's
+                continue
             ctx = self._claims(p, view.name, view)
             shape = pod_shape(p)
             if ctx is None or shape.model is None:
                 return None
             asks, choices = ctx
-            eff = policy_of(p, view)
             head = self._key(view, reservations, shape, eff)
             others = holds[:i] + holds[i + 1:]
             reach: set[int] | None = set()
