@@ -39,6 +39,9 @@ def pod(name: str, cpu: str = "2") -> dict[str, Any]:
 # leaves 2 CPUs free on each NUMA node
 BUSY = HeldPod("busy", "busy", "ns", (("c", ContainerAllocation(
     cpus=(*range(0, 14), *range(16, 30)))),))
+# leaves 2 CPUs free on NUMA node 0 only
+FULLER = HeldPod("busy", "busy", "ns", (("c", ContainerAllocation(
+    cpus=(*range(0, 14), *range(16, 32)))),))
 
 
 def decider(nodes: int) -> Decider:
@@ -50,19 +53,20 @@ def decider(nodes: int) -> Decider:
     return d
 
 
-def setup(roomy: int, tight: int) -> tuple[Decider, list[str], dict[str, Any], dict[str, Any]]:
-    """``tight`` nodes with 2 CPUs free per NUMA node and a 2-CPU pod in flight to each
-    (it takes one NUMA node's two; the candidate, 2 CPUs, then fits on the other: the
-    counts alone cannot tell), and ``roomy`` empty nodes; the reservations and pods in
-    flight by node."""
+def setup(roomy: int, tight: int, busy: HeldPod = BUSY
+          ) -> tuple[Decider, list[str], dict[str, Any], dict[str, Any]]:
+    """``tight`` nodes holding ``busy`` (2 CPUs free per NUMA node) and a 2-CPU pod in
+    flight to each (it takes one NUMA node's two; the candidate, 2 CPUs, then fits on
+    the other: the counts alone cannot tell), and ``roomy`` empty nodes; the reservations
+    and pods in flight by node."""
     d = decider(roomy + tight)
     names = [f"n{i}" for i in range(roomy + tight)]
     flying = pod("flying")
     held: dict[str, Any] = {}
     fly: dict[str, Any] = {}
     for n in names[roomy:]:
-        held[n] = [BUSY]
-        hold = d.decide(flying, n, [BUSY]).held_by(flying)
+        held[n] = [busy]
+        hold = d.decide(flying, n, [busy]).held_by(flying)
         assert hold is not None
         fly[n] = [(flying, hold)]
     return d, names, held, fly
@@ -102,14 +106,24 @@ def test_deferred_nodes_are_decided_up_to_a_budget_of_engine_runs(
     assert verdicts[0].fits
     for v in verdicts[1:]:
         assert not v.fits and v.reason == IN_FLIGHT_REASON
-        assert "budget for one filter (4 nodes, 1 decisions)" in (v.message or "")
+        assert "budget for one filter (4 nodes refusing the pod, 1 decisions)" in (
+            v.message or "")
 
 
-def test_at_most_a_few_deferred_nodes_are_decided() -> None:
-    d, names, held, fly = setup(0, 6)
+def test_deferred_nodes_are_decided_until_a_few_refuse_the_pod() -> None:
+    # the pod in flight takes the only 2 CPUs free: once four nodes refused the
+    # candidate, the rest wait
+    d, names, held, fly = setup(0, 6, FULLER)
     verdicts = d.filter(pod("cand"), names, held, fly, defer=True)
-    assert [v.fits for v in verdicts] == [True] * MAX_DEFERRED_NODES + [False] * (
-        6 - MAX_DEFERRED_NODES)
+    assert [v.reason for v in verdicts] == ["TopologyAffinityError"] * MAX_DEFERRED_NODES + [
+        IN_FLIGHT_REASON] * (6 - MAX_DEFERRED_NODES)
+
+
+def test_deferred_nodes_are_decided_until_enough_admit_the_pod() -> None:
+    d, names, held, fly = setup(0, ENOUGH_PASSING + 3)
+    verdicts = d.filter(pod("cand"), names, held, fly, defer=True)
+    assert [v.fits for v in verdicts] == [True] * ENOUGH_PASSING + [False] * 3
+    assert f"{ENOUGH_PASSING} other nodes admit it" in (verdicts[-1].message or "")
 
 
 def test_the_extenders_filter_defers_unless_told_not_to() -> None:

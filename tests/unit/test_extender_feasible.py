@@ -139,6 +139,7 @@ def test_a_pod_a_fast_verdict_admitted_counts_in_flight() -> None:
     twenty empty nodes (all but the first by a shared answer) and not bound yet: a
     third is refused on every node, as either may land there first."""
     fleet = _empty_fleet(20)
+    fleet.defer = False  # every node decided (test_extender_defer: nodes left for later)
     names = [f"n{i}" for i in range(20)]
     first = fleet.filter(_snn_pod("p0", "4"), names)
     assert all(v.fits for v in first) and sum(not v.complete for v in first) == 19

@@ -427,10 +427,10 @@ class Decider(InFlightChecks):
         (:mod:`.feasible`; an admission may come without allocation or score).
         ``defer``: a node where the pods in flight must be decided way by way (the
         costly part of a burst) is decided last, and refused for now
-        (:data:`IN_FLIGHT_REASON`) when :data:`ENOUGH_PASSING` other nodes pass (as
+        (:data:`IN_FLIGHT_REASON`) once :data:`ENOUGH_PASSING` other nodes pass (as
         kube-scheduler itself stops looking once it has found enough feasible nodes), or
-        once :data:`MAX_DEFERRED_NODES` such nodes were decided or the engine has run
-        :data:`MAX_DEFERRED_RUNS` times in this filter: a burst's filter
+        once :data:`MAX_DEFERRED_NODES` such nodes refused the pod or the engine has run
+        :data:`MAX_DEFERRED_RUNS` times for them: a burst's filter
         stays within a bound, and such a pod is placed once those pods are bound (the
         scheduler tries it again then), never where a way could refuse it."""
         start = clock()
@@ -439,19 +439,22 @@ class Decider(InFlightChecks):
         passing = sum(1 for v in out if v.fits)
         if not later:
             return out
-        why = f"{passing} other nodes admit it"
-        if passing < ENOUGH_PASSING:
-            # decided one by one, as long as the engine runs stay within the budget
-            why = (f"numalign decided the ways of the pods in flight to other nodes up to "
-                   f"its budget for one filter ({MAX_DEFERRED_NODES} nodes, "
-                   f"{MAX_DEFERRED_RUNS} decisions)")
-            runs = self.runs
-            for i in later[:MAX_DEFERRED_NODES]:
-                if self.runs - runs >= MAX_DEFERRED_RUNS:
-                    break
-                left = None if budget is None else max(0.0, budget - (clock() - start))
-                out[i] = self._filter(pod, [out[i].node], reservations, in_flight, left,
+        # decided one by one until enough nodes pass, or the budget is spent: so many
+        # nodes refusing the pod, or so many engine runs
+        runs, refused = self.runs, 0
+        for i in later:
+            if (passing >= ENOUGH_PASSING or refused >= MAX_DEFERRED_NODES
+                    or self.runs - runs >= MAX_DEFERRED_RUNS):
+                break
+            left = None if budget is None else max(0.0, budget - (clock() - start))
+            v = out[i] = self._filter(pod, [out[i].node], reservations, in_flight, left,
                                       clock, complete, False)[0]
+            passing += v.fits
+            refused += not v.fits
+        why = (f"{passing} other nodes admit it" if passing >= ENOUGH_PASSING else
+               f"numalign decided the ways of the pods in flight to other nodes up to its "
+               f"budget for one filter ({MAX_DEFERRED_NODES} nodes refusing the pod, "
+               f"{MAX_DEFERRED_RUNS} decisions)")
         return [replace(v, message=f"{v.message} ({why})", note=None)
                 if v.note == DEFERRED else v for v in out]
 

@@ -16,9 +16,10 @@ mixed into :class:`~.decide.Decider`):
   beyond which a hard policy's pod waits with ``PodsInFlightUnchecked``).
 
 In a burst the second is the costly part of a filter: :meth:`~.decide.Decider.filter`
-(``defer``) decides such nodes last, and only while fewer than :data:`ENOUGH_PASSING`
-other nodes admit the pod, at most :data:`MAX_DEFERRED_NODES` of them and up to
-:data:`MAX_DEFERRED_RUNS` engine runs per filter; the others wait (``PodsInFlightUnchecked``, saying why) until the pods in flight are bound.
+(``defer``) decides such nodes last, and only until :data:`ENOUGH_PASSING` nodes admit
+the pod, :data:`MAX_DEFERRED_NODES` of them refused it or the engine ran
+:data:`MAX_DEFERRED_RUNS` times for them; the others wait (``PodsInFlightUnchecked``,
+saying why) until the pods in flight are bound.
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ MAX_BRANCHES = 16
 # a filter leaves a node whose pods in flight must be decided way by way for last, and
 # refuses it (for now) when at least this many other nodes pass
 ENOUGH_PASSING = 10
-# else such nodes are decided one by one, at most this many, until the engine ran this
-# many times in the filter
+# else such nodes are decided one by one, until this many refused the pod or the engine
+# ran this many times for them
 MAX_DEFERRED_NODES = 4
 MAX_DEFERRED_RUNS = 16
 DEFERRED = "deferred: pods in flight"
