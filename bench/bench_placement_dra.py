@@ -140,14 +140,18 @@ def resolved_pod(m: dict[str, Any], uid: str) -> dict[str, Any]:
     return pod
 
 
-def generated(cat: Any, pod: dict[str, Any]) -> dict[str, Any]:
-    """The pod once its claim is generated from its template, as the cluster has it
-    (with the numa-constraint webhook's constraint for a single-numa-node pod)."""
+def claim_of(pod: dict[str, Any]) -> dict[str, Any] | None:
+    """The claim generated for the pod from its template, as the cluster has it (with the
+    numa-constraint webhook's constraint for a single-numa-node pod), the pod's status
+    pointing at it; None for a pod without claims."""
     from numalign.api.resolved import parse_resolved
     from numalign.controller.claims import constraint_for
 
+    refs = pod["spec"].get("resourceClaims")
+    if not refs:
+        return None
     meta = pod["metadata"]
-    (ref,) = pod["spec"]["resourceClaims"]
+    (ref,) = refs
     name = f"{meta['name']}-{ref['name']}"
     cls, count = TEMPLATES[ref["resourceClaimTemplateName"]]
     obj: dict[str, Any] = {"metadata": {"name": name, "namespace": meta["namespace"]},
@@ -155,9 +159,17 @@ def generated(cat: Any, pod: dict[str, Any]) -> dict[str, Any]:
                                "deviceClassName": cls, "count": count}}]}}}
     if parse_resolved(meta["annotations"][ANN_RESOLVED]).policy == "single-numa-node":
         obj["spec"]["devices"]["constraints"] = constraint_for(obj)
-    cat.event("resourceclaims", "ADDED", obj)
     pod["status"] = {"resourceClaimStatuses": [{"name": ref["name"],
                                                 "resourceClaimName": name}]}
+    return obj
+
+
+def generated(cat: Any, pod: dict[str, Any]) -> dict[str, Any]:
+    """The pod once its claim is generated from its template (:func:`claim_of`), the
+    claim fed to ``cat``."""
+    claim = claim_of(pod)
+    if claim is not None:
+        cat.event("resourceclaims", "ADDED", claim)
     return pod
 
 

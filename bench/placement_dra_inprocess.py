@@ -30,37 +30,13 @@ import time
 from typing import Any
 
 from bench_agent import pct
-from bench_placement_dra import TEMPLATES, node_mix, resolved_pod, templates, workload
+from bench_placement_dra import claim_of, node_mix, resolved_pod, templates, workload
 from numalign.api import draemulated as de
 from numalign.topology.machine import load_machine
 from placement_inprocess import published
 
 RETRIES = 5  # times a pod no node passes is tried again (then it counts as no node)
 RETRY_AFTER = 10  # scheduling cycles later (kube-scheduler's backoff, the pods bound meanwhile)
-
-
-def _claim_for(pod: dict[str, Any]) -> dict[str, Any] | None:
-    """The pod's generated claim (as the cluster makes it, with the numa-constraint
-    webhook's constraint for a single-numa-node pod), its status pointing at it."""
-    from numalign.api.names import ANN_RESOLVED
-    from numalign.api.resolved import parse_resolved
-    from numalign.controller.claims import constraint_for
-
-    refs = pod["spec"].get("resourceClaims")
-    if not refs:
-        return None
-    meta = pod["metadata"]
-    (ref,) = refs
-    name = f"{meta['name']}-{ref['name']}"
-    cls, count = TEMPLATES[ref["resourceClaimTemplateName"]]
-    obj: dict[str, Any] = {"metadata": {"name": name, "namespace": meta["namespace"]},
-                           "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                               "deviceClassName": cls, "count": count}}]}}}
-    if parse_resolved(meta["annotations"][ANN_RESOLVED]).policy == "single-numa-node":
-        obj["spec"]["devices"]["constraints"] = constraint_for(obj)
-    pod["status"] = {"resourceClaimStatuses": [{"name": ref["name"],
-                                                "resourceClaimName": name}]}
-    return obj
 
 
 def _allocate(cat: Any, pod: dict[str, Any], node: str, numa: list[int],
@@ -177,7 +153,7 @@ def dra_scheduler(nodes: int, pods: int, seed: int, lag: int = 20, bind_lag: int
                 _, attempts, pod, claim = retry.pop(0)
             else:
                 attempts, pod = 0, resolved_pod(nxt[1], f"d-{nxt[0]}")
-                claim = _claim_for(pod)
+                claim = claim_of(pod)
                 if claim is not None:
                     cat.event("resourceclaims", "ADDED", claim)
         model = pod_from_dict(pod)

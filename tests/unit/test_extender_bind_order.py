@@ -9,6 +9,8 @@ to store the first binding and quick with the second."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
@@ -38,8 +40,10 @@ class Api:
         return {}
 
 
-async def _bind_both(slow: dict[str, float], turn_wait: float = 1.0
-                     ) -> tuple[ExtenderServer, Api]:
+@asynccontextmanager
+async def _filtered(slow: dict[str, float], turn_wait: float
+                    ) -> AsyncIterator[tuple[ExtenderServer, Api, Any]]:
+    """The extender with A then B filtered for n0; a ``bind(pod, after)`` to call."""
     pending = PendingPods()
     pending.load([A, B])
     api = Api(slow)
@@ -60,6 +64,12 @@ async def _bind_both(slow: dict[str, float], turn_wait: float = 1.0
                                             "PodUID": f"uid-{name}", "Node": "n0"})
             return str((await r.json())["Error"])
 
+        yield server, api, bind
+
+
+async def _bind_both(slow: dict[str, float], turn_wait: float = 1.0
+                     ) -> tuple[ExtenderServer, Api]:
+    async with _filtered(slow, turn_wait) as (server, api, bind):
         assert list(await asyncio.gather(bind(A, 0.0), bind(B, 0.05))) == ["", ""]
     return server, api
 
@@ -84,26 +94,7 @@ async def _filter_both_bind_second_first(a_after: float | None, turn_wait: float
                                          ) -> tuple[ExtenderServer, Api, list[str]]:
     """A then B filtered for n0; B's bind asked first, A's ``a_after`` seconds later
     (None: never: A was bound elsewhere by another scheduler's binder, unseen)."""
-    pending = PendingPods()
-    pending.load([A, B])
-    api = Api({})
-    server = ExtenderServer(Fleet(fleet({"n0": ()}, A, B)), pending=pending,
-                            kube=api)  # type: ignore[arg-type]
-    server.bind_order = BindOrder(turn_wait)
-    server.fleet.load_pods([])
-    server.ready = True
-    async with TestClient(TestServer(server.app())) as c:
-        for p in (A, B):
-            r = await c.post("/filter", json={"Pod": p, "Nodes": None, "NodeNames": ["n0"]})
-            assert (await r.json())["NodeNames"] == ["n0"]
-
-        async def bind(p: dict[str, Any], after: float) -> str:
-            await asyncio.sleep(after)
-            name = p["metadata"]["name"]
-            r = await c.post("/bind", json={"PodName": name, "PodNamespace": "ns",
-                                            "PodUID": f"uid-{name}", "Node": "n0"})
-            return str((await r.json())["Error"])
-
+    async with _filtered({}, turn_wait) as (server, api, bind):
         calls = [bind(B, 0.0)] + ([bind(A, a_after)] if a_after is not None else [])
         errors = list(await asyncio.gather(*calls))
     return server, api, errors
