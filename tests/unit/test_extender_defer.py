@@ -75,16 +75,13 @@ def setup(roomy: int, tight: int, busy: HeldPod = BUSY
 def test_a_tight_node_waits_while_enough_other_nodes_admit_the_pod() -> None:
     d, names, held, fly = setup(ENOUGH_PASSING, 1)
     cand = pod("cand")
-    ways = d.ways
     *roomy, tight = d.filter(cand, names, held, fly, defer=True)
     assert all(v.fits for v in roomy)
     assert not tight.fits and tight.reason == IN_FLIGHT_REASON
     assert f"{ENOUGH_PASSING} other nodes admit it" in (tight.message or "")
-    assert d.ways == ways  # no way decided
     # decided way by way, the tight node admits it (on the other NUMA node)
     *_, full = d.filter(cand, names, held, fly)
     assert full.fits and full.numa_nodes == (1,)
-    assert d.ways > ways
 
 
 def test_with_too_few_other_nodes_a_tight_node_is_decided() -> None:

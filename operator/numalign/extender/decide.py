@@ -59,29 +59,16 @@ from .inflight import (
     InFlightChecks,
     room_left,
 )
-from .podshape import pod_shape
+from .podshape import pod_shape, policy_of
 from .score import MAX_SCORE, MIN_SCORE, NEUTRAL_SCORE, SCORE_WEIGHTS, pod_numa, score_admission
 from .verdict import CANDIDATE_UID, OUT_OF_TIME, PodShape, Verdict
 from .view import EntryReader, NodeView, held_key
 
 __all__ = [  # what the extender's server, explain and the benchmarks use
-    "CANDIDATE_UID",
-    "ENOUGH_PASSING",
-    "MAX_BRANCHES",
-    "MAX_DEFERRED_NODES", "MAX_DEFERRED_RUNS",
-    "MAX_SCORE",
-    "MIN_SCORE",
-    "NEUTRAL_SCORE",
-    "SCORE_WEIGHTS",
-    "Decider",
-    "NodeView",
-    "PodShape",
-    "Verdict",
-    "decide",
-    "held_key",
-    "pod_shape",
-    "room_left",
-    "score_admission",
+    "CANDIDATE_UID", "ENOUGH_PASSING", "MAX_BRANCHES", "MAX_DEFERRED_NODES",
+    "MAX_DEFERRED_RUNS", "MAX_SCORE", "MIN_SCORE", "NEUTRAL_SCORE", "SCORE_WEIGHTS",
+    "Decider", "NodeView", "PodShape", "Verdict", "decide", "held_key", "pod_shape",
+    "room_left", "score_admission",
 ]
 
 JSON = dict[str, Any]
@@ -209,7 +196,6 @@ class Decider(InFlightChecks):
         self._cache: OrderedDict[tuple[Any, ...], Verdict] = OrderedDict()
         self.hits = 0
         self.misses = 0
-        self.ways = 0  # ways pods in flight may land, decided (Decider._branches)
         self.runs = 0  # decisions made by the engine (not found cached)
         self.fast = FastVerdicts()  # the filter's group answers (.feasible)
 
@@ -280,16 +266,16 @@ class Decider(InFlightChecks):
         pods that may come to this node first (approved, not bound yet), each with what
         it was approved to hold there: the verdict without them where they surely leave
         room (:func:`room_left`), else decided with them admitted first, in order."""
-        return self._verdict(pod, node, reservations, shape, in_flight, None)
+        return self._verdict(pod, node, reservations, shape, in_flight)
 
     def _verdict(self, pod: Mapping[str, Any], node: str, reservations: Sequence[HeldPod],
                  shape: PodShape | None, in_flight: Sequence[tuple[Mapping[str, Any], HeldPod]],
-                 memo: dict[str, EffectivePolicy] | None, defer: bool = False) -> Verdict:
-        verdict = self._decide(pod, node, reservations, shape, memo)
+                 defer: bool = False) -> Verdict:
+        verdict = self._decide(pod, node, reservations, shape)
         view = self.views.get(node)
         if view is None or not verdict.fits or not verdict.covered:
             return verdict
-        return self._in_flight(pod, view, reservations, shape, in_flight, memo, defer,
+        return self._in_flight(pod, view, reservations, shape, in_flight, defer,
                                verdict)
 
     def _claims(self, pod: Mapping[str, Any], node: str, view: NodeView | None
@@ -332,23 +318,13 @@ class Decider(InFlightChecks):
                                            devices=[DraDevices(choices.devices(
                                                pod, asks, choice).requests())]))
 
-    def _effective(self, pod: Mapping[str, Any], view: NodeView,
-                   memo: dict[str, EffectivePolicy] | None) -> EffectivePolicy:
-        """effective_policy, once per node policy for one pod (``memo``)."""
-        if memo is None:
-            return effective_policy(pod, view.policy)
-        eff = memo.get(view.policy_id)
-        if eff is None:
-            eff = memo[view.policy_id] = effective_policy(pod, view.policy)
-        return eff
-
     def _decide(self, pod: Mapping[str, Any], node: str, reservations: Sequence[HeldPod],
-                shape: PodShape | None, memo: dict[str, EffectivePolicy] | None) -> Verdict:
+                shape: PodShape | None) -> Verdict:
         view = self.views.get(node)
         if view is None or view.machine is None:
             return decide(pod, view, reservations, name=node)
         shape = shape if shape is not None else pod_shape(pod)
-        eff = self._effective(pod, view, memo)
+        eff = policy_of(pod, view)
         head = key = self._key(view, reservations, shape, eff)
         claims = None
         if self.dra is not None and uses_claims(pod):
@@ -466,15 +442,14 @@ class Decider(InFlightChecks):
         shape = pod_shape(pod)
         held = reservations or {}
         flying = in_flight or {}
-        memo: dict[str, EffectivePolicy] = {}
         end = None if budget is None else clock() + budget
         # a pod with DRA claims is decided per device choice: never by group
         if not complete and not (self.dra is not None and uses_claims(pod)):
             return fast_filter(
                 self.views, self.fast, list(nodes), shape, held, flying,
-                lambda view: self._effective(pod, view, memo),
+                lambda view: policy_of(pod, view),
                 lambda n: self._verdict(pod, n, held.get(n, ()), shape, flying.get(n, ()),
-                                        memo, defer),
+                                        defer),
                 lambda n: None if end is None or clock() <= end else Verdict(
                     n, True, covered=False, note=OUT_OF_TIME))
         out: list[Verdict] = []
@@ -482,7 +457,7 @@ class Decider(InFlightChecks):
             if end is not None and clock() > end:
                 out.append(Verdict(n, True, covered=False, note=OUT_OF_TIME))
                 continue
-            out.append(self._verdict(pod, n, held.get(n, ()), shape, flying.get(n, ()), memo,
+            out.append(self._verdict(pod, n, held.get(n, ()), shape, flying.get(n, ()),
                                      defer))
         return out
 

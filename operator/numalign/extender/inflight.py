@@ -135,12 +135,11 @@ class InFlightChecks:
     # pods in flight that surely leave room are not decided way by way (:func:`room_left`);
     # False: every way is (the benchmarks' baseline, the tests' reference)
     room_check = True
-    ways: int  # ways pods in flight may land, decided (InFlightChecks._branches)
 
     # ------------------------------------------------------------ given by the decider
 
     def _decide(self, pod: Mapping[str, Any], node: str, reservations: Sequence[HeldPod],
-                shape: PodShape | None, memo: dict[str, EffectivePolicy] | None) -> Verdict:
+                shape: PodShape | None) -> Verdict:
         raise NotImplementedError
 
     def _claims(self, pod: Mapping[str, Any], node: str, view: NodeView | None
@@ -157,16 +156,12 @@ class InFlightChecks:
                 choice: Mapping[tuple[str, str], Placement]) -> Verdict:
         raise NotImplementedError
 
-    def _effective(self, pod: Mapping[str, Any], view: NodeView,
-                   memo: dict[str, EffectivePolicy] | None) -> EffectivePolicy:
-        raise NotImplementedError
-
     # ------------------------------------------------------------ pods in flight
 
     def _in_flight(self, pod: Mapping[str, Any], view: NodeView,
                    reservations: Sequence[HeldPod], shape: PodShape | None,
                    in_flight: Sequence[tuple[Mapping[str, Any], HeldPod]],
-                   memo: dict[str, EffectivePolicy] | None, defer: bool,
+                   defer: bool,
                    verdict: Verdict) -> Verdict:
         """``verdict`` (an admission on ``view``'s node holding ``reservations``) with
         the pods ``in_flight`` there counted (see the module docstring)."""
@@ -175,7 +170,7 @@ class InFlightChecks:
         if not extra:
             return verdict
         shape = shape if shape is not None else pod_shape(pod)
-        eff = self._effective(pod, view, memo)
+        eff = policy_of(pod, view)
         holds = [h for _, h in extra]
         ways = self._each_choice(pod, view, reservations, shape, eff, verdict)
         for settle in (False, True) if self.room_check else ():
@@ -197,7 +192,7 @@ class InFlightChecks:
                 policy=eff)
         first: Verdict | None = None
         for held in branches:
-            v = self._decide(pod, node, held, shape, memo)
+            v = self._decide(pod, node, held, shape)
             if not v.fits:
                 return v
             first = first or v
@@ -271,7 +266,7 @@ class InFlightChecks:
         shape = pod_shape(pod)
         if shape.model is None:
             return None
-        v = self._decide(pod, view.name, reservations, shape, None)
+        v = self._decide(pod, view.name, reservations, shape)
         if not v.fits or not v.covered or not v.numa_nodes:
             return None
         eff = policy_of(pod, view)
@@ -316,7 +311,6 @@ class InFlightChecks:
                     grown.setdefault(held_key(way), way)
             every = every and len(grown) <= MAX_BRANCHES
             branches = list(grown.values())[:MAX_BRANCHES]
-        self.ways += len(branches)
         return branches, every
 
     def _holds(self, pod: Mapping[str, Any], node: str,
@@ -328,7 +322,7 @@ class InFlightChecks:
         view = self.views.get(node)
         ctx = self._claims(pod, node, view)
         if view is None or view.machine is None or ctx is None or len(ctx[1].choices) < 2:
-            return [self._decide(pod, node, reservations, None, None).held_by(pod)]
+            return [self._decide(pod, node, reservations, None).held_by(pod)]
         shape = pod_shape(pod)
         eff = policy_of(pod, view)
         head = self._key(view, reservations, shape, eff)
