@@ -112,8 +112,11 @@ def test_nodetopology_equals_podresources(kubeconfig: Path, kubectl: Kubectl,
         p = kubectl("get", "nodetopology", name, "-o", "json", check=False)
         doc = json.loads(p.stdout) if p.returncode == 0 else None
         status = (doc or {}).get("status") or {}
+        # both pods, and the node's ResourceSlices read (none: an empty list), which the
+        # agent lists beside PodResources and may publish a moment later
         return doc if len(status.get("admitted") or []) == 2 and all(
-            e.get("uid") for e in status["admitted"]) else None
+            e.get("uid") for e in status["admitted"]) and status.get("draDevices") == [] \
+            else None
 
     proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     try:
