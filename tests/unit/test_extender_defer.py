@@ -108,12 +108,29 @@ def test_deferred_nodes_are_decided_up_to_a_budget_of_engine_runs(
 
 
 def test_deferred_nodes_are_decided_until_a_few_refuse_the_pod() -> None:
-    # the pod in flight takes the only 2 CPUs free: once four nodes refused the
-    # candidate, the rest wait
+    # the pod in flight takes the only 2 CPUs free on the tight nodes: with one other
+    # node admitting the candidate, once four tight nodes refused it the rest wait
+    d, names, held, fly = setup(1, 6, FULLER)
+    verdicts = d.filter(pod("cand"), names, held, fly, defer=True)
+    assert verdicts[0].fits
+    assert [v.reason for v in verdicts[1:]] == ["TopologyAffinityError"] * MAX_DEFERRED_NODES + [
+        IN_FLIGHT_REASON] * (6 - MAX_DEFERRED_NODES)
+
+
+def test_while_no_node_admits_the_pod_deferred_nodes_are_decided_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # a pod no node admits goes back to the scheduler's queue for seconds: while none
+    # does, refusals do not stop the search, only a larger budget of engine runs
     d, names, held, fly = setup(0, 6, FULLER)
     verdicts = d.filter(pod("cand"), names, held, fly, defer=True)
-    assert [v.reason for v in verdicts] == ["TopologyAffinityError"] * MAX_DEFERRED_NODES + [
-        IN_FLIGHT_REASON] * (6 - MAX_DEFERRED_NODES)
+    assert [v.reason for v in verdicts] == ["TopologyAffinityError"] * 6
+    # (the nodes alike share their decisions: one engine run decides them all; a budget
+    # of none leaves every one waiting)
+    monkeypatch.setattr(decide_module, "MAX_LONE_RUNS", 0)
+    d, names, held, fly = setup(0, 6, FULLER)
+    verdicts = d.filter(pod("cand"), names, held, fly, defer=True)
+    assert [v.reason for v in verdicts] == [IN_FLIGHT_REASON] * 6
+    assert "0 decisions while no node admitted it" in (verdicts[-1].message or "")
 
 
 def test_deferred_nodes_are_decided_until_enough_admit_the_pod() -> None:

@@ -56,6 +56,7 @@ from .inflight import (
     MAX_BRANCHES,
     MAX_DEFERRED_NODES,
     MAX_DEFERRED_RUNS,
+    MAX_LONE_RUNS,
     InFlightChecks,
     room_left,
 )
@@ -406,7 +407,9 @@ class Decider(InFlightChecks):
         (:data:`IN_FLIGHT_REASON`) once :data:`ENOUGH_PASSING` other nodes pass (as
         kube-scheduler itself stops looking once it has found enough feasible nodes), or
         once :data:`MAX_DEFERRED_NODES` such nodes refused the pod or the engine has run
-        :data:`MAX_DEFERRED_RUNS` times for them: a burst's filter
+        :data:`MAX_DEFERRED_RUNS` times for them; while no node admits the pod, until
+        the engine has run :data:`MAX_LONE_RUNS` times (a pod no node admits waits in the
+        scheduler's queue for seconds). A burst's filter
         stays within a bound, and such a pod is placed once those pods are bound (the
         scheduler tries it again then), never where a way could refuse it."""
         start = clock()
@@ -419,8 +422,9 @@ class Decider(InFlightChecks):
         # nodes refusing the pod, or so many engine runs
         runs, refused = self.runs, 0
         for i in later:
-            if (passing >= ENOUGH_PASSING or refused >= MAX_DEFERRED_NODES
-                    or self.runs - runs >= MAX_DEFERRED_RUNS):
+            spent = self.runs - runs
+            if passing >= ENOUGH_PASSING or spent >= MAX_LONE_RUNS or (passing and (
+                    refused >= MAX_DEFERRED_NODES or spent >= MAX_DEFERRED_RUNS)):
                 break
             left = None if budget is None else max(0.0, budget - (clock() - start))
             v = out[i] = self._filter(pod, [out[i].node], reservations, in_flight, left,
@@ -430,7 +434,10 @@ class Decider(InFlightChecks):
         why = (f"{passing} other nodes admit it" if passing >= ENOUGH_PASSING else
                f"numalign decided the ways of the pods in flight to other nodes up to its "
                f"budget for one filter ({MAX_DEFERRED_NODES} nodes refusing the pod, "
-               f"{MAX_DEFERRED_RUNS} decisions)")
+               f"{MAX_DEFERRED_RUNS} decisions)" if passing else
+               f"numalign decided the ways of the pods in flight to other nodes up to its "
+               f"budget for one filter ({MAX_LONE_RUNS} decisions while no node admitted "
+               f"it)")
         return [replace(v, message=f"{v.message} ({why})", note=None)
                 if v.note == DEFERRED else v for v in out]
 

@@ -15,16 +15,21 @@ mixed into :class:`~.decide.Decider`):
   choice of a pod with claims, and its landing elsewhere; at most :data:`MAX_BRANCHES`,
   beyond which a hard policy's pod waits with ``PodsInFlightUnchecked``).
 
-In a burst the second is the costly part of a filter: :meth:`~.decide.Decider.filter`
-(``defer``) decides such nodes last, and only until :data:`ENOUGH_PASSING` nodes admit
-the pod, :data:`MAX_DEFERRED_NODES` of them refused it or the engine ran
-:data:`MAX_DEFERRED_RUNS` times for them; the others wait (``PodsInFlightUnchecked``,
-saying why) until the pods in flight are bound.
+In a burst the second is the costly part of a filter, and so is the second look of the
+first (where each pod in flight lands: a decision each, against what all the others
+ask for, :class:`Asked`). So :meth:`~.decide.Decider.filter` (``defer``) decides a node
+where the first, cheaper look (the pods in flight reaching every NUMA node) leaves no
+room last, with both, and only until :data:`ENOUGH_PASSING` nodes admit the pod,
+:data:`MAX_DEFERRED_NODES` of them refused it or the engine ran
+:data:`MAX_DEFERRED_RUNS` times for them (while no node admits it, until
+:data:`MAX_LONE_RUNS` runs); the others wait (``PodsInFlightUnchecked``, saying why)
+until the pods in flight are bound.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from numalign.api.draasks import ClaimAsk, Placement, PodChoices
@@ -41,10 +46,10 @@ from .dradecide import HARD, spread
 from .podshape import pod_shape, policy_of
 from .score import MIN_SCORE
 from .verdict import PodShape, Verdict
-from .view import NodeView, held_key
+from .view import KeptByIdentity, NodeView, held_key
 
 __all__ = ["DEFERRED", "ENOUGH_PASSING", "MAX_BRANCHES", "MAX_DEFERRED_NODES",
-           "MAX_DEFERRED_RUNS", "InFlightChecks", "room_left"]
+           "MAX_DEFERRED_RUNS", "MAX_LONE_RUNS", "Asked", "InFlightChecks", "room_left"]
 
 # the ways pods in flight may land on a node, each checked (Decider._branches)
 MAX_BRANCHES = 16
@@ -55,12 +60,60 @@ ENOUGH_PASSING = 10
 # ran this many times for them
 MAX_DEFERRED_NODES = 4
 MAX_DEFERRED_RUNS = 16
+# while no node admits the pod, until the engine ran this many times: a pod no node
+# admits goes back to the scheduler's queue for seconds (its backoff), far longer than
+# these runs take
+MAX_LONE_RUNS = 128
 DEFERRED = "deferred: pods in flight"
 DEFERRED_MESSAGE = ("numalign: pods in flight to this node leave it too tight to admit this "
                     "pod without deciding each way they may land; it waits until they are "
                     "bound")
 
-def room_left(view: NodeView, reserved: Sequence[HeldPod], flying: Sequence[HeldPod],
+
+@dataclass(frozen=True)
+class Asked:
+    """What pods in flight ask for, summed (:func:`room_left`): a node's sums are found
+    once and each pod's share taken out of them (:meth:`less`), not summed again for
+    each pod."""
+
+    pods: int = 0
+    unknown: int = 0  # holds without containers (approved by a fast verdict)
+    wide: int = 0  # containers whose memory spans NUMA nodes
+    cpus: int = 0
+    memory: Mapping[str, int] = field(default_factory=dict)  # kind -> bytes
+    devices: Mapping[str, int] = field(default_factory=dict)  # resource -> count
+
+    @classmethod
+    def of(cls, holds: Sequence[HeldPod]) -> Asked:
+        unknown = wide = cpus = 0
+        memory: dict[str, int] = {}
+        devices: dict[str, int] = {}
+        for h in holds:
+            unknown += not h.containers
+            for _, a in h.containers:
+                if a.memory_mask is not None and mask_count(a.memory_mask) > 1:
+                    wide += 1
+                cpus += len(a.cpus)
+                if a.memory:
+                    for kind, per in a.memory.items():
+                        memory[kind] = memory.get(kind, 0) + sum(per.values())
+                if a.devices:
+                    for res, ids in a.devices.items():
+                        devices[res] = devices.get(res, 0) + len(ids)
+        return cls(len(holds), unknown, wide, cpus, memory, devices)
+
+    def less(self, other: Asked) -> Asked:
+        return Asked(self.pods - other.pods, self.unknown - other.unknown,
+                     self.wide - other.wide, self.cpus - other.cpus,
+                     {k: v - other.memory.get(k, 0) for k, v in self.memory.items()},
+                     {k: v - other.devices.get(k, 0) for k, v in self.devices.items()})
+
+
+# what one pod in flight asks for (asked again on every filter while it is in flight)
+_asked_by = KeptByIdentity[HeldPod, Asked](lambda h: Asked.of((h,)), 8192)
+
+
+def room_left(view: NodeView, reserved: Sequence[HeldPod], flying: Sequence[HeldPod] | Asked,
               verdict: Verdict, shape: PodShape, resolved: Resolved,
               reach: Sequence[frozenset[int] | None] = ()) -> bool:
     """Whether the pod ``verdict`` admitted on ``view`` (holding ``reserved``) is surely
@@ -71,45 +124,52 @@ def room_left(view: NodeView, reserved: Sequence[HeldPod], flying: Sequence[Held
     kubelet prefers by width over all CPUs, not free ones) and the best one, the managers
     allocate inside them and the pod count fits. A sufficient condition only: False
     (decide again) near capacity, and for policy options, GPU group requests, containers
-    aligned one by one, memory spanning NUMA nodes. ``reach``: per pod of ``flying``, the
-    NUMA nodes it can take anything on, where known (None, or missing: any); a pod that
-    cannot reach the verdict's NUMA nodes takes nothing there."""
+    aligned one by one, memory spanning NUMA nodes. ``flying``: the pods' holds, or what
+    they ask for summed (:class:`Asked`, every pod reaching every NUMA node). ``reach``:
+    per pod of ``flying``, the NUMA nodes it can take anything on, where known (None, or
+    missing: any); a pod that cannot reach the verdict's NUMA nodes takes nothing
+    there."""
     machine, model = view.machine, shape.model
     if not verdict.room_by_counts:  # GPU groups, a kind placed by more than counts
         return False
     if machine is None or model is None or resolved.options.given or ANN_GPUS in model.annotations:
         return False
-    if any(not h.containers for h in flying):  # approved by a fast verdict: not known
-        return False
     mine = [a for _, a in verdict.containers]
     if resolved.scope != "pod" and sum(1 for a in mine if a.cpus or a.memory or a.devices) > 1:
+        return False
+    numa = set(verdict.numa_nodes) or set(machine.numa_ids)
+    if isinstance(flying, Asked):
+        pods, asked = flying.pods, flying
+    else:
+        if any(not h.containers for h in flying):  # approved by a fast verdict: not known
+            return False
+        pods = len(flying)
+        asked = Asked.of([h for i, h in enumerate(flying) if i >= len(reach) or reach[i] is None
+                          or not numa.isdisjoint(reach[i] or ())])
+    if asked.unknown or asked.wide or any(
+            a.memory_mask is not None and mask_count(a.memory_mask) > 1 for a in mine):
         return False
     ledger = view.ledger()
     held = [a for h in reserved if not view.lists(h) and h.uid not in ledger.pods
             for _, a in h.containers]
-    numa = set(verdict.numa_nodes) or set(machine.numa_ids)
-    reaching = [h for i, h in enumerate(flying)
-                if i >= len(reach) or reach[i] is None or not numa.isdisjoint(reach[i] or ())]
-    asked = [a for h in reaching for _, a in h.containers]
-    if any(a.memory_mask is not None and mask_count(a.memory_mask) > 1 for a in mine + asked):
-        return False
-    if len(ledger.pods) + len(reserved) + len(flying) + 1 > DEFAULT_MAX_PODS:
+    if len(ledger.pods) + len(reserved) + pods + 1 > DEFAULT_MAX_PODS:
         return False
     free_set, by_numa = ledger.derived("extender-free-cpus-by-numa", lambda: _free_by_numa(
         ledger))
     taken = {c for a in held for c in a.cpus}
     free = sum(by_numa.get(n, 0) for n in numa) - sum(
         1 for c in taken if c in free_set and machine.cpus[c].numa in numa)
-    if free - sum(len(a.cpus) for a in asked) < len({c for a in mine for c in a.cpus}):
+    if free - asked.cpus < len({c for a in mine for c in a.cpus}):
         return False
     for kind in {k for a in mine for k in a.memory}:
-        want = sum(b for a in mine + asked for b in a.memory.get(kind, {}).values())
+        want = sum(b for a in mine for b in a.memory.get(kind, {}).values())
+        want += asked.memory.get(kind, 0)
         used = sum(b for a in held for n, b in a.memory.get(kind, {}).items() if n in numa)
         if sum(ledger.free_memory(n, kind) for n in numa) - used < want:
             return False
     for res in {r for a in mine for r in a.devices}:
         want = len({i for a in mine for i in a.devices.get(res, ())})
-        want += sum(len(a.devices.get(res, ())) for a in asked)
+        want += asked.devices.get(res, 0)
         gone = {i for a in held for i in a.devices.get(res, ())}
         near = {d.id for d in machine.devices_of(res)
                 if d.numa_node is None or d.numa_node in numa}
@@ -173,8 +233,9 @@ class InFlightChecks:
         eff = policy_of(pod, view)
         holds = [h for _, h in extra]
         ways = self._each_choice(pod, view, reservations, shape, eff, verdict)
-        for settle in (False, True) if self.room_check else ():
-            # the second time, where the pods in flight land
+        # the second look (where the pods in flight land, a decision each) only where the
+        # node is decided now: a deferred node gets it when Decider.filter decides it
+        for settle in ((False,) if defer else (False, True)) if self.room_check else ():
             reach = self._reach(view, reservations, extra, settle)
             if reach is not None and all(
                     room_left(view, reservations, holds, v, shape, eff.resolved, reach)
@@ -223,26 +284,28 @@ class InFlightChecks:
         stands with the others landing first (:func:`room_left`); else any, and under
         ``best-effort`` or ``none`` (which may then spread its memory across NUMA nodes)
         the ways are decided."""
-        holds = [h for _, h in extra]
+        total: Asked | None = None  # each pod's others: the total less its own
         out: list[frozenset[int] | None] = []
-        for i, (p, _) in enumerate(extra):
-            if not uses_claims(p):
-                out.append(self._settled(p, view, reservations, holds[:i] + holds[i + 1:])
-                           if settle else None)
-                if settle and out[-1] is None and policy_of(p, view).name not in HARD:
+        for p, h in extra:
+            claims = uses_claims(p)
+            if not settle and (not claims or policy_of(p, view).name in HARD):
+                out.append(None)  # its memory stays on as many NUMA nodes as its hold's
+                continue
+            if total is None:
+                total = Asked.of([h for _, h in extra])
+            others = total.less(_asked_by(h))
+            if not claims:
+                out.append(self._settled(p, view, reservations, others))
+                if out[-1] is None and policy_of(p, view).name not in HARD:
                     return None
                 continue
             eff = policy_of(p, view)
-            if eff.name in HARD and not settle:
-                out.append(None)  # its memory stays on as many NUMA nodes as its hold's
-                continue
             ctx = self._claims(p, view.name, view)
             shape = pod_shape(p)
             if ctx is None or shape.model is None:
                 return None
             asks, choices = ctx
             head = self._key(view, reservations, shape, eff)
-            others = holds[:i] + holds[i + 1:]
             reach: set[int] | None = set()
             for c in choices.choices:
                 v = self._choice(p, view, reservations, shape, eff, head, asks, choices, c)
@@ -260,7 +323,7 @@ class InFlightChecks:
         return out
 
     def _settled(self, pod: Mapping[str, Any], view: NodeView, reservations: Sequence[HeldPod],
-                 others: Sequence[HeldPod]) -> frozenset[int] | None:
+                 others: Asked) -> frozenset[int] | None:
         """The NUMA nodes ``pod`` (in flight, without claims) takes anything on when
         admitted on ``view``'s node whichever of ``others`` land first (None: not known)."""
         shape = pod_shape(pod)
