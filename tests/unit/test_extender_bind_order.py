@@ -116,3 +116,35 @@ async def test_an_earlier_pod_that_never_binds_holds_the_next_up_no_longer_than_
     assert errors == [""] and api.landed == ["b"]
     missed = server.metrics.bind_turns_missed._value.get()  # type: ignore[attr-defined]
     assert missed == 1
+
+
+async def test_a_pod_binding_elsewhere_holds_up_no_binding_to_another_node() -> None:
+    # C approved for n1 only, never bound; A then B approved for both nodes. A's bind
+    # names n1 and waits there for C; B's names n0: A will not land on n0, so B posts
+    # at once instead of waiting behind A (and, through it, behind C)
+    c = pod("c", "single-numa-node", claims=False)
+    pending = PendingPods()
+    pending.load([c, A, B])
+    api = Api({})
+    server = ExtenderServer(Fleet(fleet({"n0": (), "n1": ()}, c, A, B)), pending=pending,
+                            kube=api)  # type: ignore[arg-type]
+    server.bind_order = BindOrder(0.3)
+    server.fleet.load_pods([])
+    server.ready = True
+    async with TestClient(TestServer(server.app())) as client:
+        for p, nodes in ((c, ["n1"]), (A, ["n0", "n1"]), (B, ["n0", "n1"])):
+            r = await client.post("/filter", json={"Pod": p, "Nodes": None, "NodeNames": nodes})
+            assert (await r.json())["NodeNames"] == nodes
+
+        async def bind(p: dict[str, Any], node: str, after: float) -> str:
+            await asyncio.sleep(after)
+            name = p["metadata"]["name"]
+            r = await client.post("/bind", json={"PodName": name, "PodNamespace": "ns",
+                                                 "PodUID": f"uid-{name}", "Node": node})
+            return str((await r.json())["Error"])
+
+        errors = await asyncio.gather(bind(A, "n1", 0.0), bind(B, "n0", 0.05))
+    assert list(errors) == ["", ""]
+    assert api.landed == ["b", "a"]
+    missed = server.metrics.bind_turns_missed._value.get()  # type: ignore[attr-defined]
+    assert missed == 1  # A's, behind C; none of B's

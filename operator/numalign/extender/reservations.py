@@ -112,6 +112,7 @@ class InFlight:
         self.clock = clock
         self._by_uid: dict[str, Approval] = {}
         self._by_node: dict[str, dict[str, HeldPod]] = {}
+        self._heading: dict[str, str] = {}  # uid -> the node its bind verb names
 
     def __len__(self) -> int:
         return len(self._by_uid)
@@ -146,7 +147,14 @@ class InFlight:
                 a.holds[node] = held
                 self._by_node[node][uid] = held
 
+    def heading(self, uid: str, node: str) -> None:
+        """The bind verb for the pod ``uid`` names ``node``: the pods approved after it
+        for other nodes need not wait for it (:meth:`before`)."""
+        if uid in self._by_uid:
+            self._heading[uid] = node
+
     def drop(self, uid: str) -> None:
+        self._heading.pop(uid, None)
         entry = self._by_uid.pop(uid, None)
         if entry is None:
             return
@@ -174,7 +182,8 @@ class InFlight:
 
     def before(self, uid: str, node: str) -> list[str]:
         """The pods approved for ``node`` before ``uid`` (its last approval) and still
-        in flight: the pods ``uid`` was decided after there."""
+        in flight, less those whose bind verb names another node: the pods ``uid`` was
+        decided after there that may still land there."""
         per = self._by_node.get(node)
         if not per or uid not in per:
             return []
@@ -183,7 +192,7 @@ class InFlight:
         for other in per:
             if other == uid:
                 break
-            if self._by_uid[other].since >= limit:
+            if self._by_uid[other].since >= limit and self._heading.get(other, node) == node:
                 out.append(other)
         return out
 

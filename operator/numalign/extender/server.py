@@ -240,6 +240,8 @@ class ExtenderServer:
             return web.json_response(binding_result(
                 f"numalign extender: pod {args.pod_name} ({args.uid}) was not approved for "
                 f"node {args.node} here"))
+        # the pods approved after it for other nodes need not wait for it from now on
+        self.fleet.in_flight.heading(args.uid, args.node)
         pod = await self.pending.lookup(args.uid, args.namespace, args.name)
         if isinstance(pod, Refusal) or not _same_pod(pod, approved):
             why = (pod.message if isinstance(pod, Refusal) else
@@ -284,9 +286,10 @@ class ExtenderServer:
 
     async def _after_earlier(self, uid: str, node: str) -> bool:
         """Wait until no pod approved for ``node`` before ``uid`` is still in flight
-        (each is bound, here or elsewhere, or gone); False if some still are after the
-        turn wait. The pod was decided with those landing first: bound before them, it
-        would be admitted first, and one of them, decided without it, could be refused
+        (each is bound, here or elsewhere, or gone) unless its own bind verb names another
+        node; False if some still are after the turn wait. The pod was decided with
+        those landing first: bound before them, it would be admitted first, and one of
+        them, decided without it, could be refused
         (a best-effort pod whose devices the allocator spread over two NUMA nodes groups
         them for memory, and the single-numa-node pod approved before it cannot have
         its memory on either). kube-scheduler binds pods at once, and a pod with claims
