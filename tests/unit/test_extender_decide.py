@@ -285,6 +285,47 @@ def test_pods_in_flight_give_the_verdict_of_holding_them(machine: str) -> None:
                 flying.append((p, approved))
 
 
+@pytest.mark.parametrize("machine", ["fragmented-8numa", "dgx-a100-like"])
+def test_room_left_reads_pods_in_flight_alike_from_their_holds_and_their_sums(
+        machine: str) -> None:
+    """The second look at pods in flight checks each against the others' summed asks
+    (one sum less its own share): the same answer as from the others' holds."""
+    import random
+
+    from numalign.extender.inflight import Asked, room_left
+    from numalign.extender.podshape import pod_shape, policy_of
+
+    rng = random.Random(machine)
+    checked = 0
+    for trial in range(6):
+        st = node(machine, f"n{trial}")
+        decider = Decider()
+        decider.update(published(st, 1))
+        view = decider.views[st.name]
+        holds: list[HeldPod] = []
+        for i in range(8):
+            p = pod(f"f{trial}-{i}", {"cpu": str(rng.choice([1, 2, 4, 6])), "memory": "1Gi"},
+                    rng.choice(["single-numa-node", "best-effort", "restricted"]),
+                    scope="pod")
+            v = decider.decide(p, st.name)
+            h = v.held_by(p)
+            if h is None:
+                continue
+            others = list(holds)
+            total = Asked.of([*holds, h]).less(Asked.of([h]))
+            alone = Asked.of(others)
+            assert (total.pods, total.unknown, total.wide, total.cpus) == (
+                alone.pods, alone.unknown, alone.wide, alone.cpus)
+            for got, want in ((total.memory, alone.memory), (total.devices, alone.devices)):
+                assert {k: v for k, v in got.items() if v} == want  # none taken: 0
+            resolved = policy_of(p, view).resolved
+            assert room_left(view, [], others, v, pod_shape(p), resolved) == room_left(
+                view, [], total, v, pod_shape(p), resolved)
+            checked += 1
+            holds.append(h)
+    assert checked >= 12
+
+
 def test_room_left_spares_the_engine_far_from_capacity() -> None:
     st, decider, first, held = holding("dual-16core", "6")
     second = pod("second", {"cpu": "6", "memory": "1Gi"})
