@@ -41,27 +41,32 @@ class Api:
 
 
 @asynccontextmanager
-async def _filtered(slow: dict[str, float], turn_wait: float
+async def _filtered(slow: dict[str, float], turn_wait: float,
+                    filtered: tuple[tuple[dict[str, Any], list[str]], ...] = (
+                        (A, ["n0"]), (B, ["n0"]))
                     ) -> AsyncIterator[tuple[ExtenderServer, Api, Any]]:
-    """The extender with A then B filtered for n0; a ``bind(pod, after)`` to call."""
+    """The extender with the pods ``filtered`` for their nodes, in order (A then B for
+    n0); a ``bind(pod, after, node="n0")`` to call."""
+    pods = [p for p, _ in filtered]
     pending = PendingPods()
-    pending.load([A, B])
+    pending.load(pods)
     api = Api(slow)
-    server = ExtenderServer(Fleet(fleet({"n0": ()}, A, B)), pending=pending,
+    nodes = sorted({n for _, names in filtered for n in names})
+    server = ExtenderServer(Fleet(fleet({n: () for n in nodes}, *pods)), pending=pending,
                             kube=api)  # type: ignore[arg-type]
     server.bind_order = BindOrder(turn_wait)
     server.fleet.load_pods([])
     server.ready = True
     async with TestClient(TestServer(server.app())) as c:
-        for p in (A, B):
-            r = await c.post("/filter", json={"Pod": p, "Nodes": None, "NodeNames": ["n0"]})
-            assert (await r.json())["NodeNames"] == ["n0"]
+        for p, names in filtered:
+            r = await c.post("/filter", json={"Pod": p, "Nodes": None, "NodeNames": names})
+            assert (await r.json())["NodeNames"] == names
 
-        async def bind(p: dict[str, Any], after: float) -> str:
+        async def bind(p: dict[str, Any], after: float, node: str = "n0") -> str:
             await asyncio.sleep(after)
             name = p["metadata"]["name"]
             r = await c.post("/bind", json={"PodName": name, "PodNamespace": "ns",
-                                            "PodUID": f"uid-{name}", "Node": "n0"})
+                                            "PodUID": f"uid-{name}", "Node": node})
             return str((await r.json())["Error"])
 
         yield server, api, bind
@@ -123,27 +128,9 @@ async def test_a_pod_binding_elsewhere_holds_up_no_binding_to_another_node() -> 
     # names n1 and waits there for C; B's names n0: A will not land on n0, so B posts
     # at once instead of waiting behind A (and, through it, behind C)
     c = pod("c", "single-numa-node", claims=False)
-    pending = PendingPods()
-    pending.load([c, A, B])
-    api = Api({})
-    server = ExtenderServer(Fleet(fleet({"n0": (), "n1": ()}, c, A, B)), pending=pending,
-                            kube=api)  # type: ignore[arg-type]
-    server.bind_order = BindOrder(0.3)
-    server.fleet.load_pods([])
-    server.ready = True
-    async with TestClient(TestServer(server.app())) as client:
-        for p, nodes in ((c, ["n1"]), (A, ["n0", "n1"]), (B, ["n0", "n1"])):
-            r = await client.post("/filter", json={"Pod": p, "Nodes": None, "NodeNames": nodes})
-            assert (await r.json())["NodeNames"] == nodes
-
-        async def bind(p: dict[str, Any], node: str, after: float) -> str:
-            await asyncio.sleep(after)
-            name = p["metadata"]["name"]
-            r = await client.post("/bind", json={"PodName": name, "PodNamespace": "ns",
-                                                 "PodUID": f"uid-{name}", "Node": node})
-            return str((await r.json())["Error"])
-
-        errors = await asyncio.gather(bind(A, "n1", 0.0), bind(B, "n0", 0.05))
+    both = ["n0", "n1"]
+    async with _filtered({}, 0.3, ((c, ["n1"]), (A, both), (B, both))) as (server, api, bind):
+        errors = await asyncio.gather(bind(A, 0.0, "n1"), bind(B, 0.05, "n0"))
     assert list(errors) == ["", ""]
     assert api.landed == ["b", "a"]
     missed = server.metrics.bind_turns_missed._value.get()  # type: ignore[attr-defined]

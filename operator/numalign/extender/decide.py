@@ -67,9 +67,9 @@ from .view import EntryReader, NodeView, held_key
 
 __all__ = [  # what the extender's server, explain and the benchmarks use
     "CANDIDATE_UID", "ENOUGH_PASSING", "MAX_BRANCHES", "MAX_DEFERRED_NODES",
-    "MAX_DEFERRED_RUNS", "MAX_SCORE", "MIN_SCORE", "NEUTRAL_SCORE", "SCORE_WEIGHTS",
-    "Decider", "NodeView", "PodShape", "Verdict", "decide", "held_key", "pod_shape",
-    "room_left", "score_admission",
+    "MAX_DEFERRED_RUNS", "MAX_LONE_RUNS", "MAX_SCORE", "MIN_SCORE", "NEUTRAL_SCORE",
+    "SCORE_WEIGHTS", "Decider", "NodeView", "PodShape", "Verdict", "decide", "held_key",
+    "pod_shape", "room_left", "score_admission",
 ]
 
 JSON = dict[str, Any]
@@ -431,13 +431,12 @@ class Decider(InFlightChecks):
                                       clock, complete, False)[0]
             passing += v.fits
             refused += not v.fits
+        spent_on = (f"{MAX_DEFERRED_NODES} nodes refusing the pod, {MAX_DEFERRED_RUNS} "
+                    f"decisions" if passing else
+                    f"{MAX_LONE_RUNS} decisions while no node admitted it")
         why = (f"{passing} other nodes admit it" if passing >= ENOUGH_PASSING else
                f"numalign decided the ways of the pods in flight to other nodes up to its "
-               f"budget for one filter ({MAX_DEFERRED_NODES} nodes refusing the pod, "
-               f"{MAX_DEFERRED_RUNS} decisions)" if passing else
-               f"numalign decided the ways of the pods in flight to other nodes up to its "
-               f"budget for one filter ({MAX_LONE_RUNS} decisions while no node admitted "
-               f"it)")
+               f"budget for one filter ({spent_on})")
         return [replace(v, message=f"{v.message} ({why})", note=None)
                 if v.note == DEFERRED else v for v in out]
 
