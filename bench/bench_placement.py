@@ -553,13 +553,19 @@ def main(argv: list[str]) -> int:
     if args.scheduler_pods:
         # the binding seen on the pod watch 8 pods later (no bind verb), or made by the
         # bind verb after the next pod's filter (the scheduler binds asynchronously), or
-        # 30 pods later (a burst on a busy API server: many pods in flight on each node)
-        for key, lag, verb in (("scheduler_watch", 8, False), ("scheduler", 1, True),
-                               ("scheduler_late", 30, True)):
+        # 30 pods later (a burst on a busy API server: many pods in flight on each node),
+        # the verb 30 pods late or naming its node after the next pod's filter and
+        # waiting for its binding to land
+        for key, lag, verb, verb_lag in (("scheduler_watch", 8, False, None),
+                                         ("scheduler", 1, True, None),
+                                         ("scheduler_late", 30, True, None),
+                                         ("scheduler_slow_api", 30, True, 1)):
             sched = inprocess_scheduler(nodes, args.scheduler_pods, args.seed,
-                                        bind_lag=lag, bind_verb=verb)
+                                        bind_lag=lag, bind_verb=verb, verb_lag=verb_lag)
             inproc[key] = sched
             how = "bind verb" if verb else "binding seen on the pod watch"
+            if verb_lag is not None:
+                how += f" after {verb_lag} pod(s), its binding landing"
             print(f"in-process filter+prioritize+bind over {sched['nodes']} nodes ({how}, "
                   f"{lag} pod(s) later), {sched['pods']} pods ({sched['admitted']} "
                   f"admitted, {sched['refused_by_node']} refused by their node, "

@@ -191,7 +191,8 @@ def cold_filter(nodes: int, seed: int, rounds: int = 2) -> dict[str, Any]:
 
 
 def inprocess_scheduler(nodes: int, pods: int, seed: int, lag: int = 40,
-                        bind_lag: int = 8, bind_verb: bool = False) -> dict[str, Any]:
+                        bind_lag: int = 8, bind_verb: bool = False,
+                        verb_lag: int | None = None) -> dict[str, Any]:
     """What the scheduler asks the extender (:class:`numalign.extender.fleet.Fleet`, as
     its server runs it) for ``pods`` pods over ``nodes`` empty nodes of the bench's mix:
     for each pod, filter over the nodes its resource requests fit (the scheduler's own
@@ -199,7 +200,9 @@ def inprocess_scheduler(nodes: int, pods: int, seed: int, lag: int = 40,
     ExtenderArgs JSON parsed, the answers serialized), the binding made ``bind_lag``
     pods later (the pods filtered meanwhile see it in flight): by the extender's bind
     verb (``bind_verb``: the ExtenderBindingArgs parsed; its Binding's API call not
-    counted), else seen on the pod watch; each
+    counted), else seen on the pod watch; with ``verb_lag`` (below ``bind_lag``) the bind
+    verb arrives that many pods after the filter and waits there until its binding
+    lands (a busy API server: the verb names the node at once, the binding is slow); each
     node admits and publishes ``lag`` pods after the binding (the agent's
     coalesced writes), so reservations and pods in flight are counted meanwhile.
     Reports ms per filter and per prioritize call, the pods placed per second, and the
@@ -212,6 +215,7 @@ def inprocess_scheduler(nodes: int, pods: int, seed: int, lag: int = 40,
         parse_binding,
         priority_list,
     )
+    from numalign.extender.server import GcPacer
     from numalign.topology.pod import pod_from_dict
     from numalign.topology.resourcefit import check_fit, fit_requests
 
@@ -223,9 +227,11 @@ def inprocess_scheduler(nodes: int, pods: int, seed: int, lag: int = 40,
 
     fleet = Fleet()
     fleet.load_nodetopologies([published(st) for st in states.values()])
+    pacer = GcPacer()  # as the extender's server runs the collector, between requests
     names = list(states)
     pending: list[tuple[int, str, dict[str, Any]]] = []
     binding: list[tuple[int, dict[str, Any], bytes | None]] = []
+    verbs: list[tuple[int, str, str]] = []  # (pod index, uid, node): the verb has arrived
     binds: list[float] = []
     unclaimed = 0
     filters: list[float] = []
@@ -261,10 +267,17 @@ def inprocess_scheduler(nodes: int, pods: int, seed: int, lag: int = 40,
                     "PodName": pod["metadata"]["name"],
                     "PodNamespace": pod["metadata"]["namespace"],
                     "PodUID": pod["metadata"]["uid"], "Node": node}).encode())
+                if verb_lag is not None and verb_lag < bind_lag:
+                    verbs.append((i + verb_lag, pod["metadata"]["uid"], node))
             pending.append((i + lag, node, pod))
             asked[node].append(fit_requests(model))
         else:
             unplaced += 1
+        if i % 10 == 9:
+            pacer.tick()
+        while verbs and verbs[0][0] <= i:
+            _, uid, node = verbs.pop(0)
+            fleet.in_flight.heading(uid, node)
         while binding and binding[0][0] <= i:
             _, seen, verb = binding.pop(0)
             if verb is not None:
@@ -286,6 +299,7 @@ def inprocess_scheduler(nodes: int, pods: int, seed: int, lag: int = 40,
             fleet.node_topology("MODIFIED", published(states[node]))
     took = time.perf_counter() - t_all
     return {"nodes": len(names), "pods": pods, "bind_verb": bind_verb, "bind_lag": bind_lag,
+            "verb_lag": verb_lag,
             "admitted": bound, "refused_by_node": refused, "no_node": unplaced,
             "bind_refused": unclaimed,
             **({f"bind_p{q}_ms": round(1000 * pct(binds, q), 2) for q in (50, 99)}

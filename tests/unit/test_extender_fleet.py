@@ -167,6 +167,29 @@ def test_pods_approved_but_not_bound_yet_are_counted_where_they_may_go() -> None
     assert fleet.filter(six[9], ["one", "two"])[1].fits
 
 
+def test_a_pod_whose_bind_verb_names_a_node_counts_in_flight_there_alone() -> None:
+    """Approved on two nodes, a pod whose bind verb names one of them (its binding not
+    landed yet) takes the last room there only: the other node admits the next pod."""
+    one, two = node("dual-16core", "one"), node("dual-16core", "two")
+    fleet = Fleet(reservations=Reservations(60.0, Clock()))
+    fleet.load_nodetopologies([published(one, 1), published(two, 1)])
+    fleet.load_pods([])
+    six = [pod(f"s{i}", {"cpu": "6", "memory": "1Gi"}) for i in range(9)]
+    for i, p in enumerate(six[:6]):  # three on each node: one slot left on each
+        target = ("one", "two")[i % 2]
+        assert {x.node: x.fits for x in fleet.filter(p, ["one", "two"])}[target]
+        fleet.pod("ADDED", bound(p, target))
+    assert [v.fits for v in fleet.filter(six[6], ["one", "two"])] == [True, True]
+    fleet.filter(six[6], ["one", "two"], approve=False)  # prioritize: holds decided
+    # in flight on both: the next pod fits on neither
+    assert [v.fits for v in fleet.filter(six[7], ["one", "two"])] == [False, False]
+    uid = six[6]["metadata"]["uid"]
+    fleet.in_flight.heading(uid, "two")  # the bind verb names "two"
+    assert fleet.approved(uid, "two") is not None
+    assert [v.fits for v in fleet.filter(six[8], ["one", "two"])] == [True, False]
+    assert fleet.in_flight.before(six[8]["metadata"]["uid"], "one") == []
+
+
 def test_a_node_listing_a_pod_by_name_ends_its_reservation() -> None:
     """A real node's kubelet may list a pod the agent names without its uid."""
     st = node("dual-16core")

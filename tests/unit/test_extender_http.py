@@ -208,13 +208,16 @@ def test_gc_pacer_freezes_survivors_and_collects_them_now_and_then() -> None:
     import gc
     import weakref
 
-    from numalign.extender.server import GcPacer
+    from numalign.extender.server import NO_AUTOMATIC_FULL, GcPacer
 
     class Cycle:
         me: object = None
 
+    thresholds = gc.get_threshold()
     pacer = GcPacer(full_every=3)
     try:
+        # the collector's own full passes are left to the pacer
+        assert gc.get_threshold() == (*thresholds[:2], NO_AUTOMATIC_FULL)
         a = Cycle()
         a.me = a
         ref = weakref.ref(a)
@@ -227,3 +230,4 @@ def test_gc_pacer_freezes_survivors_and_collects_them_now_and_then() -> None:
         assert ref() is None
     finally:
         gc.unfreeze()
+        gc.set_threshold(*thresholds)

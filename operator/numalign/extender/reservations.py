@@ -112,7 +112,6 @@ class InFlight:
         self.clock = clock
         self._by_uid: dict[str, Approval] = {}
         self._by_node: dict[str, dict[str, HeldPod]] = {}
-        self._heading: dict[str, str] = {}  # uid -> the node its bind verb names
 
     def __len__(self) -> int:
         return len(self._by_uid)
@@ -143,32 +142,43 @@ class InFlight:
         if a is None:
             return
         for node, held in holds.items():
-            if node in a.holds and not a.holds[node].containers:
+            per = self._by_node.get(node)
+            if per is not None and uid in per and not a.holds[node].containers:
                 a.holds[node] = held
-                self._by_node[node][uid] = held
+                per[uid] = held
 
     def heading(self, uid: str, node: str) -> None:
-        """The bind verb for the pod ``uid`` names ``node``: the pods approved after it
-        for other nodes need not wait for it (:meth:`before`)."""
-        if uid in self._by_uid:
-            self._heading[uid] = node
+        """The bind verb for the pod ``uid`` names ``node``: it no longer counts in flight
+        on its other nodes (it goes there or back to the scheduler's queue, to be filtered
+        again), and the pods approved after it for those nodes need not wait for it
+        (:meth:`before`)."""
+        a = self._by_uid.get(uid)
+        if a is None:
+            return
+        for other in a.holds:
+            if other != node:
+                self._forget(other, uid)
+
+    def _forget(self, node: str, uid: str) -> None:
+        per = self._by_node.get(node)
+        if per is not None:
+            per.pop(uid, None)
+            if not per:
+                del self._by_node[node]
 
     def drop(self, uid: str) -> None:
-        self._heading.pop(uid, None)
         entry = self._by_uid.pop(uid, None)
         if entry is None:
             return
         for node in entry.holds:
-            per = self._by_node.get(node)
-            if per is not None:
-                per.pop(uid, None)
-                if not per:
-                    del self._by_node[node]
+            self._forget(node, uid)
 
     def on_node(self, node: str, exclude: str | None = None
                 ) -> list[tuple[Mapping[str, Any], HeldPod]]:
         """The pods in flight that may come to ``node`` (oldest first), with what they
-        were approved to hold there."""
+        were approved to hold there: not those whose bind verb names another node (a
+        pod goes only where its binding names, or back to the scheduler's queue and is
+        filtered again)."""
         per = self._by_node.get(node)
         if not per:
             return []
@@ -189,10 +199,10 @@ class InFlight:
             return []
         limit = self.clock() - self.ttl
         out = []
-        for other in per:
+        for other in per:  # (a pod whose bind verb names another node is not here)
             if other == uid:
                 break
-            if self._by_uid[other].since >= limit and self._heading.get(other, node) == node:
+            if self._by_uid[other].since >= limit:
                 out.append(other)
         return out
 
