@@ -345,6 +345,10 @@ def print_mode(r: dict[str, Any]) -> None:
               f"{r['extender_prioritize_decide_p50_ms']} ms, p99 "
               f"{r['extender_prioritize_decide_p99_ms']} ms (the rest of a call: its body, "
               f"the pod, {r['extender_pod_reads']} read from the API server, the event loop)")
+        if "extender_filter_decide_cpu_p99_ms" in r:
+            print(f"  extender decision CPU p50 {r['extender_filter_decide_cpu_p50_ms']} ms, "
+                  f"p99 {r['extender_filter_decide_cpu_p99_ms']} ms (the rest of the "
+                  f"decision's time: waiting for a core)")
     for name, st in r["process"].items():
         print(f"  {name:<17} RSS {st.get('rss_mib')} MiB (peak {st.get('peak_rss_mib')}), "
               f"CPU {st.get('cpu_s')} s over the run")

@@ -342,9 +342,13 @@ class Extender:
             for p in (50, 99):
                 out[f"extender_{verb}_p{p}_ms"] = round(1000 * bucket_quantile(buckets, p), 2)
             decide = histogram(samples, DECIDE_METRIC, {"verb": verb})
-            for p in (50, 99):  # the decision alone, within the call
+            cpu = histogram(samples, DECIDE_CPU_METRIC, {"verb": verb})
+            for p in (50, 99):  # the decision alone, within the call; its CPU time
                 out[f"extender_{verb}_decide_p{p}_ms"] = round(
                     1000 * bucket_quantile(decide, p), 2)
+                if cpu:
+                    out[f"extender_{verb}_decide_cpu_p{p}_ms"] = round(
+                        1000 * bucket_quantile(cpu, p), 2)
         out["extender_pod_reads"] = int(sum(
             s.value for s in samples if s.name == "numalign_extender_pod_reads"))
         out["extender_binds"] = {
@@ -361,6 +365,7 @@ class Extender:
 FILTER_METRIC = "numalign_extender_filter_duration_seconds"
 PRIORITIZE_METRIC = "numalign_extender_prioritize_duration_seconds"
 DECIDE_METRIC = "numalign_extender_decide_duration_seconds"
+DECIDE_CPU_METRIC = "numalign_extender_decide_cpu_seconds"
 
 
 def _http_get(url: str) -> str:
@@ -460,6 +465,10 @@ def print_half(r: dict[str, Any]) -> None:
               f"{r['extender_prioritize_decide_p50_ms']} ms, p99 "
               f"{r['extender_prioritize_decide_p99_ms']} ms (the rest of a call: its body, "
               f"the pod, {r['extender_pod_reads']} read from the API server, the event loop)")
+        if "extender_filter_decide_cpu_p99_ms" in r:
+            print(f"  extender decision CPU  filter p50 {r['extender_filter_decide_cpu_p50_ms']} "
+                  f"ms, p99 {r['extender_filter_decide_cpu_p99_ms']} ms (the rest of the "
+                  f"decision's time: waiting for a core)")
         print(f"  extender refusals      {r['extender_refusals']} (nodes refused, by reason); "
               f"binds {r['extender_binds']}, {r['extender_bind_turns_missed']} posted "
               f"without waiting for their node's previous one")

@@ -137,6 +137,7 @@ async def test_metrics_names(client: TestClient[Any, Any]) -> None:
     assert 'numalign_extender_refusals_total{reason="TopologyAffinityError"} 1.0' in text
     assert "numalign_extender_filter_duration_seconds_count 1.0" in text
     assert "numalign_extender_prioritize_duration_seconds_count 1.0" in text
+    assert 'numalign_extender_decide_cpu_seconds_count{verb="filter"} 1.0' in text
     assert "numalign_extender_reservations 1.0" in text
 
 

@@ -343,7 +343,7 @@ class Decider(InFlightChecks):
         if hit is not None:
             self.hits += 1
             self._cache.move_to_end(key)
-            return hit if hit.node == node else replace(hit, node=node)
+            return hit if hit.node == node else hit.moved(node, hit.policy)
         self.misses += 1
         if claims is not None:
             asks, choices = claims

@@ -213,8 +213,10 @@ class Fleet:
                 return [last[n] for n in nodes]
         # prioritize right after filter: only the fast admissions are decided again
         ask = [n for n in nodes if n not in last or not last[n].complete]
-        held = {n: self.reservations.on_node(n, exclude=uid) for n in ask}
-        flying = {n: self.in_flight.on_node(n, exclude=uid) for n in ask}
+        # (only the nodes holding any: most hold none)
+        held = {n: self.reservations.on_node(n, exclude=uid)
+                for n in self.reservations.among(ask)}
+        flying = {n: self.in_flight.on_node(n, exclude=uid) for n in self.in_flight.among(ask)}
         verdicts = self.decider.filter(pod, ask, held, flying, budget=self.budget,
                                        complete=not approve, defer=approve and self.defer)
         if not approve:

@@ -5,6 +5,9 @@
 - ``numalign_extender_decide_duration_seconds{verb}``: of a filter or prioritize call,
   the decision alone (the rest of the call: reading the body, finding the pod, waiting
   for the event loop);
+- ``numalign_extender_decide_cpu_seconds{verb}``: the same decision's CPU time (its
+  thread's): where it is well below the decision's duration, the process waited for a
+  core (other processes on the node);
 - ``numalign_extender_pod_reads``: pods a call named that the pod watch had not shown
   yet, read from the API server since the start (gauge, rising);
 - ``numalign_extender_bind_duration_seconds``: bind latency, the API call included
@@ -49,6 +52,10 @@ class Metrics:
         self.decide_seconds = Histogram(
             "numalign_extender_decide_duration_seconds",
             "Of a filter or prioritize call, the time the decision alone takes", ["verb"],
+            buckets=BUCKETS, registry=self.registry)
+        self.decide_cpu_seconds = Histogram(
+            "numalign_extender_decide_cpu_seconds",
+            "Of a filter or prioritize call, the CPU time the decision alone takes", ["verb"],
             buckets=BUCKETS, registry=self.registry)
         self.pod_reads = Gauge(
             "numalign_extender_pod_reads", "Pods a call named that the pod watch had not "

@@ -9,7 +9,7 @@ the pods bound but not yet published (:meth:`numalign.extender.fleet.Fleet.load`
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +75,10 @@ class Reservations:
     def nodes(self) -> list[str]:
         return list(self._by_node)
 
+    def among(self, nodes: Sequence[str]) -> list[str]:
+        """Those of ``nodes`` holding any reservation."""
+        return _among(self._by_node, nodes)
+
     def published(self, node: str, admitted: Iterable[str]) -> list[Reservation]:
         """The node now lists ``admitted`` (uids, or ``namespace/name`` where it names a
         pod without its uid): drop the reservations it shows."""
@@ -94,6 +98,16 @@ class Reservations:
 
 
 IN_FLIGHT_TTL = 5.0
+
+
+def _among(by_node: Mapping[str, Any], nodes: Sequence[str]) -> list[str]:
+    """Those of ``nodes`` that are keys of ``by_node`` (walking the smaller of the two)."""
+    if not by_node:
+        return []
+    if len(by_node) < len(nodes):
+        wanted = set(nodes)
+        return [n for n in by_node if n in wanted]
+    return [n for n in nodes if n in by_node]
 
 
 class InFlight:
@@ -189,6 +203,10 @@ class InFlight:
             if uid != exclude and a.since >= limit:
                 out.append((a.pod, held))
         return out
+
+    def among(self, nodes: Sequence[str]) -> list[str]:
+        """Those of ``nodes`` with any pod in flight."""
+        return _among(self._by_node, nodes)
 
     def before(self, uid: str, node: str) -> list[str]:
         """The pods approved for ``node`` before ``uid`` (its last approval) and still

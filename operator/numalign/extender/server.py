@@ -189,14 +189,15 @@ class ExtenderServer:
         pod = await self._pod(request, args)
         if isinstance(pod, web.Response):
             return pod
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.thread_time()
         try:
             verdicts = self.fleet.filter(pod, args.node_names, approve=filtering)
         except Exception as e:  # never take the scheduler down with us: it goes on
             log.exception("%s %s", request.path, args.pod_name)
             return web.json_response(error_result(f"numalign extender: {e}"), status=500)
-        self.metrics.decide_seconds.labels(
-            verb="filter" if filtering else "prioritize").observe(time.perf_counter() - t1)
+        verb = "filter" if filtering else "prioritize"
+        self.metrics.decide_seconds.labels(verb=verb).observe(time.perf_counter() - t1)
+        self.metrics.decide_cpu_seconds.labels(verb=verb).observe(time.thread_time() - c1)
         if not filtering:
             self.metrics.prioritize_seconds.observe(time.perf_counter() - t0)
             return web.json_response(priority_list(verdicts))
