@@ -234,6 +234,7 @@ def dra_scheduler(nodes: int, pods: int, seed: int, lag: int = 20, bind_lag: int
                 fleet.pod("MODIFIED", {**placed, "status": {"phase": "Failed"}})
             fleet.node_topology("MODIFIED", published(st))
     took = time.perf_counter() - t_all
+    pacer.close()
     return {"nodes": len(names), "pods": pods, "lag": lag, "bind_lag": bind_lag,
             "alloc_lag": alloc_lag, "admitted": bound, "refused_by_node": refused,
             "no_node": unplaced, "retries": retried, "bind_refused": unclaimed,

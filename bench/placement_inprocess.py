@@ -298,6 +298,7 @@ def inprocess_scheduler(nodes: int, pods: int, seed: int, lag: int = 40,
                                        "status": {"phase": "Failed"}})
             fleet.node_topology("MODIFIED", published(states[node]))
     took = time.perf_counter() - t_all
+    pacer.close()
     return {"nodes": len(names), "pods": pods, "bind_verb": bind_verb, "bind_lag": bind_lag,
             "verb_lag": verb_lag,
             "admitted": bound, "refused_by_node": refused, "no_node": unplaced,

@@ -231,4 +231,5 @@ def test_gc_pacer_freezes_survivors_and_collects_them_now_and_then() -> None:
         assert ref() is None
     finally:
         gc.unfreeze()
-        gc.set_threshold(*thresholds)
+        pacer.close()
+    assert gc.get_threshold() == thresholds
