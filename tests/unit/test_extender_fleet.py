@@ -226,3 +226,27 @@ def test_prioritize_reuses_the_filters_verdicts_until_something_changes() -> Non
     assert again == Fleet(reservations=fleet.reservations, in_flight=fleet.in_flight,
                           decider=fleet.decider).filter(first, [st.name], approve=False)
     assert again[0].fits and again[0].numa_nodes != filtered[0].numa_nodes
+
+
+def test_prioritize_decides_again_only_the_nodes_changed_since_the_filter() -> None:
+    """Watch events between a pod's filter and its prioritize (a big fleet has them all
+    the time) make prioritize decide again only on the nodes they changed: a pod not
+    bound yet changes none, a node's NodeTopology that node."""
+    one, two = node("fragmented-8numa", "one"), node("fragmented-8numa", "two")
+    fleet = Fleet(reservations=Reservations(60.0, Clock()))
+    fleet.load_nodetopologies([published(one, 1), published(two, 1)])
+    fleet.load_pods([])
+    first, second = four("first"), four("second")
+    filtered = fleet.filter(first, ["one", "two"], approve=False)  # complete verdicts
+    fleet.filter(first, ["one", "two"])
+    fleet.pod("ADDED", four("waiting"))  # not bound: changes nothing
+    assert two.decide(second, given(resolved_of(second))).admit
+    fleet.node_topology("MODIFIED", published(two, 2))
+    asked = fleet.decider.hits + fleet.decider.misses
+    again = fleet.filter(first, ["one", "two"], approve=False)
+    assert fleet.decider.hits + fleet.decider.misses == asked + 1  # "two" only
+    assert again[0] == filtered[0]
+    assert again[1].fits and again[1].numa_nodes != filtered[1].numa_nodes
+    fresh = Fleet(reservations=fleet.reservations, in_flight=fleet.in_flight,
+                  decider=fleet.decider).filter(first, ["one", "two"], approve=False)
+    assert again == fresh

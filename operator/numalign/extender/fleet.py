@@ -87,19 +87,25 @@ class Fleet:
         # filter leaves nodes whose pods in flight must be decided way by way for last
         # (Decider.filter's ``defer``)
         self.defer = True
-        # what the last filter gave (pod uid, state it saw, verdicts by node): prioritize
-        # right after it, with nothing changed since, answers from it
-        self.changes = 0
-        self._last: tuple[tuple[str, str, int], dict[str, Verdict]] | None = None
+        # what the last filter gave (pod uid and resourceVersion, verdicts by node):
+        # prioritize right after it answers from it on the nodes not changed since
+        # (``touched``; None: any may have)
+        self._last: tuple[tuple[str, str], dict[str, Verdict]] | None = None
+        self.touched: set[str] | None = set()
+
+    def _touch(self, nodes: Iterable[str]) -> None:
+        """What ``nodes`` hold changed (the last filter's verdicts there are stale)."""
+        if self.touched is not None:
+            self.touched.update(nodes)
 
     # ------------------------------------------------------------ NodeTopology
 
     def node_topology(self, event: str, nt: Mapping[str, Any]) -> None:
         """A NodeTopology watch event (ADDED, MODIFIED, DELETED)."""
-        self.changes += 1
         name = str(_meta(nt).get("name") or "")
         if not name:
             return
+        self._touch((name,))
         if event == "DELETED":
             self.decider.remove(name)
             for held in self.reservations.on_node(name):
@@ -123,15 +129,17 @@ class Fleet:
     def pod(self, event: str, pod: Mapping[str, Any]) -> None:
         """A Pod watch event (ADDED, MODIFIED, DELETED); only what :func:`slim` keeps of
         the pod is kept."""
-        self.changes += 1
         pod = slim(pod)
         uid = pod_uid(pod)
         node = pod_node(pod)
         if event == "DELETED" or is_finished(pod):
-            self.reservations.drop(uid)
-            self.in_flight.drop(uid)
+            gone = self.reservations.drop(uid)
+            self._touch(self.in_flight.drop(uid))
             self.bound.pop(uid, None)
+            if gone is not None:
+                self._touch((gone.node,))
             if node is not None:
+                self._touch((node,))
                 meta = _meta(pod)
                 for key in (uid, f"{meta.get('namespace') or 'default'}/{meta.get('name')}"):
                     self.decider.release(node, key)
@@ -144,9 +152,8 @@ class Fleet:
         """``pod`` is bound to ``node``: it is no longer in flight, and holds there, until
         its node lists it, what the node will give it."""
         uid = pod_uid(pod)
-        self.changes += 1
         self.bound[uid] = node
-        self.in_flight.drop(uid)
+        self._touch((node, *self.in_flight.drop(uid)))
         view = self.decider.view(node)
         if view is None or uid in view.admitted:
             return
@@ -172,7 +179,7 @@ class Fleet:
         """The binding of a claimed pod failed: it holds nothing on ``node`` (the
         scheduler retries it, or the pod watch shows where it went)."""
         if self.bound.get(uid) == node:
-            self.changes += 1
+            self._touch((node,))
             del self.bound[uid]
             self.reservations.drop(uid)
 
@@ -189,9 +196,11 @@ class Fleet:
                     "nodeName": self.bound[uid]}})
 
     def expire(self) -> list[Reservation]:
-        self.changes += 1
-        self.in_flight.expire()
-        return self.reservations.expire()
+        if self.in_flight.expire():
+            self.touched = None  # (rare: pods in flight that never bound)
+        gone = self.reservations.expire()
+        self._touch(r.node for r in gone)
+        return gone
 
     # ------------------------------------------------------------ verbs
 
@@ -204,11 +213,14 @@ class Fleet:
         verdicts, those of the pod's last filter when nothing changed since; the pod's
         in-flight holds then name what it would take on those nodes."""
         uid = pod_uid(pod)
-        # (claims changing meanwhile leave prioritize's ranking as filter saw it)
-        seen = (uid, str(_meta(pod).get("resourceVersion") or ""), self.changes)
+        # (claims changing meanwhile, and pods in flight whose bind verb named another
+        # node since, which only frees room, leave prioritize's ranking as filter saw it)
+        seen = (uid, str(_meta(pod).get("resourceVersion") or ""))
         last: dict[str, Verdict] = {}
-        if not approve and self._last is not None and self._last[0] == seen:
-            last = self._last[1]
+        if (not approve and self._last is not None and self._last[0] == seen
+                and self.touched is not None):
+            touched = self.touched
+            last = {n: v for n, v in self._last[1].items() if n not in touched}
             if all(n in last and last[n].complete for n in nodes):
                 return [last[n] for n in nodes]
         # prioritize right after filter: only the fast admissions are decided again
@@ -236,4 +248,5 @@ class Fleet:
             self.in_flight.approve(pod, uid, holds,
                                    (v.node for v in verdicts if v.fits and v.covered))
             self._last = (seen, {v.node: v for v in verdicts})
+            self.touched = set()
         return verdicts

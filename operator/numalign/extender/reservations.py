@@ -180,12 +180,15 @@ class InFlight:
             if not per:
                 del self._by_node[node]
 
-    def drop(self, uid: str) -> None:
+    def drop(self, uid: str) -> list[str]:
+        """The pod ``uid`` is no longer in flight: the nodes where it counted."""
         entry = self._by_uid.pop(uid, None)
         if entry is None:
-            return
-        for node in entry.holds:
+            return []
+        out = [n for n in entry.holds if uid in self._by_node.get(n, ())]
+        for node in out:
             self._forget(node, uid)
+        return out
 
     def on_node(self, node: str, exclude: str | None = None
                 ) -> list[tuple[Mapping[str, Any], HeldPod]]:
