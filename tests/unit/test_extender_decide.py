@@ -112,6 +112,26 @@ def test_reservations_stand_for_pods_the_node_has_not_published() -> None:
     assert not decider.decide(last, st.name).fits
 
 
+def test_a_nodes_state_with_its_reservations_is_one_key_kept_while_they_stand() -> None:
+    """What a node holds with reservations it does not list is one sorted key, read once
+    while the same reservations stand, read again when they change, the node's own key
+    when it lists them all."""
+    from numalign.extender.view import held_key
+
+    st = node("fragmented-8numa")
+    decider = Decider()
+    view = decider.update(published(st, 1))
+    held = [h for i in range(3)
+            if (h := decider.hold(pod(f"p{i}", {"cpu": "2", "memory": "1Gi"}), st.name))]
+    assert len(held) == 3
+    first = view.state_with(held[:2])
+    assert first == tuple(sorted((*view.held_key, *held_key(held[:2]))))
+    assert view.state_with(list(held[:2])) is first  # kept
+    assert view.state_with(held) == tuple(sorted((*view.held_key, *held_key(held))))
+    assert view.state_with(held) != first
+    assert view.state_with([]) is view.held_key
+
+
 def holding(machine: str, cpus: str
             ) -> tuple[NodeState, Decider, dict[str, Any], HeldPod]:
     """A node of ``machine`` as published, its decider, and a pod "first" of ``cpus``

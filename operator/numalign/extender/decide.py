@@ -304,10 +304,8 @@ class Decider(InFlightChecks):
         kind). What the node holds, published or reserved, is one key: a node publishing
         a pod the extender had reserved as the node allocated it stays in the same
         state (its verdicts stay cached)."""
-        extra = [r for r in reservations if not view.lists(r)]
-        state = view.held_key if not extra else tuple(sorted(
-            (*view.held_key, *held_key(extra))))
-        return (view.machine_key, state, shape.key, eff.key, view.policy.kind)
+        return (view.machine_key, view.state_with(reservations), shape.key, eff.key,
+                view.policy.kind)
 
     def _choice(self, pod: Mapping[str, Any], view: NodeView, reservations: Sequence[HeldPod],
                 shape: PodShape, eff: EffectivePolicy, head: tuple[Any, ...],

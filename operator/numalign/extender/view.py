@@ -62,6 +62,10 @@ class NodeView:
     # view made from this one (``replace``) reads its own
     free_amounts: NodeFree | None = field(default=None, init=False, repr=False,
                                           compare=False)
+    # the last state read with reservations (:meth:`state_with`): their identities, them
+    # (held, so the identities stay theirs), the state
+    _with: tuple[tuple[int, ...], tuple[HeldPod, ...], tuple[tuple[Any, ...], ...]] | None = (
+        field(default=None, init=False, repr=False, compare=False))
 
     @classmethod
     def from_nodetopology(cls, nt: Mapping[str, Any],
@@ -113,6 +117,21 @@ class NodeView:
         if len(held) == len(self.held):
             return self
         return replace(self, held=held, held_key=held_key(held), _ledger=None)
+
+    def state_with(self, reservations: Sequence[HeldPod]) -> tuple[tuple[Any, ...], ...]:
+        """What the node holds with ``reservations`` besides what it lists, as one key
+        (:attr:`held_key` and theirs, sorted); the last one kept: a node's reservations
+        stay the same over many filters."""
+        extra = tuple(r for r in reservations if not self.lists(r))
+        if not extra:
+            return self.held_key
+        ids = tuple(map(id, extra))
+        kept = self._with
+        if kept is not None and kept[0] == ids:
+            return kept[2]
+        state = tuple(sorted((*self.held_key, *held_key(extra))))
+        self._with = (ids, extra, state)
+        return state
 
     def lists(self, held: HeldPod) -> bool:
         """The node's NodeTopology lists this pod (by uid, or by namespace and name)."""
