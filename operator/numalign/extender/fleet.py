@@ -210,8 +210,8 @@ class Fleet:
         there; ``approve`` (filter): pass or refuse, nodes alike sharing one decision
         (an admission may come without its allocation and score: :mod:`.feasible`),
         and the pod is then in flight on the nodes it fits. Else (prioritize): complete
-        verdicts, those of the pod's last filter when nothing changed since; the pod's
-        in-flight holds then name what it would take on those nodes."""
+        verdicts, those of the pod's last filter on the nodes nothing changed on since;
+        the pod's in-flight holds then name what it would take on those nodes."""
         uid = pod_uid(pod)
         # (claims changing meanwhile, and pods in flight whose bind verb named another
         # node since, which only frees room, leave prioritize's ranking as filter saw it)
