@@ -69,7 +69,7 @@ from bench_operator import _free_port, _webhook_ready
 from numalign.api.kube import ApiError, Kube, load_config
 from numalign.api.names import ANN_RESOLVED, REJECT_REASON
 from numalign.topology.machine import load_machine
-from placement_inprocess import cold_filter, inprocess_filter, inprocess_scheduler
+from placement_inprocess import cold_filter, inprocess_filter, scheduler_lines
 from placement_workload import LABEL, NAMESPACES, node_mix, policies, workload
 
 MODES = ("without", "with")
@@ -560,31 +560,7 @@ def main(argv: list[str]) -> int:
               f"{inproc['cold_calls']}; again: p50 "
               f"{inproc['warm_p50_ms']} ms, p99 {inproc['warm_p99_ms']} ms)", flush=True)
     if args.scheduler_pods:
-        # the binding seen on the pod watch 8 pods later (no bind verb), or made by the
-        # bind verb after the next pod's filter (the scheduler binds asynchronously), or
-        # 30 pods later (a burst on a busy API server: many pods in flight on each node),
-        # the verb 30 pods late or naming its node after the next pod's filter and
-        # waiting for its binding to land
-        for key, lag, verb, verb_lag in (("scheduler_watch", 8, False, None),
-                                         ("scheduler", 1, True, None),
-                                         ("scheduler_late", 30, True, None),
-                                         ("scheduler_slow_api", 30, True, 1)):
-            sched = inprocess_scheduler(nodes, args.scheduler_pods, args.seed,
-                                        bind_lag=lag, bind_verb=verb, verb_lag=verb_lag)
-            inproc[key] = sched
-            how = "bind verb" if verb else "binding seen on the pod watch"
-            if verb_lag is not None:
-                how += f" after {verb_lag} pod(s), its binding landing"
-            print(f"in-process filter+prioritize+bind over {sched['nodes']} nodes ({how}, "
-                  f"{lag} pod(s) later), {sched['pods']} pods ({sched['admitted']} "
-                  f"admitted, {sched['refused_by_node']} refused by their node, "
-                  f"{sched['no_node']} passed by no node), "
-                  f"{sched['pods_per_s']} pods/s: filter p50 {sched['filter_p50_ms']} ms, "
-                  f"p99 {sched['filter_p99_ms']} ms; prioritize p50 "
-                  f"{sched['prioritize_p50_ms']} ms, p99 {sched['prioritize_p99_ms']} ms"
-                  + (f"; bind p50 {sched['bind_p50_ms']} ms, p99 {sched['bind_p99_ms']} ms "
-                     f"({sched['bind_refused']} left to the scheduler)" if verb else ""),
-                  flush=True)
+        inproc.update(scheduler_lines(nodes, args.scheduler_pods, args.seed))
     workdir = Path(tempfile.mkdtemp(prefix="numalign-bench-placement-"))
     halves: dict[str, dict[str, Any]] = {}
     for mode in modes:

@@ -308,3 +308,32 @@ def inprocess_scheduler(nodes: int, pods: int, seed: int, lag: int = 40,
             "pods_per_s": round(pods / took, 1),
             **{f"filter_p{q}_ms": round(1000 * pct(filters, q), 2) for q in (50, 99)},
             **{f"prioritize_p{q}_ms": round(1000 * pct(priorities, q), 2) for q in (50, 99)}}
+
+
+def scheduler_lines(nodes: int, pods: int, seed: int) -> dict[str, Any]:
+    """:func:`inprocess_scheduler` as the bench's lines run it, printed: the binding seen
+    on the pod watch 8 pods later (no bind verb), or made by the bind verb after the next
+    pod's filter (the scheduler binds asynchronously), or 30 pods later (a burst on a busy
+    API server: many pods in flight on each node), the verb 30 pods late or naming its
+    node after the next pod's filter and waiting for its binding to land."""
+    out: dict[str, Any] = {}
+    for key, lag, verb, verb_lag in (("scheduler_watch", 8, False, None),
+                                     ("scheduler", 1, True, None),
+                                     ("scheduler_late", 30, True, None),
+                                     ("scheduler_slow_api", 30, True, 1)):
+        sched = out[key] = inprocess_scheduler(nodes, pods, seed, bind_lag=lag,
+                                               bind_verb=verb, verb_lag=verb_lag)
+        how = "bind verb" if verb else "binding seen on the pod watch"
+        if verb_lag is not None:
+            how += f" after {verb_lag} pod(s), its binding landing"
+        print(f"in-process filter+prioritize+bind over {sched['nodes']} nodes ({how}, "
+              f"{lag} pod(s) later), {sched['pods']} pods ({sched['admitted']} "
+              f"admitted, {sched['refused_by_node']} refused by their node, "
+              f"{sched['no_node']} passed by no node), "
+              f"{sched['pods_per_s']} pods/s: filter p50 {sched['filter_p50_ms']} ms, "
+              f"p99 {sched['filter_p99_ms']} ms; prioritize p50 "
+              f"{sched['prioritize_p50_ms']} ms, p99 {sched['prioritize_p99_ms']} ms"
+              + (f"; bind p50 {sched['bind_p50_ms']} ms, p99 {sched['bind_p99_ms']} ms "
+                 f"({sched['bind_refused']} left to the scheduler)" if verb else ""),
+              flush=True)
+    return out
