@@ -137,7 +137,13 @@ from typing import Any
 
 from bench_agent import agent_argv, stop
 from bench_operator import _free_port
-from bench_placement import Extender, add_run_args, chosen_modes, prepare_cluster
+from bench_placement import (
+    Extender,
+    add_run_args,
+    chosen_modes,
+    prepare_cluster,
+    print_decision,
+)
 from fleet_measure import (
     audit_flags,
     get_metrics,
@@ -340,15 +346,7 @@ def print_mode(r: dict[str, Any]) -> None:
               f"{r['extender_filter_p99_ms']} ms ({r['extender_filter_calls']} calls); "
               f"prioritize p50 {r['extender_prioritize_p50_ms']} ms, p99 "
               f"{r['extender_prioritize_p99_ms']} ms")
-        print(f"  extender decision p50 {r['extender_filter_decide_p50_ms']} ms, p99 "
-              f"{r['extender_filter_decide_p99_ms']} ms, prioritize p50 "
-              f"{r['extender_prioritize_decide_p50_ms']} ms, p99 "
-              f"{r['extender_prioritize_decide_p99_ms']} ms (the rest of a call: its body, "
-              f"the pod, {r['extender_pod_reads']} read from the API server, the event loop)")
-        if "extender_filter_decide_cpu_p99_ms" in r:
-            print(f"  extender decision CPU p50 {r['extender_filter_decide_cpu_p50_ms']} ms, "
-                  f"p99 {r['extender_filter_decide_cpu_p99_ms']} ms (the rest of the "
-                  f"decision's time: waiting for a core)")
+        print_decision(r, "  extender decision ")
     for name, st in r["process"].items():
         print(f"  {name:<17} RSS {st.get('rss_mib')} MiB (peak {st.get('peak_rss_mib')}), "
               f"CPU {st.get('cpu_s')} s over the run")

@@ -460,18 +460,24 @@ def print_half(r: dict[str, Any]) -> None:
               f"({r['extender_filter_calls']} calls; from its histogram); "
               f"prioritize p50 {r['extender_prioritize_p50_ms']} ms, p99 "
               f"{r['extender_prioritize_p99_ms']} ms")
-        print(f"  extender decision      filter p50 {r['extender_filter_decide_p50_ms']} ms, p99 "
-              f"{r['extender_filter_decide_p99_ms']} ms, prioritize p50 "
-              f"{r['extender_prioritize_decide_p50_ms']} ms, p99 "
-              f"{r['extender_prioritize_decide_p99_ms']} ms (the rest of a call: its body, "
-              f"the pod, {r['extender_pod_reads']} read from the API server, the event loop)")
-        if "extender_filter_decide_cpu_p99_ms" in r:
-            print(f"  extender decision CPU  filter p50 {r['extender_filter_decide_cpu_p50_ms']} "
-                  f"ms, p99 {r['extender_filter_decide_cpu_p99_ms']} ms (the rest of the "
-                  f"decision's time: waiting for a core)")
+        print_decision(r, "  extender decision      ")
         print(f"  extender refusals      {r['extender_refusals']} (nodes refused, by reason); "
               f"binds {r['extender_binds']}, {r['extender_bind_turns_missed']} posted "
               f"without waiting for their node's previous one")
+
+
+def print_decision(r: dict[str, Any], head: str) -> None:
+    """The extender's decision within its calls (its wall and CPU time), from
+    :meth:`Extender.latency`, each line starting with ``head``."""
+    print(f"{head}filter p50 {r['extender_filter_decide_p50_ms']} ms, p99 "
+          f"{r['extender_filter_decide_p99_ms']} ms, prioritize p50 "
+          f"{r['extender_prioritize_decide_p50_ms']} ms, p99 "
+          f"{r['extender_prioritize_decide_p99_ms']} ms (the rest of a call: its body, the pod, "
+          f"{r['extender_pod_reads']} read from the API server, the event loop)")
+    if "extender_filter_decide_cpu_p99_ms" in r:
+        print(f"{head}CPU filter p50 {r['extender_filter_decide_cpu_p50_ms']} ms, p99 "
+              f"{r['extender_filter_decide_cpu_p99_ms']} ms (the rest of the decision's time: "
+              f"waiting for a core)")
 
 
 def add_run_args(p: argparse.ArgumentParser, *, burst: int, gap: float, seed: int,
